@@ -1,0 +1,1 @@
+"""Prefect flows: the tuning job and its brackets. They wire tasks together and hold no algorithm."""

@@ -1,0 +1,201 @@
+"""``hyperband plan`` and ``hyperband tune``: bad input ends in one line and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        self.exit(EXIT_USAGE, f"hyperband: error: {message}\n")
+
+
+def _positive(name: str, minimum: int = 1):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hyperband", description="Hyperband tuning as Prefect flows, tracked in MLflow.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    plan = sub.add_parser("plan", help="print the bracket schedule (Li et al., JMLR 2018, Table 1)")
+    _schedule_flags(plan)
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+
+    tune = sub.add_parser("tune", help="run a tuning job")
+    _schedule_flags(tune)
+    tune.add_argument("--model", default="xgboost", help="xgboost or torch")
+    tune.add_argument("--data", default="bank-marketing", help="bank-marketing, digits, breast-cancer or a CSV path")
+    tune.add_argument("--target", help="target column of a CSV file")
+    tune.add_argument("--metric", help="auc, accuracy, rmse or logloss (default: from the target)")
+    tune.add_argument("--space", help="YAML search space (default: the model's own)")
+    tune.add_argument("--seed", type=_positive("--seed", 0), default=0)
+    tune.add_argument("--workers", type=_positive("--workers"), default=1, help="workers per trial")
+    tune.add_argument("--concurrency", type=_positive("--concurrency", 0), default=0, help="trials at once (0: auto)")
+    tune.add_argument("--dask-address", help="tcp://host:8786 of an existing Dask scheduler")
+    tune.add_argument("--rounds-per-unit", type=_positive("--rounds-per-unit"), default=10, help="XGBoost rounds per resource unit")
+    tune.add_argument("--nnodes", type=_positive("--nnodes"), default=1, help="torch: machines per trial")
+    tune.add_argument("--rdzv-endpoint", help="torch: host:port rendezvous for --nnodes > 1")
+    tune.add_argument("--job-dir", default="hyperband-jobs", help="where checkpoints and job state live")
+    tune.add_argument("--job-id", help="name of this job's folder (default: time-stamped)")
+    tune.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    tune.add_argument("--experiment", default="hyperband", help="MLflow experiment and registered model name")
+    tune.add_argument("--no-register", action="store_true", help="do not register the best model")
+    tune.add_argument("--no-baseline", action="store_true", help="skip training the default config to R")
+    tune.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser
+
+
+def _schedule_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--min-resource", type=_positive("--min-resource"), default=1, help="r (default 1)")
+    p.add_argument("--max-resource", type=_positive("--max-resource"), default=81, help="R (default 81)")
+    p.add_argument("--eta", type=_positive("--eta", 2), default=3, help="η (default 3)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "plan":
+            return _plan(args)
+        return _tune(args)
+    except KeyboardInterrupt:
+        print("hyperband: interrupted", file=sys.stderr)
+        return 130
+
+
+def _fail(message: str) -> int:
+    print(f"hyperband: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from hyperband.schedule import plan_summary
+
+    try:
+        plan = plan_summary(args.min_resource, args.max_resource, args.eta)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(json.dumps(plan))
+        return 0
+    print(render_plan(plan))
+    return 0
+
+
+def render_plan(plan: dict[str, Any]) -> str:
+    lines = [f"Hyperband plan: r={plan['min_resource']}, R={plan['max_resource']}, eta={plan['eta']} (s_max={plan['s_max']})"]
+    depth = max(len(b["rungs"]) for b in plan["brackets"])
+    header = ["bracket"] + [f"rung {i}" for i in range(depth)] + ["units"]
+    rows = [header]
+    for b in plan["brackets"]:
+        cells = [f"s={b['s']}"] + [f"{r['n_configs']} @ {r['resource']}" for r in b["rungs"]]
+        rows.append(cells + [""] * (depth + 1 - len(cells)) + [str(b["resource_used"])])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.append(
+        f"{plan['configs']} configs, {plan['trial_rungs']} trial-rungs, {plan['reach_max_resource']} reach R; "
+        f"resource {plan['resource_used']:,} units with early stopping and resume "
+        f"({plan['resource_from_scratch']:,} if promotions retrained from scratch) vs "
+        f"{plan['resource_without_early_stopping']:,} training every config to R"
+    )
+    return "\n".join(lines)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    from pydantic import ValidationError
+
+    from flows.params import TuneParams
+
+    if args.model not in ("xgboost", "torch"):
+        return _fail(f"unknown model {args.model!r}; choose xgboost or torch")
+    try:
+        params = TuneParams(
+            model=args.model, data=args.data, target=args.target, metric=args.metric, space=args.space,
+            min_resource=args.min_resource, max_resource=args.max_resource, eta=args.eta, seed=args.seed,
+            workers=args.workers, concurrency=args.concurrency, dask_address=args.dask_address,
+            rounds_per_unit=args.rounds_per_unit, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
+            job_dir=args.job_dir, job_id=args.job_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
+            register=not args.no_register, baseline=not args.no_baseline,
+        )
+    except ValidationError as exc:
+        return _fail(_one_line(exc))
+    message = preflight(params)
+    if message:
+        return _fail(message)
+    params = params.model_copy(update={"job_id": params.job_id or _job_id()})
+    from flows.tune import tune
+
+    state = tune(params, return_state=True)
+    if not state.is_completed():
+        print(f"hyperband: job failed: {state.message}", file=sys.stderr)
+        return 1
+    result = state.result()
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "table"}, default=str))
+    else:
+        print(result["table"])
+        print(f"MLflow: experiment {params.experiment!r}, parent run {result['parent_run_id']}; job dir {result['job_dir']}")
+        if result.get("champion_version"):
+            print(f"champion: models:/{params.experiment}@champion (version {result['champion_version']})")
+    return 0
+
+
+def preflight(params) -> str | None:
+    """Everything that can be wrong with the input, checked before any training; a message or None."""
+    from hyperband.space import SpaceError
+    from trainers.errors import InputError
+
+    from flows.job import prepare
+
+    try:
+        prepare(params.model_copy(update={"job_id": params.job_id or _job_id()}))
+    except (InputError, SpaceError, ValueError) as exc:
+        return str(exc)
+    except ConnectionError as exc:
+        return str(exc)
+    except Exception as exc:  # the tracking store and other I/O: name it, no traceback
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
+_JOB_ID: list[str] = []
+
+
+def _job_id() -> str:
+    """One id per process, so the preflight and the flow use the same job folder."""
+    if not _JOB_ID:
+        import secrets
+        import time
+
+        _JOB_ID.append(f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}")
+    return _JOB_ID[0]
+
+
+def _one_line(exc) -> str:
+    errors = exc.errors()
+    parts = []
+    for e in errors:
+        field = ".".join(str(x) for x in e.get("loc", ())) or "parameters"
+        parts.append(f"{field}: {e.get('msg', '')}".replace("Value error, ", ""))
+    return "; ".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Turn validated parameters into a ``Job``: everything checked here, before any training."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+
+from hyperband import schedule, space as spaces
+from hyperband.promotion import Direction
+from flows.params import TuneParams
+from tasks.job import Job
+from tasks.tracking import check_reachable, tracking_uri
+from trainers import data as datasets
+from trainers.factory import TrainerSettings, model_space
+
+
+def prepare(params: TuneParams) -> Job:
+    """Validate the schedule, the search space, the data, the metric and the tracking store."""
+    schedule.validate(params.min_resource, params.max_resource, params.eta)
+    default_space, known, default_config = model_space(params.model)
+    space = (
+        spaces.load(params.space, known, params.model)
+        if params.space
+        else spaces.parse(default_space, known, params.model)
+    )
+    spec = datasets.DataSpec(
+        data=params.data,
+        target=params.target,
+        validation_fraction=params.validation_fraction,
+        seed=params.seed,
+    )
+    dataset = datasets.load(spec)
+    metric = params.metric or dataset.default_metric
+    datasets.check_metric(dataset, metric)
+    direction: Direction = datasets.metric_direction(metric)
+    uri = tracking_uri(params.tracking_uri)
+    check_reachable(uri)
+    concurrency = params.trial_concurrency()
+    settings = TrainerSettings(
+        model=params.model,
+        data=spec,
+        workers=params.workers,
+        metric=metric,
+        seed=params.seed,
+        milestones=schedule.milestones(params.min_resource, params.max_resource, params.eta),
+        dask_address=params.dask_address,
+        threads=max(1, (os.cpu_count() or 1) // concurrency),
+        rounds_per_unit=params.rounds_per_unit,
+        nnodes=params.nnodes,
+        rdzv_endpoint=params.rdzv_endpoint,
+    )
+    job_id = params.job_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    job_dir = Path(params.job_dir).resolve() / job_id
+    job_dir.mkdir(parents=True, exist_ok=True)
+    return Job(
+        job_id=job_id,
+        job_dir=str(job_dir),
+        settings=settings,
+        metric=metric,
+        direction=direction,
+        min_resource=params.min_resource,
+        max_resource=params.max_resource,
+        eta=params.eta,
+        seed=params.seed,
+        space=space.to_dict(),
+        default_config=dict(default_config),
+        tracking_uri=uri,
+        experiment=params.experiment,
+        concurrency=concurrency,
+    )

@@ -1,0 +1,61 @@
+"""The job's parameters: one typed model, so the Prefect UI renders them as a form and errors name the field."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class TuneParams(BaseModel):
+    """A Hyperband tuning job (Li et al., JMLR 2018): r = min_resource, R = max_resource, η = eta."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Literal["xgboost", "torch"] = Field("xgboost", description="Model family to tune.")
+    data: str = Field(
+        "bank-marketing",
+        description="bank-marketing (bundled), digits, breast-cancer, or a CSV path (comma/semicolon, optionally .gz).",
+    )
+    target: Optional[str] = Field(None, description="Target column of a CSV file.")
+    metric: Optional[str] = Field(None, description="auc, accuracy, rmse or logloss; default from the target.")
+    space: Optional[str] = Field(None, description="YAML search space file; default: the model's own.")
+    min_resource: int = Field(1, ge=1, description="r: resource of the smallest rung.")
+    max_resource: int = Field(81, ge=1, description="R: resource of a trial trained to the end.")
+    eta: int = Field(3, ge=2, description="η: keep the best 1/η of each rung.")
+    seed: int = Field(0, ge=0, description="Same seed, same configs, brackets and promotions.")
+    workers: int = Field(1, ge=1, description="Workers per trial (Dask allreduce for XGBoost, DDP ranks for torch).")
+    concurrency: int = Field(0, ge=0, description="Trials trained at once; 0 picks from the cores and workers.")
+    dask_address: Optional[str] = Field(None, description="tcp://host:8786 of an existing Dask scheduler.")
+    rounds_per_unit: int = Field(10, ge=1, description="XGBoost: boosting rounds per resource unit.")
+    nnodes: int = Field(1, ge=1, description="torch: machines per trial.")
+    rdzv_endpoint: Optional[str] = Field(None, description="torch: host:port of the rendezvous for nnodes > 1.")
+    validation_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of rows held out for validation.")
+    job_dir: str = Field("hyperband-jobs", description="Where checkpoints and job state live.")
+    job_id: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="Name of the job's folder; default: time-stamped.")
+    tracking_uri: Optional[str] = Field(None, description="MLflow tracking URI; default MLFLOW_TRACKING_URI or sqlite:///mlflow.db.")
+    experiment: str = Field("hyperband", min_length=1, description="MLflow experiment; also the registered model's name.")
+    register: bool = Field(True, description="Register the best model with alias 'champion'.")
+    baseline: bool = Field(True, description="Also train the model's default config to R, for the summary.")
+
+    @field_validator("dask_address")
+    @classmethod
+    def _address(cls, value: Optional[str]) -> Optional[str]:
+        if value and "://" not in value:
+            raise ValueError(f"dask_address must look like tcp://host:8786, got {value!r}")
+        return value or None
+
+    @model_validator(mode="after")
+    def _resources(self) -> "TuneParams":
+        if self.min_resource > self.max_resource:
+            raise ValueError(f"min_resource must be <= max_resource, got {self.min_resource} > {self.max_resource}")
+        return self
+
+    def trial_concurrency(self) -> int:
+        """Trials at once: given, or as many as the cores hold at ``workers`` each."""
+        if self.concurrency:
+            return self.concurrency
+        if self.workers > 1 or self.dask_address:
+            return 1  # a distributed trial already occupies every worker of the cluster
+        return max(1, (os.cpu_count() or 1))

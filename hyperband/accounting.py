@@ -1,0 +1,126 @@
+"""What a job cost and gained, against training every config to R (the honest-accounting table)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+
+@dataclass(frozen=True)
+class TrialRung:
+    """One trial trained and evaluated at one rung."""
+
+    trial_id: str
+    bracket: int
+    rung: int
+    resource: int
+    resource_trained: int
+    train_seconds: float
+    eval_seconds: float
+    workers: int
+    score: float | None
+
+
+@dataclass(frozen=True)
+class Summary:
+    metric: str
+    configs: int
+    max_resource: int
+    trial_rungs: int
+    failed_trials: int
+    reached_max_resource: int
+    best_score: float | None
+    best_trial: str | None
+    best_resource: int | None
+    default_score: float | None
+    resource_used: int
+    resource_without_early_stopping: int
+    worker_seconds: float
+    worker_seconds_without_early_stopping: float  # estimated at the measured seconds per unit
+    wall_seconds: float
+    sequential_seconds: float  # the same trial-rungs run one after another
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarise(
+    rows: Iterable[TrialRung],
+    *,
+    metric: str,
+    configs: int,
+    max_resource: int,
+    reached_max_resource: int,
+    failed_trials: int,
+    best: tuple[str, int, float] | None,
+    default_score: float | None,
+    wall_seconds: float,
+) -> Summary:
+    rows = list(rows)
+    used = sum(r.resource_trained for r in rows)
+    train_ws = sum(r.train_seconds * r.workers for r in rows)
+    eval_s = sum(r.eval_seconds for r in rows)
+    evaluated = max(1, sum(1 for r in rows if r.score is not None))
+    without = configs * max_resource
+    # every config trained to R: the measured worker-seconds per unit times configs·R,
+    # plus one evaluation per config at the measured seconds per evaluation
+    estimated = (train_ws / used * without if used else 0.0) + eval_s / evaluated * configs
+    return Summary(
+        metric=metric,
+        configs=configs,
+        max_resource=max_resource,
+        trial_rungs=len(rows),
+        failed_trials=failed_trials,
+        reached_max_resource=reached_max_resource,
+        best_score=best[2] if best else None,
+        best_trial=best[0] if best else None,
+        best_resource=best[1] if best else None,
+        default_score=default_score,
+        resource_used=used,
+        resource_without_early_stopping=without,
+        worker_seconds=train_ws + eval_s,
+        worker_seconds_without_early_stopping=estimated,
+        wall_seconds=wall_seconds,
+        sequential_seconds=sum(r.train_seconds + r.eval_seconds for r in rows),
+    )
+
+
+def table(s: Summary) -> str:
+    """The summary in the shape of the results table of AWS's SageMaker Hyperband post."""
+
+    def num(x: float | None, fmt: str = ".4f") -> str:
+        return "n/a" if x is None else format(x, fmt)
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return "n/a" if not a or not b else f"{b / a:.1f}x"
+
+    rows = [
+        ("", "baseline", "this job", "ratio"),
+        (f"model quality (val {s.metric})", f"{num(s.default_score)} default config", f"{num(s.best_score)} tuned", ""),
+        (
+            "cost (worker-seconds)",
+            f"{num(s.worker_seconds_without_early_stopping, ',.1f')} every config to R (est.)",
+            f"{num(s.worker_seconds, ',.1f')}",
+            f"{ratio(s.worker_seconds, s.worker_seconds_without_early_stopping)} cheaper",
+        ),
+        (
+            "resource (units)",
+            f"{s.resource_without_early_stopping:,} every config to R",
+            f"{s.resource_used:,}",
+            f"{ratio(s.resource_used, s.resource_without_early_stopping)} fewer",
+        ),
+        (
+            "wall time (s)",
+            f"{num(s.sequential_seconds, ',.1f')} same trials one after another",
+            f"{num(s.wall_seconds, ',.1f')}",
+            f"{ratio(s.wall_seconds, s.sequential_seconds)} faster",
+        ),
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    footer = (
+        f"{s.configs} configs, {s.trial_rungs} trial-rungs, {s.reached_max_resource} reached R={s.max_resource}, "
+        f"{s.failed_trials} failed; best {s.best_trial} at r={s.best_resource}"
+    )
+    return "\n".join([*lines, footer])

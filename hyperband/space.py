@@ -1,0 +1,122 @@
+"""Search spaces: ``{name: {type: float|int|categorical, low, high, log, choices}}``, validated once, sampled seeded.
+
+```yaml
+eta: {type: float, low: 0.01, high: 0.5, log: true}
+max_depth: {type: int, low: 2, high: 10}
+grow_policy: {type: categorical, choices: [depthwise, lossguide]}
+```
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+TYPES = ("float", "int", "categorical")
+
+
+class SpaceError(ValueError):
+    """A search space that cannot be sampled; the message names the parameter and the rule."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: tuple[Any, ...] = ()
+
+    def sample(self, rng: np.random.Generator) -> Any:
+        if self.type == "categorical":
+            return self.choices[int(rng.integers(len(self.choices)))]
+        assert self.low is not None and self.high is not None  # guaranteed by parse()
+        if self.type == "int":
+            if self.log:
+                value = math.exp(rng.uniform(math.log(self.low - 0.5 + 1e-9), math.log(self.high + 0.5)))
+                return int(min(max(round(value), self.low), self.high))
+            return int(rng.integers(int(self.low), int(self.high) + 1))
+        if self.log:
+            return float(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
+        return float(rng.uniform(self.low, self.high))
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.type == "categorical":
+            return {"type": "categorical", "choices": list(self.choices)}
+        return {"type": self.type, "low": self.low, "high": self.high, "log": self.log}
+
+
+@dataclass(frozen=True)
+class Space:
+    params: tuple[Param, ...]
+
+    def sample(self, rng: np.random.Generator) -> dict[str, Any]:
+        """One config; parameters drawn in declaration order from ``rng``."""
+        return {p.name: p.sample(rng) for p in self.params}
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {p.name: p.to_dict() for p in self.params}
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+
+def parse(raw: Any, known: Iterable[str] | None = None, model: str = "the model") -> Space:
+    """Validate a space given as a mapping; ``known`` names the parameters the model accepts."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise SpaceError("search space must be a non-empty mapping of parameter name -> {type: ...}")
+    allowed = set(known) if known is not None else None
+    return Space(tuple(_param(str(name), spec, allowed, model) for name, spec in raw.items()))
+
+
+def load(path: str | Path, known: Iterable[str] | None = None, model: str = "the model") -> Space:
+    """A space from a YAML file."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise SpaceError(f"search space file {str(path)!r} not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpaceError(f"search space {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    return parse(raw, known, model)
+
+
+def _param(name: str, spec: Any, allowed: set[str] | None, model: str) -> Param:
+    if allowed is not None and name not in allowed:
+        raise SpaceError(f"unknown parameter {name!r} for {model}; known: {', '.join(sorted(allowed))}")
+    if not isinstance(spec, Mapping):
+        raise SpaceError(f"{name}: expected a mapping like {{type: float, low: 0.1, high: 1}}, got {spec!r}")
+    kind = spec.get("type")
+    if kind not in TYPES:
+        raise SpaceError(f"{name}: type must be one of {', '.join(TYPES)}, got {kind!r}")
+    extra = set(spec) - ({"type", "choices"} if kind == "categorical" else {"type", "low", "high", "log"})
+    if extra:
+        raise SpaceError(f"{name}: unexpected key(s) {', '.join(sorted(map(str, extra)))} for type {kind}")
+    if kind == "categorical":
+        choices = spec.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise SpaceError(f"{name}: categorical needs a non-empty list of choices, got {choices!r}")
+        return Param(name, kind, choices=tuple(choices))
+    low, high, log = spec.get("low"), spec.get("high"), spec.get("log", False)
+    for bound, value in (("low", low), ("high", high)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise SpaceError(f"{name}: {bound} must be a finite number, got {value!r}")
+        if kind == "int" and int(value) != value:
+            raise SpaceError(f"{name}: {bound} of an int parameter must be a whole number, got {value!r}")
+    if not isinstance(log, bool):
+        raise SpaceError(f"{name}: log must be true or false, got {log!r}")
+    if not low < high:
+        raise SpaceError(f"{name}: low must be < high, got low={low}, high={high}")
+    if log and low <= 0:
+        raise SpaceError(f"{name}: log scale needs low > 0, got low={low}")
+    if kind == "int":
+        return Param(name, kind, int(low), int(high), log)
+    return Param(name, kind, float(low), float(high), log)

@@ -1,0 +1,40 @@
+"""The job context that tasks receive: small, frozen, made of paths, ids and numbers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from trainers.factory import TrainerSettings
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    job_dir: str
+    settings: TrainerSettings
+    metric: str
+    direction: str  # "max" | "min"
+    min_resource: int
+    max_resource: int
+    eta: int
+    seed: int
+    space: dict[str, dict[str, Any]]
+    default_config: dict[str, Any]
+    tracking_uri: str
+    experiment: str
+    concurrency: int
+    parent_run_id: str | None = None
+
+    def with_parent(self, run_id: str) -> "Job":
+        return replace(self, parent_run_id=run_id)
+
+    def checkpoint_path(self, trial_id: str, resource: int) -> str:
+        suffix = ".ubj" if self.settings.model == "xgboost" else ".pt"
+        path = Path(self.job_dir) / "checkpoints" / trial_id / f"r{resource}{suffix}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return str(path)
+
+    def bracket_path(self, s: int) -> Path:
+        return Path(self.job_dir) / "brackets" / f"s{s}.json"

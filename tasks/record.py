@@ -1,0 +1,75 @@
+"""Tasks that write to MLflow; retried, since a tracking server may blip mid-job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks import tracking
+from tasks.job import Job
+from trainers import factory
+
+RETRY = dict(retries=3, retry_delay_seconds=[1, 5, 15], cache_policy=NO_CACHE)
+
+
+@task(name="start parent run", **RETRY)
+def start_job_run(job: Job, params: dict[str, Any]) -> str:
+    tags = {"hyperband.job_id": job.job_id, "hyperband.job_dir": job.job_dir, "hyperband.metric": job.metric}
+    return tracking.start_parent(job.tracking_uri, job.experiment, f"hyperband-{job.job_id}", params, tags)
+
+
+@task(name="start trial runs", task_run_name="start trial runs of bracket s={s}", **RETRY)
+def start_trial_runs(job: Job, s: int, trials: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """One nested child run per trial; returns trial id -> run id."""
+    assert job.parent_run_id is not None
+    ids = {}
+    for trial_id, config in trials.items():
+        params = {**config, "workers": job.settings.workers, "trial_id": trial_id, "bracket": s}
+        tags = {"hyperband.bracket": str(s), "hyperband.trial_id": trial_id, "hyperband.status": "running"}
+        ids[trial_id] = tracking.start_child(job.tracking_uri, job.parent_run_id, trial_id, params, tags)
+    return ids
+
+
+@task(name="log rung", task_run_name="log bracket s={s} rung {rung}", **RETRY)
+def log_rung(job: Job, s: int, rung: int, entries: list[dict[str, Any]]) -> None:
+    """Per-trial metric at step = cumulative resource, history, and the status of trials that ended here."""
+    metric = f"val_{job.metric}"
+    for e in entries:
+        run_id = e["run_id"]
+        if e.get("history"):
+            tracking.log_history(job.tracking_uri, run_id, e["history"])
+        if e["score"] is not None:
+            tracking.log_metrics(job.tracking_uri, run_id, {metric: e["score"]}, step=e["resource"])
+            tracking.log_metrics(
+                job.tracking_uri, run_id,
+                {"train_seconds": e["train_seconds"], "worker_seconds": e["train_seconds"] * e["workers"]},
+                step=e["resource"],
+            )
+        tags = {"hyperband.highest_rung": str(rung), "hyperband.resource": str(e["resource_held"]), "hyperband.status": e["status"]}
+        if e.get("error"):
+            tags["hyperband.error"] = e["error"][-4000:]
+        tracking.set_tags(job.tracking_uri, run_id, tags)
+        if e["status"] != "running":
+            tracking.end_run(job.tracking_uri, run_id, "FAILED" if e["status"] == "failed" else "FINISHED")
+
+
+@task(name="finish parent run", **RETRY)
+def finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, Any], summary: dict[str, Any], table: str) -> None:
+    assert job.parent_run_id is not None
+    uri, run_id = job.tracking_uri, job.parent_run_id
+    tracking.log_metrics(uri, run_id, metrics)
+    tracking.log_json(uri, run_id, best_config, "best_config.json")
+    tracking.log_json(uri, run_id, summary, "summary.json")
+    tracking.log_text(uri, run_id, table + "\n", "summary.txt")
+    tracking.end_run(uri, run_id, "FINISHED")
+
+
+@task(name="register champion", **RETRY)
+def register_champion(job: Job, run_id: str, checkpoint: str) -> int:
+    """The best trial's model in its flavour, registered under the experiment's name with alias champion."""
+    trainer = factory.get(job.settings)
+    version = tracking.log_champion(job.tracking_uri, run_id, trainer, checkpoint, job.experiment)
+    tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.champion_version": version, "hyperband.best_run_id": run_id})
+    return version

@@ -1,0 +1,175 @@
+"""MLflow I/O with ``MlflowClient`` and explicit run ids (the fluent active run is thread-local).
+
+Layout: one parent run per job; one nested child run per trial (tag ``mlflow.parentRunId``),
+its hyperparameters as params and ``val_<metric>`` at step = cumulative resource.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Iterable, Mapping
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+CHAMPION = "champion"
+
+
+def tracking_uri(explicit: str | None = None) -> str:
+    """``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``."""
+    return explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def check_reachable(uri: str, timeout: float = 10.0) -> None:
+    """Fail fast, before any training, when the tracking server cannot be reached."""
+    if not uri.startswith(("http://", "https://")):
+        client(uri).search_experiments(max_results=1)
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout).read()
+    except (urllib.error.URLError, OSError) as exc:
+        raise ConnectionError(f"MLflow tracking server {uri} is not reachable ({exc}); start it or pass --tracking-uri") from exc
+
+
+def experiment_id(uri: str, name: str) -> str:
+    c = client(uri)
+    found = c.get_experiment_by_name(name)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":
+            c.restore_experiment(found.experiment_id)
+        return found.experiment_id
+    try:
+        return c.create_experiment(name)
+    except Exception:  # created concurrently by another job: read it back
+        found = c.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def start_parent(uri: str, experiment: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+    c = client(uri)
+    run = c.create_run(experiment_id(uri, experiment), run_name=run_name, tags=dict(tags))
+    log_params(uri, run.info.run_id, params)
+    return run.info.run_id
+
+
+def start_child(uri: str, parent_run_id: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+    c = client(uri)
+    parent = c.get_run(parent_run_id)
+    run = c.create_run(
+        parent.info.experiment_id,
+        run_name=run_name,
+        tags={"mlflow.parentRunId": parent_run_id, **tags},
+    )
+    log_params(uri, run.info.run_id, params)
+    return run.info.run_id
+
+
+def log_params(uri: str, run_id: str, params: Mapping[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(str(k), _fmt(v)) for k, v in params.items()]
+    for i in range(0, len(items), 100):
+        client(uri).log_batch(run_id, params=items[i : i + 100])
+
+
+def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, int(step)) for k, v in metrics.items() if v is not None]
+    if items:
+        client(uri).log_batch(run_id, metrics=items)
+
+
+def log_history(uri: str, run_id: str, history: Iterable[Mapping[str, float]]) -> None:
+    """Per-unit metrics recorded while training (e.g. per epoch), each at its own step."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, int(row["step"])) for row in history for k, v in row.items() if k != "step"]
+    for i in range(0, len(items), 500):
+        client(uri).log_batch(run_id, metrics=items[i : i + 500])
+
+
+def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
+    from mlflow.entities import RunTag
+
+    client(uri).log_batch(run_id, tags=[RunTag(k, _fmt(v)) for k, v in tags.items()])
+
+
+def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
+    client(uri).set_terminated(run_id, status=status)
+
+
+def log_json(uri: str, run_id: str, payload: Any, artifact_file: str) -> None:
+    client(uri).log_dict(run_id, payload, artifact_file)
+
+
+def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:
+    client(uri).log_text(run_id, text, artifact_file)
+
+
+def log_champion(uri: str, run_id: str, trainer: Any, checkpoint: str, name: str) -> int:
+    """Log the best trial's model in its own flavour on its run, register it as ``name`` and alias it ``champion``."""
+    import mlflow
+    import pandas as pd
+    from mlflow.models import infer_signature
+
+    data = trainer.data
+    example = pd.DataFrame(data.X_val[:5], columns=data.feature_names)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    with mlflow.start_run(run_id=run_id):
+        if trainer.model == "xgboost":
+            import xgboost as xgb
+
+            booster = trainer.booster(checkpoint)
+            booster.feature_names = list(data.feature_names)
+            signature = infer_signature(example, booster.inplace_predict(example))
+            info = mlflow.xgboost.log_model(
+                booster,
+                name="model",
+                signature=signature,
+                input_example=example,
+                pip_requirements=[f"xgboost=={xgb.__version__}"],
+                registered_model_name=name,
+            )
+        elif trainer.model == "torch":
+            import torch
+
+            module = trainer.load_model(checkpoint)
+            x = torch.from_numpy(data.X_val[:5])
+            with torch.no_grad():
+                signature = infer_signature(data.X_val[:5], module(x).numpy())
+            info = mlflow.pytorch.log_model(
+                module,
+                name="model",
+                signature=signature,
+                input_example=data.X_val[:5],
+                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                registered_model_name=name,
+            )
+        else:
+            raise ValueError(f"no MLflow flavour for model {trainer.model!r}")
+    version = int(info.registered_model_version)
+    client(uri).set_registered_model_alias(name, CHAMPION, str(version))
+    return version
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, default=str)[:6000]
+    return str(value)[:6000]

@@ -1,0 +1,1 @@
+"""Plain-Python trainers: ``train(config, resource, checkpoint) -> result``; no Prefect or MLflow here."""

@@ -1,0 +1,61 @@
+"""The trainer interface every model implements: plain Python, callable from a test, a task or a benchmark."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Protocol
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """One call of ``train``: the trial now holds ``resource`` units in ``checkpoint``."""
+
+    checkpoint: str
+    resource: int  # cumulative units after this call
+    resource_trained: int  # units trained by this call (resource - resource of the checkpoint it resumed)
+    seconds: float  # wall time of the call, start-up included
+    workers: int
+    #: per-unit metrics recorded while training, e.g. [{"step": 4, "train_loss": 0.3, "val_accuracy": 0.9}]
+    history: list[dict[str, float]] = field(default_factory=list)
+    #: one-off figures of the call, e.g. {"startup_seconds": 1.2, "global_batch_size": 128}
+    info: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Trainer(Protocol):
+    """A model family on one data set; one instance per job, shared by its trials."""
+
+    model: str
+    workers: int
+    metric: str
+
+    def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:
+        """Train ``config`` up to ``resource`` units, resuming from ``checkpoint`` (never from scratch when given);
+        write the new checkpoint to ``out``."""
+
+    def evaluate(self, checkpoint: str) -> float:
+        """The validation metric of a checkpoint, computed centrally on the whole validation set."""
+
+    def close(self) -> None:
+        """Release what the trainer started (clusters, process groups)."""
+
+
+def write_json_atomic(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
+    """Write JSON so that a reader never sees half a file (a killed job leaves the old or the new one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(payload, fh, indent=2, sort_keys=True, default=str)
+    os.replace(tmp, path)
+
+
+def checkpoint_resource(meta_path: str | os.PathLike[str]) -> int:
+    """Units held by a checkpoint, from the JSON file written beside it."""
+    return int(json.loads(Path(meta_path).read_text())["resource"])

@@ -1,0 +1,230 @@
+"""Data sets: the bundled ones by name, or any CSV; a seeded, stratified train/validation split.
+
+Features are encoded once, here, to a float32 matrix (categoricals one-hot with the
+categories of the whole file, so train and validation share columns); trainers and the
+registered model see numbers only.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from trainers.errors import InputError
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+BANK_MARKETING = DATA_DIR / "bank-marketing" / "bank-additional-full.csv.gz"
+BUILTIN = ("bank-marketing", "digits", "breast-cancer")
+
+Task = Literal["binary", "multiclass", "regression"]
+#: metric name -> direction; "max" metrics are better when larger.
+METRICS: dict[str, Literal["max", "min"]] = {
+    "auc": "max",
+    "accuracy": "max",
+    "rmse": "min",
+    "logloss": "min",
+}
+#: integer targets with at most this many distinct values are classes, not numbers.
+MAX_CLASSES = 20
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What a task passes around instead of a data frame: enough to load the same split anywhere."""
+
+    data: str = "bank-marketing"
+    target: str | None = None
+    drop: tuple[str, ...] | None = None  # None: the data set's default (bank-marketing drops `duration`)
+    validation_fraction: float = 0.2
+    seed: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """A loaded, encoded, split data set."""
+
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_val: np.ndarray
+    y_val: np.ndarray
+    feature_names: list[str]
+    task: Task
+    classes: list[str] = field(default_factory=list)
+    target: str = "y"
+    image_shape: tuple[int, int, int] | None = None  # (channels, height, width) for image data
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def default_metric(self) -> str:
+        return {"binary": "auc", "multiclass": "accuracy", "regression": "rmse"}[self.task]
+
+
+def metric_direction(metric: str) -> Literal["max", "min"]:
+    if metric not in METRICS:
+        raise InputError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    return METRICS[metric]
+
+
+def check_metric(ds: Dataset, metric: str) -> None:
+    """A metric that fits the target: AUC for binary, accuracy/logloss for classes, RMSE for numbers."""
+    metric_direction(metric)
+    if ds.task == "regression" and metric != "rmse":
+        raise InputError(f"metric {metric!r} needs a classification target; {ds.target!r} is numeric (use rmse)")
+    if ds.task != "regression" and metric == "rmse":
+        raise InputError(f"metric 'rmse' needs a numeric target; {ds.target!r} has classes")
+    if ds.task == "multiclass" and metric == "auc":
+        raise InputError("metric 'auc' needs a binary target; use accuracy or logloss for multi-class")
+
+
+def score(metric: str, y_true: np.ndarray, prediction: np.ndarray) -> float:
+    """The validation metric from labels and predictions (probabilities for classification)."""
+    from sklearn import metrics as skm
+
+    if metric == "auc":
+        p = prediction[:, 1] if prediction.ndim == 2 else prediction
+        return float(skm.roc_auc_score(y_true, p))
+    if metric == "accuracy":
+        labels = prediction.argmax(axis=1) if prediction.ndim == 2 else (prediction > 0.5).astype(int)
+        return float(skm.accuracy_score(y_true, labels))
+    if metric == "rmse":
+        return float(math.sqrt(skm.mean_squared_error(y_true, prediction)))
+    if metric == "logloss":
+        return float(skm.log_loss(y_true, prediction, labels=np.unique(y_true)))
+    raise InputError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+
+
+def load(spec: DataSpec) -> Dataset:
+    """Load and split the data named by ``spec`` (cached per process: loaded once per job)."""
+    return _load_cached(spec)
+
+
+@lru_cache(maxsize=8)
+def _load_cached(spec: DataSpec) -> Dataset:
+    if not 0.0 < spec.validation_fraction < 1.0:
+        raise InputError(f"validation fraction must be in (0, 1), got {spec.validation_fraction}")
+    if spec.data == "digits":
+        return _from_sklearn("digits", spec, image_shape=(1, 8, 8))
+    if spec.data == "breast-cancer":
+        return _from_sklearn("breast-cancer", spec)
+    if spec.data == "bank-marketing":
+        frame, target = read_csv(BANK_MARKETING), spec.target or "y"
+        drop = ("duration",) if spec.drop is None else spec.drop
+    else:
+        path = Path(spec.data)
+        if not path.is_file():
+            raise InputError(
+                f"data file {spec.data!r} not found; give a CSV path or one of {', '.join(BUILTIN)}"
+            )
+        if not spec.target:
+            raise InputError(f"--target is required with a CSV file ({spec.data})")
+        frame, target, drop = read_csv(path), spec.target, spec.drop or ()
+    return _from_frame(frame, target, drop, spec)
+
+
+def read_csv(path: Path) -> pd.DataFrame:
+    """A CSV file, comma or semicolon separated, optionally gzipped."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", newline="") as fh:
+            head = fh.read(64 * 1024)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from exc
+    if not head.strip():
+        raise InputError(f"data file {path} is empty")
+    try:
+        sep = csv.Sniffer().sniff(head.splitlines()[0], delimiters=",;").delimiter
+    except csv.Error:
+        sep = ","
+    try:
+        frame = pd.read_csv(path, sep=sep, compression="infer")
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"cannot parse {path} as CSV: {str(exc).splitlines()[0]}") from exc
+    if frame.shape[1] < 2 or len(frame) < 10:
+        raise InputError(f"{path} needs at least 2 columns and 10 rows, got {frame.shape[1]} x {len(frame)}")
+    return frame
+
+
+def _from_frame(frame: pd.DataFrame, target: str, drop: tuple[str, ...], spec: DataSpec) -> Dataset:
+    if target not in frame.columns:
+        raise InputError(f"target column {target!r} not in the data; columns are: {', '.join(map(str, frame.columns))}")
+    missing = [c for c in drop if c not in frame.columns]
+    if missing:
+        raise InputError(f"cannot drop unknown column(s) {', '.join(missing)}")
+    frame = frame.dropna(subset=[target])
+    y_raw = frame[target]
+    features = frame.drop(columns=[target, *drop])
+    task = _infer_task(y_raw)
+    if task == "regression":
+        y, classes = y_raw.to_numpy(dtype=np.float32), []
+    else:
+        codes, uniques = pd.factorize(y_raw.astype(str), sort=True)
+        if len(uniques) < 2:
+            raise InputError(f"target column {target!r} has a single value; nothing to learn")
+        y, classes = codes.astype(np.int64), [str(u) for u in uniques]
+    X, names = _encode(features)
+    return _split(X, y, names, task, classes, target, spec)
+
+
+def _infer_task(y: pd.Series) -> Task:
+    n_unique = y.nunique()
+    if not pd.api.types.is_numeric_dtype(y) or pd.api.types.is_bool_dtype(y):
+        return "binary" if n_unique == 2 else "multiclass"
+    if n_unique == 2:
+        return "binary"
+    values = y.to_numpy(dtype=float)
+    if n_unique <= MAX_CLASSES and np.all(values == np.round(values)):
+        return "multiclass"
+    return "regression"
+
+
+def _encode(features: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """Numbers as they are; other columns (categoricals) one-hot, missing as its own column."""
+    categorical = [c for c in features.columns if not pd.api.types.is_numeric_dtype(features[c])]
+    encoded = pd.get_dummies(features, columns=categorical, dummy_na=False, dtype=np.float32)
+    encoded.columns = [str(c) for c in encoded.columns]
+    return encoded.to_numpy(dtype=np.float32), list(encoded.columns)
+
+
+def _split(X, y, names, task: Task, classes, target: str, spec: DataSpec, image_shape=None) -> Dataset:
+    from sklearn.model_selection import train_test_split
+
+    stratify = y if task != "regression" else None
+    X_train, X_val, y_train, y_val = train_test_split(
+        X, y, test_size=spec.validation_fraction, random_state=spec.seed, stratify=stratify
+    )
+    return Dataset(X_train, y_train, X_val, y_val, names, task, classes, target, image_shape)
+
+
+def _from_sklearn(name: str, spec: DataSpec, image_shape=None) -> Dataset:
+    from sklearn import datasets
+
+    bunch = datasets.load_digits() if name == "digits" else datasets.load_breast_cancer()
+    X = bunch.data.astype(np.float32)
+    if name == "digits":
+        X = X / 16.0  # pixel intensities 0..16 -> 0..1
+    y = bunch.target.astype(np.int64)
+    names = [str(n) for n in getattr(bunch, "feature_names", [f"x{i}" for i in range(X.shape[1])])]
+    classes = [str(c) for c in bunch.target_names]
+    task: Task = "binary" if len(classes) == 2 else "multiclass"
+    return _split(X, y, names, task, classes, "target", spec, image_shape)
+
+
+def describe(ds: Dataset) -> str:
+    return (
+        f"{len(ds.y_train)} train / {len(ds.y_val)} validation rows, {len(ds.feature_names)} features, "
+        f"{ds.task}{f' ({ds.n_classes} classes)' if ds.classes else ''}"
+    )
+
+
+__all__ = ["BUILTIN", "DataSpec", "Dataset", "check_metric", "describe", "load", "metric_direction", "read_csv", "score"]

@@ -1,0 +1,95 @@
+"""Build a job's trainer from plain settings, once per process, and share it between its trials."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainers.base import Trainer
+from trainers.data import DataSpec
+from trainers.errors import InputError
+
+MODELS = ("xgboost", "torch")
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """Everything a trainer needs, small and hashable: tasks pass this, never a trainer or a data frame."""
+
+    model: str
+    data: DataSpec
+    workers: int = 1
+    metric: str | None = None
+    seed: int = 0
+    milestones: tuple[int, ...] = ()
+    dask_address: str | None = None
+    threads: int | None = None  # CPU threads per trial
+    rounds_per_unit: int = 10  # xgboost
+    nnodes: int = 1  # torch
+    rdzv_endpoint: str | None = None  # torch
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+
+def model_space(model: str) -> tuple[dict[str, dict[str, Any]], frozenset[str], dict[str, Any]]:
+    """(default search space, accepted parameter names, default config) of a model."""
+    if model == "xgboost":
+        from trainers import xgboost_trainer as m
+    elif model == "torch":
+        from trainers import torch_ddp as m  # type: ignore[no-redef]
+    else:
+        raise InputError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
+
+
+def build(settings: TrainerSettings) -> Trainer:
+    if settings.model == "xgboost":
+        from trainers.xgboost_trainer import XGBoostTrainer
+
+        return XGBoostTrainer(
+            settings.data,
+            workers=settings.workers,
+            metric=settings.metric,
+            seed=settings.seed,
+            rounds_per_unit=settings.rounds_per_unit,
+            milestones=settings.milestones,
+            dask_address=settings.dask_address,
+            nthread=settings.threads,
+        )
+    if settings.model == "torch":
+        from trainers.torch_ddp import TorchTrainer
+
+        kwargs: dict[str, Any] = dict(settings.extra)
+        if settings.threads:
+            kwargs.setdefault("threads_per_rank", max(1, settings.threads // settings.workers))
+        return TorchTrainer(
+            settings.data,
+            workers=settings.workers,
+            metric=settings.metric,
+            seed=settings.seed,
+            nnodes=settings.nnodes,
+            rdzv_endpoint=settings.rdzv_endpoint,
+            **kwargs,
+        )
+    raise InputError(f"unknown model {settings.model!r}; choose one of {', '.join(MODELS)}")
+
+
+_trainers: dict[TrainerSettings, Trainer] = {}
+_lock = threading.Lock()
+
+
+def get(settings: TrainerSettings) -> Trainer:
+    """The process's trainer for these settings, built on first use (a cluster starts once per job)."""
+    with _lock:
+        trainer = _trainers.get(settings)
+        if trainer is None:
+            trainer = _trainers[settings] = build(settings)
+        return trainer
+
+
+def release(settings: TrainerSettings) -> None:
+    """Close and forget the trainer of these settings (end of job)."""
+    with _lock:
+        trainer = _trainers.pop(settings, None)
+    if trainer is not None:
+        trainer.close()

@@ -1,0 +1,235 @@
+"""XGBoost trials: one resource unit = ``rounds_per_unit`` boosting rounds (default 10).
+
+Resume. A promoted trial continues from its saved booster (``xgb_model=``); it is never
+retrained. XGBoost's row/column samplers keep RNG state that the saved model does not hold,
+so a plain "train 3, save, resume to 9" differs from "train 9". We therefore split training
+at ``milestones`` (every rung resource of the job's schedule) and seed each segment from
+(job seed, segment start): a model is then a pure function of (config, resource), and
+resuming equals training at once, bit for bit, with one ``xgb.train`` call per rung.
+
+Distribution. ``workers == 1`` trains in-process. ``workers > 1`` trains with allreduce over a
+Dask cluster (``xgboost.dask``): a LocalCluster of ``workers`` processes started once per job,
+or an existing scheduler at ``dask_address``. The training data is put on the cluster once,
+when the trainer starts, and reused by every trial. Trainings on one cluster are serialised:
+each one occupies every worker, and two allreduce jobs interleaved on single-threaded workers
+would deadlock. The validation metric is computed here, centrally, on the whole validation set
+(XGBoost's distributed AUC is a per-worker average).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from trainers.base import TrainResult, checkpoint_resource, write_json_atomic
+from trainers.data import DataSpec, Dataset, check_metric, load, score
+from trainers.errors import InputError
+
+log = logging.getLogger(__name__)
+
+#: The six parameters AWS's SageMaker Hyperband example tunes; boosting rounds are the resource.
+DEFAULT_SPACE: dict[str, dict[str, Any]] = {
+    "eta": {"type": "float", "low": 0.01, "high": 0.5, "log": True},
+    "alpha": {"type": "float", "low": 1e-3, "high": 10.0, "log": True},
+    "min_child_weight": {"type": "float", "low": 1.0, "high": 20.0, "log": True},
+    "max_depth": {"type": "int", "low": 2, "high": 10},
+    "colsample_bylevel": {"type": "float", "low": 0.3, "high": 1.0},
+    "colsample_bytree": {"type": "float", "low": 0.3, "high": 1.0},
+}
+#: XGBoost's own defaults: the "default configuration" the summary compares against.
+DEFAULT_CONFIG: dict[str, Any] = {
+    "eta": 0.3,
+    "alpha": 0.0,
+    "min_child_weight": 1.0,
+    "max_depth": 6,
+    "colsample_bylevel": 1.0,
+    "colsample_bytree": 1.0,
+}
+#: Booster parameters a search space may name (tree booster, hist method).
+PARAMS = frozenset(
+    {
+        "eta", "learning_rate", "gamma", "min_split_loss", "max_depth", "min_child_weight",
+        "max_delta_step", "subsample", "sampling_method", "colsample_bytree", "colsample_bylevel",
+        "colsample_bynode", "lambda", "reg_lambda", "alpha", "reg_alpha", "grow_policy",
+        "max_leaves", "max_bin", "scale_pos_weight", "num_parallel_tree", "max_cat_to_onehot",
+    }
+)
+
+
+@dataclass(frozen=True)
+class _Objective:
+    objective: str
+    extra: dict[str, Any]
+
+
+def segments(start: int, stop: int, milestones: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Split [start, stop) at every milestone strictly inside it."""
+    cuts = [start, *sorted(m for m in set(milestones) if start < m < stop), stop]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
+
+
+class XGBoostTrainer:
+    """``train(config, resource, checkpoint, out)`` for XGBoost boosters; one instance per job."""
+
+    model = "xgboost"
+
+    def __init__(
+        self,
+        spec: DataSpec,
+        workers: int = 1,
+        metric: str | None = None,
+        seed: int = 0,
+        rounds_per_unit: int = 10,
+        milestones: tuple[int, ...] = (),
+        dask_address: str | None = None,
+        nthread: int | None = None,
+        device: str = "cpu",
+    ) -> None:
+        if workers < 1:
+            raise InputError(f"workers must be >= 1, got {workers}")
+        if rounds_per_unit < 1:
+            raise InputError(f"rounds per unit must be >= 1, got {rounds_per_unit}")
+        self.spec, self.seed, self.rounds_per_unit = spec, seed, rounds_per_unit
+        self.milestones = tuple(milestones)
+        self.data: Dataset = load(spec)
+        self.metric = metric or self.data.default_metric
+        check_metric(self.data, self.metric)
+        self.nthread = nthread or max(1, (os.cpu_count() or 1))
+        self.device = device
+        self.objective = self._objective()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._client = self._cluster = self._dtrain_dask = None
+        self.dask_address = dask_address
+        self.workers = workers
+        if workers > 1 or dask_address:
+            self._start_dask(workers, dask_address)
+
+    # -- distribution -------------------------------------------------------------------------
+    def _start_dask(self, workers: int, address: str | None) -> None:
+        """Start (or join) the cluster and put the training data on it, once per job."""
+        import dask.array as da
+        from distributed import Client, LocalCluster
+        from xgboost import dask as dxgb
+
+        if address:
+            try:
+                self._client = Client(address, timeout="10s")
+            except (OSError, TimeoutError) as exc:
+                raise InputError(f"cannot reach the Dask scheduler at {address}: {exc}") from exc
+            self.workers = len(self._client.scheduler_info()["workers"])
+            if self.workers < 1:
+                raise InputError(f"the Dask cluster at {address} has no workers")
+        else:
+            self._cluster = LocalCluster(
+                n_workers=workers,
+                threads_per_worker=max(1, self.nthread // workers),
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=None,
+                silence_logs=logging.ERROR,
+            )
+            self._client = Client(self._cluster)
+        self._client.wait_for_workers(self.workers, timeout=120)
+        rows = -(-len(self.data.y_train) // self.workers)
+        X = da.from_array(self.data.X_train, chunks=(rows, self.data.X_train.shape[1]))
+        y = da.from_array(self.data.y_train, chunks=rows)
+        X, y = self._client.persist([X, y])
+        self._dtrain_dask = dxgb.DaskQuantileDMatrix(self._client, X, y)
+
+    @property
+    def dask_client(self):
+        return self._client
+
+    def close(self) -> None:
+        """Shut down what this trainer started; an external cluster is only disconnected."""
+        client, cluster = self._client, self._cluster
+        self._client = self._cluster = self._dtrain_dask = None
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+
+    # -- training -----------------------------------------------------------------------------
+    def _objective(self) -> _Objective:
+        if self.data.task == "binary":
+            return _Objective("binary:logistic", {"eval_metric": "auc"})
+        if self.data.task == "multiclass":
+            return _Objective("multi:softprob", {"num_class": self.data.n_classes, "eval_metric": "mlogloss"})
+        return _Objective("reg:squarederror", {"eval_metric": "rmse"})
+
+    def params(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        unknown = set(config) - PARAMS
+        if unknown:
+            raise InputError(f"unknown XGBoost parameter(s): {', '.join(sorted(unknown))}")
+        return {
+            **config,
+            "objective": self.objective.objective,
+            **self.objective.extra,
+            "tree_method": "hist",
+            "device": self.device,
+            "nthread": self.nthread,
+            "verbosity": 0,
+        }
+
+    def _dtrain_local(self):
+        import xgboost as xgb
+
+        if getattr(self._local, "dtrain", None) is None:  # one per thread: concurrent trials never share
+            self._local.dtrain = xgb.QuantileDMatrix(self.data.X_train, self.data.y_train, nthread=self.nthread)
+        return self._local.dtrain
+
+    def _segment_seed(self, start: int) -> int:
+        return (self.seed * 1_000_003 + start * 7_919) % (2**31 - 1)
+
+    def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:
+        """Train ``config`` to ``resource`` units, continuing from ``checkpoint`` when given."""
+        import xgboost as xgb
+
+        began = time.perf_counter()
+        start = checkpoint_resource(checkpoint + ".json") if checkpoint else 0
+        if resource <= start:
+            raise ValueError(f"resource {resource} must exceed the checkpoint's {start}")
+        booster = xgb.Booster(model_file=checkpoint) if checkpoint else None
+        params = self.params(config)
+        for a, b in segments(start, resource, self.milestones):
+            seeded = {**params, "seed": self._segment_seed(a)}
+            rounds = (b - a) * self.rounds_per_unit
+            if self._client is None:
+                booster = xgb.train(seeded, self._dtrain_local(), num_boost_round=rounds, xgb_model=booster)
+            else:
+                booster = self._train_dask(seeded, rounds, booster)
+        booster.save_model(out)
+        write_json_atomic(out + ".json", {"resource": resource, "rounds": booster.num_boosted_rounds()})
+        seconds = time.perf_counter() - began
+        return TrainResult(out, resource, resource - start, seconds, self.workers)
+
+    def _train_dask(self, params: dict[str, Any], rounds: int, booster):
+        from xgboost import dask as dxgb
+
+        params = {**params, "nthread": max(1, self.nthread // self.workers)}
+        with self._lock:
+            return dxgb.train(self._client, params, self._dtrain_dask, num_boost_round=rounds, xgb_model=booster)[
+                "booster"
+            ]
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def booster(self, checkpoint: str):
+        import xgboost as xgb
+
+        return xgb.Booster(model_file=checkpoint)
+
+    def predict(self, checkpoint: str, X: np.ndarray) -> np.ndarray:
+        booster = self.booster(checkpoint)
+        booster.set_param({"nthread": self.nthread})
+        return booster.inplace_predict(X)
+
+    def evaluate(self, checkpoint: str) -> float:
+        """The validation metric on the whole validation set, computed here (not per worker)."""
+        return score(self.metric, self.data.y_val, self.predict(checkpoint, self.data.X_val))
