@@ -91,8 +91,10 @@ def table(s: Summary) -> str:
     def num(x: float | None, fmt: str = ".4f") -> str:
         return "n/a" if x is None else format(x, fmt)
 
-    def ratio(a: float | None, b: float | None) -> str:
-        return "n/a" if not a or not b else f"{b / a:.1f}x"
+    def ratio(a: float | None, b: float | None, better: str, worse: str) -> str:
+        if not a or not b:
+            return "n/a"
+        return f"{b / a:.1f}x {better}" if b >= a else f"{a / b:.1f}x {worse}"
 
     rows = [
         ("", "baseline", "this job", "ratio"),
@@ -101,19 +103,19 @@ def table(s: Summary) -> str:
             "cost (worker-seconds)",
             f"{num(s.worker_seconds_without_early_stopping, ',.1f')} every config to R (est.)",
             f"{num(s.worker_seconds, ',.1f')}",
-            f"{ratio(s.worker_seconds, s.worker_seconds_without_early_stopping)} cheaper",
+            ratio(s.worker_seconds, s.worker_seconds_without_early_stopping, "cheaper", "dearer"),
         ),
         (
             "resource (units)",
             f"{s.resource_without_early_stopping:,} every config to R",
             f"{s.resource_used:,}",
-            f"{ratio(s.resource_used, s.resource_without_early_stopping)} fewer",
+            ratio(s.resource_used, s.resource_without_early_stopping, "fewer", "more"),
         ),
         (
             "wall time (s)",
             f"{num(s.sequential_seconds, ',.1f')} same trials one after another",
             f"{num(s.wall_seconds, ',.1f')}",
-            f"{ratio(s.wall_seconds, s.sequential_seconds)} faster",
+            ratio(s.wall_seconds, s.sequential_seconds, "faster", "slower"),
         ),
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
