@@ -132,7 +132,7 @@ def _tune(args: argparse.Namespace) -> int:
             workers=args.workers, concurrency=args.concurrency, dask_address=args.dask_address,
             rounds_per_unit=args.rounds_per_unit, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
             job_dir=args.job_dir, job_id=args.job_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
-            register=not args.no_register, baseline=not args.no_baseline,
+            register_model=not args.no_register, baseline=not args.no_baseline,
         )
     except ValidationError as exc:
         return _fail(_one_line(exc))

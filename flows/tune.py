@@ -80,7 +80,7 @@ def tune(params: TuneParams) -> dict[str, Any]:
         default_score = _baseline_score(baseline, logger)
         summary, best = _summarise(job, plan, brackets, default_score, time.perf_counter() - began)
         version = None
-        if best is not None and params.register:
+        if best is not None and params.register_model:
             version = register_champion(job, best["run_id"], best["checkpoint"])
         metrics = {
             f"best_val_{job.metric}": summary.best_score,

@@ -1,0 +1,87 @@
+"""The CLI: the plan as the paper's table and as JSON; bad input ends in one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from flows.cli import main
+
+
+def test_plan_json_has_the_documented_shape(capsys):
+    assert main(["plan", "--min-resource", "1", "--max-resource", "81", "--eta", "3", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["min_resource"], plan["max_resource"], plan["eta"], plan["configs"]) == (1, 81, 3, 143)
+    assert plan["brackets"][0]["s"] == 4
+    assert plan["brackets"][0]["rungs"][0] == {"n_configs": 81, "resource": 1}
+    assert [b["s"] for b in plan["brackets"]] == [4, 3, 2, 1, 0]
+
+
+def test_plan_table(capsys):
+    assert main(["plan", "--max-resource", "27"]) == 0
+    out = capsys.readouterr().out
+    assert "27 @ 1" in out and "4 @ 27" in out and "49 configs" in out and "1,323" in out
+
+
+@pytest.fixture
+def space_file(tmp_path):
+    def write(text: str) -> str:
+        path = tmp_path / "space.yaml"
+        path.write_text(text)
+        return str(path)
+
+    return write
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["tune", "--eta", "1"], "--eta must be an integer >= 2, got 1"),
+        (["tune", "--min-resource", "9", "--max-resource", "3"], "min_resource must be <= max_resource, got 9 > 3"),
+        (["tune", "--data", "no-such-file.csv", "--target", "y"], "data file 'no-such-file.csv' not found"),
+        (["tune", "--target", "nope"], "target column 'nope' not in the data"),
+        (["tune", "--model", "lightgbm"], "unknown model 'lightgbm'; choose xgboost or torch"),
+        (["tune", "--workers", "0"], "--workers must be an integer >= 1, got 0"),
+        (["tune", "--metric", "rmse"], "metric 'rmse' needs a numeric target"),
+        (["tune", "--dask-address", "localhost"], "dask_address must look like tcp://host:8786"),
+        (["tune", "--space", "missing.yaml"], "search space file 'missing.yaml' not found"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(argv))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "space, message",
+    [
+        ("eta: {type: float, low: 0.5, high: 0.1}\n", "eta: low must be < high"),
+        ("eta: {type: float, low: 0, high: 1, log: true}\n", "log scale needs low > 0"),
+        ("depth: {type: int, low: 1, high: 3}\n", "unknown parameter 'depth' for xgboost"),
+        ("eta: {type: gaussian}\n", "type must be one of float, int, categorical"),
+    ],
+)
+def test_bad_space_is_one_line_and_exit_2(space, message, space_file, capsys, tmp_path, monkeypatch):
+    path = space_file(space)
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", "--space", path]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_bad_input_never_prints_a_traceback_from_the_installed_command(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "tune", "--data", str(tmp_path / "x.csv"), "--target", "y"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("hyperband: error: data file")
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
