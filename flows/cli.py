@@ -39,7 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="run a tuning job")
     _schedule_flags(tune)
-    tune.add_argument("--model", default="xgboost", help="xgboost or torch")
+    tune.add_argument("--model", default="xgboost", help="xgboost, torch or synthetic")
+    tune.add_argument("--mode", default="hyperband", choices=["hyperband", "asha"], help="synchronous brackets or ASHA")
+    tune.add_argument("--sampler", default="random", choices=["random", "tpe"], help="how configs are proposed")
+    tune.add_argument("--max-trials", type=_positive("--max-trials"), help="asha: configs to start (default: as Hyperband)")
+    tune.add_argument("--time-budget", type=float, help="asha: seconds after which no new trial starts")
+    tune.add_argument("--resume", metavar="JOB", help="continue job JOB (its folder under --job-dir) from its saved state")
     tune.add_argument("--data", default="bank-marketing", help="bank-marketing, digits, breast-cancer or a CSV path")
     tune.add_argument("--target", help="target column of a CSV file")
     tune.add_argument("--metric", help="auc, accuracy, rmse or logloss (default: from the target)")
@@ -123,8 +128,16 @@ def _tune(args: argparse.Namespace) -> int:
 
     from flows.params import TuneParams
 
-    if args.model not in ("xgboost", "torch"):
-        return _fail(f"unknown model {args.model!r}; choose xgboost or torch")
+    if args.model not in ("xgboost", "torch", "synthetic"):
+        return _fail(f"unknown model {args.model!r}; choose xgboost, torch or synthetic")
+    if args.resume:
+        from flows.job import resume_params
+        from trainers.errors import InputError
+
+        try:
+            return _run(resume_params(args.job_dir, args.resume), args)
+        except (InputError, ValidationError) as exc:
+            return _fail(_one_line(exc) if isinstance(exc, ValidationError) else str(exc))
     try:
         params = TuneParams(
             model=args.model, data=args.data, target=args.target, metric=args.metric, space=args.space,
@@ -133,13 +146,19 @@ def _tune(args: argparse.Namespace) -> int:
             rounds_per_unit=args.rounds_per_unit, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
             job_dir=args.job_dir, job_id=args.job_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
             register_model=not args.no_register, baseline=not args.no_baseline,
+            mode=args.mode, sampler=args.sampler, max_trials=args.max_trials, time_budget=args.time_budget,
         )
     except ValidationError as exc:
         return _fail(_one_line(exc))
+    return _run(params, args)
+
+
+def _run(params, args: argparse.Namespace) -> int:
     message = preflight(params)
     if message:
         return _fail(message)
     params = params.model_copy(update={"job_id": params.job_id or _job_id()})
+    print(f"hyperband: job {params.job_id} in {params.job_dir}/{params.job_id} (resume with --resume {params.job_id})", file=sys.stderr)
     from flows.tune import tune
 
     state = tune(params, return_state=True)
@@ -181,10 +200,9 @@ _JOB_ID: list[str] = []
 def _job_id() -> str:
     """One id per process, so the preflight and the flow use the same job folder."""
     if not _JOB_ID:
-        import secrets
-        import time
+        from flows.job import new_job_id
 
-        _JOB_ID.append(f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}")
+        _JOB_ID.append(new_job_id())
     return _JOB_ID[0]
 
 

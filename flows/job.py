@@ -7,13 +7,27 @@ import secrets
 import time
 from pathlib import Path
 
+from flows.params import TuneParams
+from flows.state import load_job_record
 from hyperband import schedule, space as spaces
 from hyperband.promotion import Direction
-from flows.params import TuneParams
 from tasks.job import Job
 from tasks.tracking import check_reachable, tracking_uri
 from trainers import data as datasets
+from trainers.errors import InputError
 from trainers.factory import TrainerSettings, model_space
+
+
+def new_job_id() -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def resume_params(job_dir: str, job_id: str) -> TuneParams:
+    """The parameters a job was started with, for ``--resume``: same seed, same configs."""
+    record = load_job_record(Path(job_dir).resolve() / job_id)
+    if record is None:
+        raise InputError(f"no job {job_id!r} to resume under {job_dir} (expected {job_id}/job.json)")
+    return TuneParams(**{**record["params"], "job_dir": job_dir, "job_id": job_id, "resume": True})
 
 
 def prepare(params: TuneParams) -> Job:
@@ -31,9 +45,12 @@ def prepare(params: TuneParams) -> Job:
         validation_fraction=params.validation_fraction,
         seed=params.seed,
     )
-    dataset = datasets.load(spec)
-    metric = params.metric or dataset.default_metric
-    datasets.check_metric(dataset, metric)
+    if params.model == "synthetic":
+        metric = "loss"
+    else:
+        dataset = datasets.load(spec)
+        metric = params.metric or dataset.default_metric
+        datasets.check_metric(dataset, metric)
     direction: Direction = datasets.metric_direction(metric)
     uri = tracking_uri(params.tracking_uri)
     check_reachable(uri)
@@ -51,8 +68,14 @@ def prepare(params: TuneParams) -> Job:
         nnodes=params.nnodes,
         rdzv_endpoint=params.rdzv_endpoint,
     )
-    job_id = params.job_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    job_id = params.job_id or new_job_id()
     job_dir = Path(params.job_dir).resolve() / job_id
+    parent_run_id = None
+    if params.resume:
+        record = load_job_record(job_dir)
+        if record is None:
+            raise InputError(f"no job {job_id!r} to resume under {params.job_dir}")
+        parent_run_id = record.get("parent_run_id")
     job_dir.mkdir(parents=True, exist_ok=True)
     return Job(
         job_id=job_id,
@@ -69,4 +92,7 @@ def prepare(params: TuneParams) -> Job:
         tracking_uri=uri,
         experiment=params.experiment,
         concurrency=concurrency,
+        mode=params.mode,
+        sampler=params.sampler,
+        parent_run_id=parent_run_id,
     )

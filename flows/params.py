@@ -13,7 +13,13 @@ class TuneParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: Literal["xgboost", "torch"] = Field("xgboost", description="Model family to tune.")
+    model: Literal["xgboost", "torch", "synthetic"] = Field("xgboost", description="Model family to tune.")
+    mode: Literal["hyperband", "asha"] = Field(
+        "hyperband", description="hyperband: synchronous brackets (Li et al. 2018); asha: asynchronous (Li et al. 2020)."
+    )
+    sampler: Literal["random", "tpe"] = Field("random", description="random, or Optuna's TPE fitted per rung (BOHB).")
+    max_trials: Optional[int] = Field(None, ge=1, description="asha: configs to start (default: as many as Hyperband).")
+    time_budget: Optional[float] = Field(None, gt=0, description="asha: seconds after which no new trial starts.")
     data: str = Field(
         "bank-marketing",
         description="bank-marketing (bundled), digits, breast-cancer, or a CSV path (comma/semicolon, optionally .gz).",
@@ -38,6 +44,7 @@ class TuneParams(BaseModel):
     experiment: str = Field("hyperband", min_length=1, description="MLflow experiment; also the registered model's name.")
     register_model: bool = Field(True, description="Register the best model with alias 'champion'.")
     baseline: bool = Field(True, description="Also train the model's default config to R, for the summary.")
+    resume: bool = Field(False, description="Continue the job job_id from its saved state and checkpoints.")
 
     @field_validator("dask_address")
     @classmethod
@@ -50,6 +57,8 @@ class TuneParams(BaseModel):
     def _resources(self) -> "TuneParams":
         if self.min_resource > self.max_resource:
             raise ValueError(f"min_resource must be <= max_resource, got {self.min_resource} > {self.max_resource}")
+        if self.resume and not self.job_id:
+            raise ValueError("resume needs the job_id of the job to continue")
         return self
 
     def trial_concurrency(self) -> int:

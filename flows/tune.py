@@ -1,4 +1,4 @@
-"""The tuning job: a flow of brackets; each bracket a subflow whose rungs are train → evaluate → promote."""
+"""The tuning job: Hyperband brackets side by side (or ASHA), then the champion and the accounting."""
 
 from __future__ import annotations
 
@@ -9,82 +9,62 @@ from prefect import flow, get_run_logger
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.asha import asha_flow, make_sampler
+from flows.bracket import run_bracket
 from flows.job import prepare
 from flows.params import TuneParams
+from flows.state import save_job_record
 from hyperband import schedule
 from hyperband.accounting import Summary, TrialRung, summarise, table
-from hyperband.bracket import BracketState
 from hyperband.promotion import sort_key
-from hyperband.space import parse
 from tasks.job import Job
-from tasks.record import finish_job_run, log_rung, register_champion, start_job_run, start_trial_runs
-from tasks.trials import evaluate_trial, promote_rung, train_default, train_trial
+from tasks.record import finish_job_run, register_champion, start_job_run
+from tasks.trials import train_default
 from trainers import factory
 
-
-@flow(name="hyperband-bracket", flow_run_name="bracket s={s}", validate_parameters=False)
-def bracket_flow(job: Job, s: int) -> dict[str, Any]:
-    """Successive halving for bracket s: every rung trains its trials concurrently, then promotes."""
-    logger = get_run_logger()
-    plan = {b.s: b for b in schedule.brackets(job.min_resource, job.max_resource, job.eta)}
-    state = BracketState.start(plan[s], job.eta, parse(job.space), job.seed, job.direction)  # type: ignore[arg-type]
-    run_ids = start_trial_runs(job, s, {t: v.config for t, v in state.trials.items()})
-    rows: list[TrialRung] = []
-    while not state.done:
-        rung, i = state.current, state.rung_index
-        futures = {}
-        for trial_id in state.pending():
-            trial = state.trials[trial_id]
-            trained = train_trial.submit(job, trial_id, trial.config, rung.resource, trial.checkpoint)
-            futures[trial_id] = (trained, evaluate_trial.submit(job, trial_id, rung.resource, trained))
-        wait([f for pair in futures.values() for f in pair])
-        outcomes = {}
-        for trial_id, (trained_f, evaluated_f) in futures.items():
-            trained = trained_f.result(raise_on_failure=False)
-            evaluated = evaluated_f.result(raise_on_failure=False) if not isinstance(trained, BaseException) else trained
-            if isinstance(evaluated, BaseException):
-                error = f"{type(evaluated).__name__}: {evaluated}"
-                state.record(trial_id, rung.resource, None, None, error)
-                logger.warning("trial %s failed at r=%d: %s", trial_id, rung.resource, error)
-                trained = trained if not isinstance(trained, BaseException) else None
-            else:
-                state.record(trial_id, rung.resource, evaluated.score, trained.checkpoint)
-            outcomes[trial_id] = (trained, evaluated)
-            rows.append(_row(state, trial_id, i, rung.resource, trained, evaluated))
-        state = BracketState.from_json(promote_rung(job, s, i, state.to_json()))
-        log_rung(job, s, i, [_entry(job, state, t, run_ids[t], rung.resource, *outcomes[t]) for t in outcomes])
-        _progress(logger, job, state, s, i, rung, outcomes)
-    return {"state": state.to_json(), "rows": [r.__dict__ for r in rows], "run_ids": run_ids}
+FLAVOURED = ("xgboost", "torch")  # models with an MLflow flavour to register
 
 
-@flow(name="hyperband-tune", flow_run_name="hyperband {params.model} on {params.data}", validate_parameters=True)
+@flow(
+    name="hyperband-tune",
+    flow_run_name="hyperband {params.model} on {params.data}",
+    task_runner=ThreadPoolTaskRunner(max_workers=16),  # brackets side by side; trials capped by job slots
+)
 def tune(params: TuneParams) -> dict[str, Any]:
-    """Hyperband over ``params``: every bracket of Li et al. (JMLR 2018), tracked in MLflow."""
+    """Hyperband (Li et al., JMLR 2018) or ASHA (Li et al., MLSys 2020) over ``params``, tracked in MLflow."""
     logger = get_run_logger()
     began = time.perf_counter()
     job = prepare(params)
     plan = schedule.plan_summary(job.min_resource, job.max_resource, job.eta)
     logger.info(
-        "job %s: %d brackets, %d configs, %d trial-rungs, %d units (vs %d without early stopping); dir %s",
-        job.job_id, len(plan["brackets"]), plan["configs"], plan["trial_rungs"], plan["resource_used"],
-        plan["resource_without_early_stopping"], job.job_dir,
+        "job %s (%s, %s sampler, %d slots): %d brackets, %d configs, %d trial-rungs, %d units "
+        "(vs %d without early stopping); dir %s",
+        job.job_id, job.mode, job.sampler, job.concurrency, len(plan["brackets"]), plan["configs"],
+        plan["trial_rungs"], plan["resource_used"], plan["resource_without_early_stopping"], job.job_dir,
     )
-    job = job.with_parent(start_job_run(job, _run_params(job, params)))
+    if job.parent_run_id is None:
+        job = job.with_parent(start_job_run(job, _run_params(job, params)))
+    save_job_record(job, params.model_dump(mode="json"))
     factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
         baseline = train_default.submit(job) if params.baseline else None
-        brackets = []
-        runner = ThreadPoolTaskRunner(max_workers=job.concurrency)
-        for b in plan["brackets"]:
-            brackets.append(bracket_flow.with_options(task_runner=runner)(job, b["s"]))
+        if job.mode == "asha":
+            results = [asha_flow(job, params.max_trials or plan["configs"], params.time_budget)]
+        elif job.sampler == "tpe":
+            results = _brackets_in_turn(job, plan)
+        else:
+            futures = [run_bracket.submit(job, b["s"]) for b in plan["brackets"]]
+            wait(futures)
+            results = [f.result() for f in futures]
         default_score = _baseline_score(baseline, logger)
-        summary, best = _summarise(job, plan, brackets, default_score, time.perf_counter() - began)
+        summary, best = _summarise(job, results, default_score, time.perf_counter() - began)
         version = None
-        if best is not None and params.register_model:
+        if best is not None and params.register_model and job.settings.model in FLAVOURED:
             version = register_champion(job, best["run_id"], best["checkpoint"])
         metrics = {
             f"best_val_{job.metric}": summary.best_score,
             f"default_val_{job.metric}": summary.default_score,
+            "configs": summary.configs,
             "resource_used": summary.resource_used,
             "resource_without_early_stopping": summary.resource_without_early_stopping,
             "worker_seconds": summary.worker_seconds,
@@ -93,8 +73,11 @@ def tune(params: TuneParams) -> dict[str, Any]:
             "sequential_seconds": summary.sequential_seconds,
             "failed_trials": summary.failed_trials,
         }
-        best_config = {"trial_id": best["trial_id"], "resource": best["resource"], f"val_{job.metric}": best["score"],
-                       "config": best["config"]} if best else {}
+        best_config = (
+            {"trial_id": best["trial_id"], "resource": best["resource"], f"val_{job.metric}": best["score"], "config": best["config"]}
+            if best
+            else {}
+        )
         finish_job_run(job, metrics, best_config, summary.to_json(), table(summary))
         logger.info("summary\n%s", table(summary))
         return {
@@ -110,53 +93,18 @@ def tune(params: TuneParams) -> dict[str, Any]:
         factory.release(job.settings)
 
 
-def _row(state: BracketState, trial_id: str, rung: int, resource: int, trained: Any, evaluated: Any) -> TrialRung:
-    ok_train = trained is not None and not isinstance(trained, BaseException)
-    ok_eval = not isinstance(evaluated, BaseException)
-    return TrialRung(
-        trial_id=trial_id,
-        bracket=state.s,
-        rung=rung,
-        resource=resource,
-        resource_trained=trained.resource_trained if ok_train else 0,
-        train_seconds=trained.seconds if ok_train else 0.0,
-        eval_seconds=evaluated.seconds if ok_eval else 0.0,
-        workers=trained.workers if ok_train else 1,
-        score=evaluated.score if ok_eval else None,
-    )
-
-
-
-
-def _entry(job: Job, state: BracketState, trial_id: str, run_id: str, resource: int, trained: Any, evaluated: Any) -> dict[str, Any]:
-    trial = state.trials[trial_id]
-    ok = not isinstance(evaluated, BaseException)
-    ok_train = trained is not None and not isinstance(trained, BaseException)
-    return {
-        "run_id": run_id,
-        "resource": resource,
-        "resource_held": trial.resource,
-        "score": evaluated.score if ok else None,
-        "train_seconds": trained.seconds if ok_train else 0.0,
-        "workers": trained.workers if ok_train else job.settings.workers,
-        "history": trained.history if ok_train else [],
-        "status": trial.status,
-        "error": trial.error,
-    }
-
-
-def _progress(logger, job: Job, state: BracketState, s: int, i: int, rung, outcomes) -> None:
-    scores = {t: (e.score if not isinstance(e, BaseException) else None) for t, (_, e) in outcomes.items()}
-    ranked = sorted(scores, key=lambda t: sort_key(t, scores[t], job.direction))  # type: ignore[arg-type]
-    top = ranked[0] if ranked else None
-    failed = sum(v is None for v in scores.values())
-    logger.info(
-        "bracket s=%d rung %d/%d: %d trials at r=%d, best val_%s %s (%s)%s; %s",
-        s, i + 1, len(state.rungs), len(scores), rung.resource, job.metric,
-        "n/a" if top is None or scores[top] is None else f"{scores[top]:.4f}", top,
-        f", {failed} failed" if failed else "",
-        f"promoted {len(state.active)}" if not state.done else "bracket done",
-    )
+def _brackets_in_turn(job: Job, plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """BOHB-style: brackets one after another, each sampling from TPE fitted on the results so far."""
+    sampler = make_sampler(job)
+    results = []
+    for b in plan["brackets"]:
+        n = b["rungs"][0]["n_configs"]
+        result = run_bracket.submit(job, b["s"], [sampler.ask() for _ in range(n)]).result()
+        for trial in result["state"]["trials"].values():
+            for resource, score in trial["scores"].items():
+                sampler.tell(trial["config"], int(resource), score)
+        results.append(result)
+    return results
 
 
 def _baseline_score(baseline, logger) -> float | None:
@@ -169,32 +117,34 @@ def _baseline_score(baseline, logger) -> float | None:
     return float(value)
 
 
-def _summarise(job: Job, plan: dict[str, Any], brackets: list[dict[str, Any]], default_score, wall: float):
-    rows = [TrialRung(**r) for b in brackets for r in b["rows"]]
-    states = [BracketState.from_json(b["state"]) for b in brackets]
-    candidates = []  # every evaluated (trial, resource): the paper returns the best seen
-    for b, st in zip(brackets, states):
-        for t in st.trials.values():
-            for resource, value in t.scores.items():
-                if value is not None:
-                    candidates.append((t, resource, value, b["run_ids"][t.trial_id]))
+def _summarise(job: Job, results: list[dict[str, Any]], default_score: float | None, wall: float) -> tuple[Summary, dict | None]:
+    rows = [TrialRung(**r) for result in results for r in result["rows"]]
+    trials = [t for result in results for t in result["state"]["trials"].values()]
+    candidates = [  # every evaluated (trial, resource): the paper returns the best seen
+        (t, int(resource), value) for t in trials for resource, value in _scores(t).items() if value is not None
+    ]
     best = None
     if candidates:
-        t, resource, value, run_id = min(candidates, key=lambda c: sort_key(f"{c[0].trial_id}@{c[1]:06d}", c[2], job.direction))  # type: ignore[arg-type]
-        best = {"trial_id": t.trial_id, "resource": resource, "score": value, "config": t.config, "run_id": run_id,
-                "checkpoint": job.checkpoint_path(t.trial_id, resource), "bracket": t.bracket}
-    summary: Summary = summarise(
+        t, resource, value = min(candidates, key=lambda c: sort_key(f"{c[0]['trial_id']}@{c[1]:06d}", c[2], job.direction))  # type: ignore[arg-type]
+        best = {"trial_id": t["trial_id"], "resource": resource, "score": value, "config": t["config"],
+                "run_id": t["run_id"], "checkpoint": job.checkpoint_path(t["trial_id"], resource), "bracket": t["bracket"]}
+    summary = summarise(
         rows,
         metric=job.metric,
-        configs=plan["configs"],
+        configs=len(trials),
         max_resource=job.max_resource,
-        reached_max_resource=sum(1 for st in states for t in st.trials.values() if t.status == "completed"),
-        failed_trials=sum(1 for st in states for t in st.trials.values() if t.status == "failed"),
+        reached_max_resource=sum(1 for t in trials if t["status"] == "completed"),
+        failed_trials=sum(1 for t in trials if t["status"] == "failed"),
         best=(best["trial_id"], best["resource"], best["score"]) if best else None,
         default_score=default_score,
         wall_seconds=wall,
     )
     return summary, best
+
+
+def _scores(trial: dict[str, Any]) -> dict[int, float | None]:
+    """Scores by resource, from a bracket trial (``scores``) or from ASHA's rows (filled in by the caller)."""
+    return {int(k): v for k, v in trial.get("scores", {}).items()}
 
 
 def _run_params(job: Job, params: TuneParams) -> dict[str, Any]:
@@ -205,7 +155,9 @@ def _run_params(job: Job, params: TuneParams) -> dict[str, Any]:
         "seed": job.seed,
         "model": job.settings.model,
         "workers": job.settings.workers,
-        "data": params.data,
+        "mode": job.mode,
+        "sampler": job.sampler,
+        "data": params.data if job.settings.model != "synthetic" else "",
         "metric": job.metric,
         "concurrency": job.concurrency,
         "rounds_per_unit": job.settings.rounds_per_unit if job.settings.model == "xgboost" else "",

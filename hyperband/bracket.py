@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 
@@ -51,13 +51,17 @@ class BracketState:
     active: list[str] = field(default_factory=list)  # trial ids in the current rung
 
     @classmethod
-    def start(cls, bracket: Bracket, eta: int, space: Space, seed: int, direction: Direction) -> "BracketState":
-        """Sample the bracket's n configs from a generator seeded by (seed, s): same seed, same configs."""
+    def start(
+        cls, bracket: Bracket, eta: int, space: Space, seed: int, direction: Direction,
+        ask: Callable[[], dict[str, Any]] | None = None,
+    ) -> "BracketState":
+        """The bracket's n configs: from ``ask`` (a model-based sampler) or from a generator seeded by
+        (seed, s), so the same seed gives the same configs whatever order brackets run in."""
         rng = np.random.default_rng([seed, bracket.s])
         trials = {}
         for j in range(bracket.n_configs):
             trial_id = f"s{bracket.s}-{j:03d}"
-            trials[trial_id] = Trial(trial_id, bracket.s, space.sample(rng))
+            trials[trial_id] = Trial(trial_id, bracket.s, dict(ask()) if ask else space.sample(rng))
         return cls(bracket.s, eta, bracket.rungs, direction, trials, 0, list(trials))
 
     @property

@@ -25,13 +25,15 @@ class Job:
     tracking_uri: str
     experiment: str
     concurrency: int
+    mode: str = "hyperband"  # "hyperband" | "asha"
+    sampler: str = "random"  # "random" | "tpe"
     parent_run_id: str | None = None
 
     def with_parent(self, run_id: str) -> "Job":
         return replace(self, parent_run_id=run_id)
 
     def checkpoint_path(self, trial_id: str, resource: int) -> str:
-        suffix = ".ubj" if self.settings.model == "xgboost" else ".pt"
+        suffix = {"xgboost": ".ubj", "torch": ".pt"}.get(self.settings.model, ".json")
         path = Path(self.job_dir) / "checkpoints" / trial_id / f"r{resource}{suffix}"
         path.parent.mkdir(parents=True, exist_ok=True)
         return str(path)

@@ -10,6 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks import tracking
 from tasks.job import Job
 from trainers import factory
+from trainers.base import TrainResult
 
 RETRY = dict(retries=3, retry_delay_seconds=[1, 5, 15], cache_policy=NO_CACHE)
 
@@ -32,27 +33,28 @@ def start_trial_runs(job: Job, s: int, trials: dict[str, dict[str, Any]]) -> dic
     return ids
 
 
-@task(name="log rung", task_run_name="log bracket s={s} rung {rung}", **RETRY)
-def log_rung(job: Job, s: int, rung: int, entries: list[dict[str, Any]]) -> None:
-    """Per-trial metric at step = cumulative resource, history, and the status of trials that ended here."""
-    metric = f"val_{job.metric}"
+@task(name="log result", task_run_name="log {trial_id} at r={resource}", **RETRY)
+def log_result(job: Job, run_id: str, trial_id: str, resource: int, trained: TrainResult, evaluated: Any) -> None:
+    """A trial-rung's metric at step = cumulative resource, with what the trainer recorded on the way."""
+    uri = job.tracking_uri
+    if trained.history:
+        tracking.log_history(uri, run_id, trained.history)
+    metrics = {f"val_{job.metric}": evaluated.score, "train_seconds": trained.seconds,
+               "worker_seconds": trained.seconds * trained.workers}
+    metrics.update({k: v for k, v in trained.info.items() if isinstance(v, (int, float))})
+    tracking.log_metrics(uri, run_id, metrics, step=resource)
+
+
+@task(name="close trial runs", task_run_name="close trial runs of {label}", **RETRY)
+def close_trials(job: Job, label: str, entries: list[dict[str, Any]]) -> None:
+    """Status tags of trials whose fate is known (stopped, failed, completed); their runs end."""
     for e in entries:
-        run_id = e["run_id"]
-        if e.get("history"):
-            tracking.log_history(job.tracking_uri, run_id, e["history"])
-        if e["score"] is not None:
-            tracking.log_metrics(job.tracking_uri, run_id, {metric: e["score"]}, step=e["resource"])
-            tracking.log_metrics(
-                job.tracking_uri, run_id,
-                {"train_seconds": e["train_seconds"], "worker_seconds": e["train_seconds"] * e["workers"]},
-                step=e["resource"],
-            )
-        tags = {"hyperband.highest_rung": str(rung), "hyperband.resource": str(e["resource_held"]), "hyperband.status": e["status"]}
+        tags = {"hyperband.highest_rung": str(e["rung"]), "hyperband.resource": str(e["resource"]), "hyperband.status": e["status"]}
         if e.get("error"):
             tags["hyperband.error"] = e["error"][-4000:]
-        tracking.set_tags(job.tracking_uri, run_id, tags)
+        tracking.set_tags(job.tracking_uri, e["run_id"], tags)
         if e["status"] != "running":
-            tracking.end_run(job.tracking_uri, run_id, "FAILED" if e["status"] == "failed" else "FINISHED")
+            tracking.end_run(job.tracking_uri, e["run_id"], "FAILED" if e["status"] == "failed" else "FINISHED")
 
 
 @task(name="finish parent run", **RETRY)

@@ -11,8 +11,9 @@ from prefect.cache_policies import NO_CACHE
 
 from hyperband.bracket import BracketState
 from tasks.job import Job
+from tasks.slots import slot
 from trainers import factory
-from trainers.base import TrainResult, write_json_atomic
+from trainers.base import TrainResult
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,8 @@ class Evaluation:
 def train_trial(job: Job, trial_id: str, config: dict[str, Any], resource: int, checkpoint: str | None) -> TrainResult:
     """Train one config to ``resource`` units, resuming from its checkpoint."""
     trainer = factory.get(job.settings)
-    return trainer.train(config, resource, checkpoint, job.checkpoint_path(trial_id, resource))
+    with slot(job.job_id, job.concurrency):
+        return trainer.train(config, resource, checkpoint, job.checkpoint_path(trial_id, resource))
 
 
 @task(name="evaluate", task_run_name="evaluate {trial_id} at r={resource}", cache_policy=NO_CACHE)
@@ -38,17 +40,16 @@ def evaluate_trial(job: Job, trial_id: str, resource: int, trained: TrainResult)
 
 @task(name="promote", task_run_name="promote bracket s={s} rung {rung}", cache_policy=NO_CACHE)
 def promote_rung(job: Job, s: int, rung: int, state: dict[str, Any]) -> dict[str, Any]:
-    """Close a rung: the top ⌊n_i/η⌋ go up; the bracket's state is saved before it is returned."""
+    """Close a rung: the top ⌊n_i/η⌋ go up."""
     bracket = BracketState.from_json(state)
     bracket.advance()
-    payload = bracket.to_json()
-    write_json_atomic(job.bracket_path(s), payload)
-    return payload
+    return bracket.to_json()
 
 
 @task(name="train default config", cache_policy=NO_CACHE)
 def train_default(job: Job) -> float:
     """XGBoost's (or the model's) default config trained to R: the quality baseline of the summary."""
     trainer = factory.get(job.settings)
-    result = trainer.train(job.default_config, job.max_resource, None, job.checkpoint_path("default", job.max_resource))
+    with slot(job.job_id, job.concurrency):
+        result = trainer.train(job.default_config, job.max_resource, None, job.checkpoint_path("default", job.max_resource))
     return trainer.evaluate(result.checkpoint)

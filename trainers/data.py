@@ -31,6 +31,7 @@ METRICS: dict[str, Literal["max", "min"]] = {
     "accuracy": "max",
     "rmse": "min",
     "logloss": "min",
+    "loss": "min",  # the synthetic objective's
 }
 #: integer targets with at most this many distinct values are classes, not numbers.
 MAX_CLASSES = 20

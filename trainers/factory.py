@@ -10,7 +10,7 @@ from trainers.base import Trainer
 from trainers.data import DataSpec
 from trainers.errors import InputError
 
-MODELS = ("xgboost", "torch")
+MODELS = ("xgboost", "torch", "synthetic")
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ def model_space(model: str) -> tuple[dict[str, dict[str, Any]], frozenset[str], 
         from trainers import xgboost_trainer as m
     elif model == "torch":
         from trainers import torch_ddp as m  # type: ignore[no-redef]
+    elif model == "synthetic":
+        from trainers import synthetic as m  # type: ignore[no-redef]
     else:
         raise InputError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
     return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
@@ -71,6 +73,10 @@ def build(settings: TrainerSettings) -> Trainer:
             rdzv_endpoint=settings.rdzv_endpoint,
             **kwargs,
         )
+    if settings.model == "synthetic":
+        from trainers.synthetic import SyntheticTrainer
+
+        return SyntheticTrainer(seed=settings.seed, workers=settings.workers, **dict(settings.extra))
     raise InputError(f"unknown model {settings.model!r}; choose one of {', '.join(MODELS)}")
 
 

@@ -43,7 +43,7 @@ def space_file(tmp_path):
         (["tune", "--min-resource", "9", "--max-resource", "3"], "min_resource must be <= max_resource, got 9 > 3"),
         (["tune", "--data", "no-such-file.csv", "--target", "y"], "data file 'no-such-file.csv' not found"),
         (["tune", "--target", "nope"], "target column 'nope' not in the data"),
-        (["tune", "--model", "lightgbm"], "unknown model 'lightgbm'; choose xgboost or torch"),
+        (["tune", "--model", "lightgbm"], "unknown model 'lightgbm'; choose xgboost, torch or synthetic"),
         (["tune", "--workers", "0"], "--workers must be an integer >= 1, got 0"),
         (["tune", "--metric", "rmse"], "metric 'rmse' needs a numeric target"),
         (["tune", "--dask-address", "localhost"], "dask_address must look like tcp://host:8786"),

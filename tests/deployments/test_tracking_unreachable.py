@@ -1,0 +1,113 @@
+"""Tracking robustness: an unreachable server stops the job before any training, in one line;
+a transient tracking error mid-job is retried by the tasks of ``tasks.record``."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from flows import cli
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_tracking_server_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"http://127.0.0.1:{_closed_port()}"
+
+    import trainers.factory
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("training started although the tracking server is unreachable")
+
+    monkeypatch.setattr(trainers.factory, "get", no_training)
+    code = cli.main(["tune", "--max-resource", "3", "--eta", "3", "--job-dir", str(tmp_path / "jobs"), "--tracking-uri", uri])
+    assert code == cli.EXIT_USAGE == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("hyperband: error: ")
+    assert uri in err and "not reachable" in err
+    assert "Traceback" not in captured.err + captured.out
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_unreachable_tracking_server_from_the_installed_command(tmp_path):
+    """The same through the console script: nothing but the one line on stderr."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    exe = Path(sys.executable).parent / "hyperband"
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "flows.cli"]
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    proc = subprocess.run(
+        [*command, "tune", "--max-resource", "3", "--job-dir", str(tmp_path / "jobs"), "--tracking-uri", uri],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and uri in lines[0], proc.stderr
+    assert proc.stdout == ""
+
+
+def _job(uri: str):
+    from tasks.job import Job
+    from trainers.data import DataSpec
+    from trainers.factory import TrainerSettings
+
+    return Job(
+        job_id="retry-test", job_dir="/tmp/unused", settings=TrainerSettings(model="xgboost", data=DataSpec()),
+        metric="auc", direction="max", min_resource=1, max_resource=3, eta=3, seed=0, space={}, default_config={},
+        tracking_uri=uri, experiment="retry", concurrency=1,
+    )
+
+
+def test_every_tracking_task_retries():
+    from prefect import Task
+
+    import tasks.record as record
+
+    found = {name: t for name, t in vars(record).items() if isinstance(t, Task)}
+    assert {"start_job_run", "start_trial_runs", "finish_job_run", "register_champion"} <= set(found)
+    assert {name: t.retries for name, t in found.items()} == {name: 3 for name in found}
+
+
+def test_a_transient_tracking_error_is_retried(prefect_harness, tracking_uri, monkeypatch):
+    from prefect import flow
+
+    import tasks.record as record
+    import tasks.tracking as tracking
+
+    calls = []
+    real = tracking.start_parent
+
+    def flaky(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise ConnectionError("tracking server blipped")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tracking, "start_parent", flaky)
+
+    @flow
+    def job(uri: str) -> str:
+        return record.start_job_run(_job(uri), {"eta": 3})
+
+    state = job(tracking_uri, return_state=True)
+    assert state.is_completed(), state.message
+    run_id = state.result()
+    assert len(calls) == 2
+
+    from mlflow import MlflowClient
+
+    run = MlflowClient(tracking_uri).get_run(run_id)
+    assert run.data.params == {"eta": "3"} and run.data.tags["hyperband.job_id"] == "retry-test"

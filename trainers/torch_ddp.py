@@ -1,0 +1,472 @@
+"""PyTorch trainer: data-parallel SGD (DistributedDataParallel) over ``workers`` processes per trial.
+
+One resource unit is one epoch. Each ``train`` call starts ``python -m torch.distributed.run``
+as a subprocess in its own session (torch's elastic agent installs signal handlers, which only
+work in a main thread, and ``train`` runs in Prefect's worker threads). The ranks run
+``trainers.torch_worker``; rank 0 writes the checkpoint and a result file the call reads back.
+
+Port choice: on one machine the launcher gets ``--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0``;
+port 0 makes the rendezvous TCP store bind a port the kernel picks while it listens, and the
+ranks reuse that store (torch's default agent-store sharing), so two concurrent trials can never
+be handed the same port and no probe-then-bind race with other programs exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from trainers.base import TrainResult, checkpoint_resource, write_json_atomic
+from trainers.data import DataSpec, Dataset, load, metric_direction, score
+from trainers.errors import InputError
+from trainers.torch_models import Predictor, build_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Trains digits (CNN, 2 workers, linear lr scaling) to >= 0.95 validation accuracy in well under 9 epochs.
+DEFAULT_CONFIG: dict[str, Any] = {
+    "lr": 0.05,
+    "batch_size": 32,
+    "weight_decay": 1e-4,
+    "width": 32,
+    "dropout": 0.1,
+    "momentum": 0.9,
+    "lr_scaling": "linear",
+    "warmup_epochs": 1,
+}
+#: Config keys ``train`` accepts (``seed`` overrides the trainer's seed for one trial).
+PARAMS = frozenset({*DEFAULT_CONFIG, "seed"})
+#: Test hooks: ``_fail_rank`` makes that rank fail at ``_fail_epoch`` (1-based) by ``_fail_how``.
+TEST_HOOKS = frozenset({"_fail_rank", "_fail_epoch", "_fail_how"})
+FAIL_MODES = ("exit", "raise", "kill", "hang")
+LR_SCALING = ("linear", "none")
+DEFAULT_SPACE: dict[str, dict[str, Any]] = {
+    "lr": {"type": "float", "low": 5e-3, "high": 0.2, "log": True},
+    "batch_size": {"type": "categorical", "choices": [16, 32, 64]},
+    "weight_decay": {"type": "float", "low": 1e-6, "high": 1e-3, "log": True},
+    "width": {"type": "int", "low": 16, "high": 64},
+    "dropout": {"type": "float", "low": 0.0, "high": 0.3},
+    "momentum": {"type": "float", "low": 0.5, "high": 0.95},
+}
+#: Seconds the launcher gets to stop its ranks after SIGTERM before everything is SIGKILLed.
+TERMINATE_GRACE = 5.0
+TAIL_LINES = 20
+
+
+# ---------------------------------------------------------------------------- config
+
+
+def _as_int(name: str, value: Any) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InputError(f"{name} must be an integer, got {value!r}")
+    if not float(value).is_integer():
+        raise InputError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _as_float(name: str, value: Any) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InputError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(float(value)):
+        raise InputError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise InputError(message)
+
+
+def resolve_config(config: Mapping[str, Any], seed: int = 0) -> dict[str, Any]:
+    """``config`` over ``DEFAULT_CONFIG``, checked and coerced to plain types (InputError on a bad value)."""
+    unknown = sorted(str(k) for k in config if k not in PARAMS and k not in TEST_HOOKS)
+    _check(not unknown, f"unknown torch hyperparameter(s) {', '.join(unknown)}; accepted: {', '.join(sorted(PARAMS))}")
+    merged = {**DEFAULT_CONFIG, "seed": seed, **config}
+    out: dict[str, Any] = {
+        "lr": _as_float("lr", merged["lr"]),
+        "batch_size": _as_int("batch_size", merged["batch_size"]),
+        "weight_decay": _as_float("weight_decay", merged["weight_decay"]),
+        "width": _as_int("width", merged["width"]),
+        "dropout": _as_float("dropout", merged["dropout"]),
+        "momentum": _as_float("momentum", merged["momentum"]),
+        "lr_scaling": str(merged["lr_scaling"]),
+        "warmup_epochs": _as_int("warmup_epochs", merged["warmup_epochs"]),
+        "seed": _as_int("seed", merged["seed"]),
+    }
+    _check(out["lr"] > 0, f"lr must be > 0, got {out['lr']}")
+    _check(out["batch_size"] >= 1, f"batch_size must be >= 1, got {out['batch_size']}")
+    _check(out["weight_decay"] >= 0, f"weight_decay must be >= 0, got {out['weight_decay']}")
+    _check(out["width"] >= 1, f"width must be >= 1, got {out['width']}")
+    _check(0 <= out["dropout"] < 1, f"dropout must be in [0, 1), got {out['dropout']}")
+    _check(0 <= out["momentum"] < 1, f"momentum must be in [0, 1), got {out['momentum']}")
+    _check(out["lr_scaling"] in LR_SCALING, f"lr_scaling must be one of {', '.join(LR_SCALING)}, got {out['lr_scaling']!r}")
+    _check(out["warmup_epochs"] >= 0, f"warmup_epochs must be >= 0, got {out['warmup_epochs']}")
+    out.update(_test_hooks(config))
+    return out
+
+
+def _test_hooks(config: Mapping[str, Any]) -> dict[str, Any]:
+    hooks: dict[str, Any] = {}
+    if config.get("_fail_rank") is not None:
+        hooks["_fail_rank"] = _as_int("_fail_rank", config["_fail_rank"])
+        hooks["_fail_epoch"] = _as_int("_fail_epoch", config.get("_fail_epoch", 1))
+        hooks["_fail_how"] = str(config.get("_fail_how", "exit"))
+        _check(hooks["_fail_how"] in FAIL_MODES, f"_fail_how must be one of {', '.join(FAIL_MODES)}")
+    return hooks
+
+
+def effective_lr(config: Mapping[str, Any], world_size: int) -> float:
+    """Goyal et al. (2017): with ``lr_scaling: linear`` the lr grows with the number of replicas."""
+    return float(config["lr"]) * (world_size if config["lr_scaling"] == "linear" else 1)
+
+
+def check_metric(metric: str, task: str) -> None:
+    metric_direction(metric)  # unknown names
+    allowed = {"regression": ("rmse",), "binary": ("auc", "accuracy", "logloss"), "multiclass": ("accuracy", "logloss")}
+    _check(metric in allowed[task], f"metric {metric!r} does not fit a {task} task; use one of {', '.join(allowed[task])}")
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+
+def read_checkpoint(checkpoint: str) -> dict[str, Any]:
+    if not Path(checkpoint).is_file():
+        raise FileNotFoundError(f"torch checkpoint {checkpoint} not found")
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)
+
+
+def checkpoint_epochs(checkpoint: str) -> int:
+    """Epochs a checkpoint holds: from its JSON sidecar, else from the checkpoint itself."""
+    meta = Path(f"{checkpoint}.json")
+    if meta.is_file():
+        return checkpoint_resource(meta)
+    return int(read_checkpoint(checkpoint)["epoch"])
+
+
+def load_model(checkpoint: str) -> torch.nn.Module:
+    """The checkpoint's network in eval mode: raw float32 rows (n, n_features) -> probabilities / values."""
+    ck = read_checkpoint(checkpoint)
+    model = build_model(ck["arch"])
+    model.load_state_dict(ck["model"])
+    std = ck["standardisation"]
+    predictor = Predictor(model, ck["arch"]["task"], std["y_mean"], std["y_std"])
+    return predictor.eval()
+
+
+def predict(checkpoint: str, X: np.ndarray) -> np.ndarray:
+    """Class probabilities (n, k), or values (n,) for regression, of raw feature rows."""
+    model = load_model(checkpoint)
+    with torch.no_grad():
+        out = model(torch.as_tensor(np.asarray(X, dtype=np.float32)))
+    return out.double().numpy()
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids (other than ours) whose command line contains ``marker``; Linux /proc only."""
+    needle, pids = marker.encode(), []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return pids
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _signal(pid: int, sig: int, group: bool = False) -> None:
+    try:
+        (os.killpg if group else os.kill)(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def terminate(proc: subprocess.Popen, marker: str) -> None:
+    """Stop the launcher's process group (SIGTERM, then SIGKILL) and any rank left with ``marker``."""
+    if proc.poll() is None:
+        _signal(proc.pid, signal.SIGTERM, group=True)
+        try:
+            proc.wait(timeout=TERMINATE_GRACE)
+        except subprocess.TimeoutExpired:
+            _signal(proc.pid, signal.SIGKILL, group=True)
+            proc.wait()
+    # ranks run in sessions of their own (torch starts them with start_new_session=True)
+    deadline = time.monotonic() + TERMINATE_GRACE
+    while (left := processes_with(marker)) and time.monotonic() < deadline:
+        for pid in left:
+            _signal(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def _tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def root_cause(launcher_log: str) -> tuple[list[int], str]:
+    """Ranks named as the root cause in torch.distributed.run's failure report, and their exit codes."""
+    _, _, cause = launcher_log.partition("Root Cause")
+    ranks = sorted({int(r) for r in re.findall(r"rank\s*:\s*(\d+)", cause)})
+    codes = [" ".join(c.split()) for c in re.findall(r"exitcode\s*:\s*([^\n]*)", cause)]
+    return ranks, "; ".join(codes)
+
+
+def failure_message(workdir: Path, headline: str) -> str:
+    """``headline`` plus the stderr tail of the failed rank(s), else of every rank and the launcher."""
+    launcher = _tail(workdir / "launcher.log", 200)
+    ranks, codes = root_cause(launcher)
+    files = [workdir / f"rank{r}.stderr" for r in ranks] or sorted(workdir.glob("rank*.stderr"))
+    parts = [headline]
+    if ranks:
+        parts[0] += f" (failed rank{'s' if len(ranks) > 1 else ''}: {', '.join(map(str, ranks))}; exit code {codes})"
+    for path in files:
+        tail = _tail(path)
+        if tail:
+            parts.append(f"--- {path.stem} stderr ---\n{tail}")
+    if len(parts) == 1 or not ranks:
+        parts.append(f"--- launcher ---\n{_tail(workdir / 'launcher.log')}")
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------- the trainer
+
+
+class TorchTrainer:
+    """Trainer protocol for PyTorch; one instance per job, shared by its trials (and threads).
+
+    ``threads_per_rank`` defaults to cpu_count // (workers * concurrent_trials): pass the number
+    of trials that run at once, since oversubscribed intra-op threads slow small models ~5x.
+    ``max_train_rows`` cuts the training split (tests); ``scratch_dir`` holds each call's job
+    folder (must be shared storage when ``nnodes`` > 1).
+    """
+
+    model = "torch"
+
+    def __init__(
+        self,
+        spec: DataSpec,
+        workers: int = 1,
+        metric: str | None = None,
+        seed: int = 0,
+        nnodes: int = 1,
+        rdzv_endpoint: str | None = None,
+        trial_timeout: float = 600.0,
+        threads_per_rank: int | None = None,
+        concurrent_trials: int = 1,
+        max_train_rows: int | None = None,
+        scratch_dir: str | None = None,
+    ):
+        self.workers = _as_int("workers", workers)
+        self.nnodes = _as_int("nnodes", nnodes)
+        _check(self.workers >= 1, f"workers must be >= 1, got {workers}")
+        _check(self.nnodes >= 1, f"nnodes must be >= 1, got {nnodes}")
+        _check(self.nnodes == 1 or bool(rdzv_endpoint), f"nnodes={nnodes} needs a rendezvous endpoint (host:port)")
+        _check(
+            rdzv_endpoint is None or re.fullmatch(r"[^\s:]+:\d+", rdzv_endpoint) is not None,
+            f"rendezvous endpoint must be host:port, got {rdzv_endpoint!r}",
+        )
+        self.trial_timeout = _as_float("trial_timeout", trial_timeout)
+        _check(self.trial_timeout > 0, f"trial_timeout must be > 0 seconds, got {trial_timeout}")
+        concurrent_trials = _as_int("concurrent_trials", concurrent_trials)
+        _check(concurrent_trials >= 1, f"concurrent_trials must be >= 1, got {concurrent_trials}")
+        default_threads = max(1, (os.cpu_count() or 1) // (self.workers * concurrent_trials))
+        self.threads_per_rank = _as_int("threads_per_rank", threads_per_rank or default_threads)
+        _check(self.threads_per_rank >= 1, f"threads_per_rank must be >= 1, got {threads_per_rank}")
+        if max_train_rows is not None:
+            max_train_rows = _as_int("max_train_rows", max_train_rows)
+            _check(max_train_rows >= 1, f"max_train_rows must be >= 1, got {max_train_rows}")
+        self.max_train_rows = max_train_rows
+        self.spec, self.seed = spec, _as_int("seed", seed)
+        self.rdzv_endpoint = rdzv_endpoint
+        self.scratch_dir = scratch_dir
+        self.dataset: Dataset = load(spec)
+        self.metric = metric or self.dataset.default_metric
+        check_metric(self.metric, self.dataset.task)
+        self._closed = False
+
+    @property
+    def world_size(self) -> int:
+        return self.workers * self.nnodes
+
+    # -- protocol ------------------------------------------------------------------------
+
+    def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:
+        """Train ``config`` to ``resource`` epochs (resuming ``checkpoint``), checkpoint to ``out``."""
+        started = time.perf_counter()
+        cfg = resolve_config(config, self.seed)
+        resource = _as_int("resource", resource)
+        _check(resource >= 1, f"resource (epochs) must be >= 1, got {resource}")
+        start = checkpoint_epochs(checkpoint) if checkpoint else 0
+        _check(resource >= start, f"resource {resource} is below the {start} epochs checkpoint {checkpoint} holds")
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        if checkpoint and resource == start:
+            return self._unchanged(checkpoint, out, resource, started)
+        workdir = Path(tempfile.mkdtemp(prefix="torch-trial-", dir=self.scratch_dir))
+        try:
+            result = self._run(cfg, resource, checkpoint, out, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        write_json_atomic(f"{out}.json", {"resource": resource})
+        return TrainResult(
+            checkpoint=out,
+            resource=resource,
+            resource_trained=resource - start,
+            seconds=time.perf_counter() - started,
+            workers=self.workers,
+            history=result["history"],
+            info=self._info(cfg, result),
+        )
+
+    def evaluate(self, checkpoint: str) -> float:
+        """The validation metric of ``checkpoint`` on the whole validation split, computed here."""
+        prediction = predict(checkpoint, self.dataset.X_val)
+        if not np.all(np.isfinite(prediction)):
+            return 0.0 if metric_direction(self.metric) == "max" else math.inf
+        return score(self.metric, self.dataset.y_val, prediction)
+
+    def load_model(self, checkpoint: str) -> torch.nn.Module:
+        return load_model(checkpoint)
+
+    def predict(self, checkpoint: str, X: np.ndarray) -> np.ndarray:
+        return predict(checkpoint, X)
+
+    def close(self) -> None:
+        """Nothing outlives a ``train`` call yet; safe to call any number of times."""
+        self._closed = True
+
+    # -- launching ---------------------------------------------------------------------------
+
+    def launch_command(self, job_path: str, out: str) -> list[str]:
+        """The ``torch.distributed.run`` command line of one trial."""
+        if self.rdzv_endpoint is None:
+            rendezvous = ["--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", uuid.uuid4().hex]
+        else:  # every machine's launcher must pass the same id: derive it from the checkpoint path
+            run_id = "hb-" + hashlib.sha1(str(out).encode()).hexdigest()[:16]
+            rendezvous = ["--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", run_id]
+        return [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", str(self.nnodes),
+            "--nproc-per-node", str(self.workers),
+            "--rdzv-backend", "c10d", *rendezvous,
+            "--max-restarts", "0",
+            "--monitor-interval", "0.1",
+            "-m", "trainers.torch_worker", "--job", job_path,
+        ]  # fmt: skip
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["OMP_NUM_THREADS"] = str(self.threads_per_rank)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+        return env
+
+    def _job(self, cfg: Mapping[str, Any], resource: int, checkpoint: str | None, out: str, workdir: Path) -> dict:
+        return {
+            "data": self._save_arrays(workdir),
+            "config": dict(cfg),
+            "seed": cfg["seed"],
+            "resource": resource,
+            "checkpoint": str(Path(checkpoint).resolve()) if checkpoint else None,
+            "out": str(Path(out).resolve()),
+            "workdir": str(workdir.resolve()),
+            "metric": self.metric,
+            "effective_lr": effective_lr(cfg, self.world_size),
+            "threads_per_rank": self.threads_per_rank,
+            "max_train_rows": self.max_train_rows,
+        }
+
+    def _save_arrays(self, workdir: Path) -> dict[str, Any]:
+        """Write the split the ranks train on (training rows cut to ``max_train_rows``) beside the job."""
+        ds, rows = self.dataset, self.max_train_rows
+        path = workdir / "data.npz"
+        np.savez(path, X_train=ds.X_train[:rows], y_train=ds.y_train[:rows], X_val=ds.X_val, y_val=ds.y_val)
+        return {
+            "file": str(path.resolve()),
+            "task": ds.task,
+            "n_classes": ds.n_classes,
+            "image_shape": list(ds.image_shape) if ds.image_shape is not None else None,
+        }
+
+    def _run(self, cfg: Mapping[str, Any], resource: int, checkpoint: str | None, out: str, workdir: Path) -> dict:
+        """Launch the ranks, wait (bounded by ``trial_timeout``), and read rank 0's result file."""
+        job = self._job(cfg, resource, checkpoint, out, workdir)
+        job_path = str(workdir / "job.json")
+        command = self.launch_command(job_path, out)
+        job["launched_at"] = time.time()
+        write_json_atomic(job_path, job)
+        with open(workdir / "launcher.log", "wb") as log:
+            proc = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=self._environment(), start_new_session=True,
+            )  # fmt: skip
+            try:
+                code: int | None = proc.wait(timeout=self.trial_timeout)
+            except subprocess.TimeoutExpired:
+                code = None
+            finally:
+                terminate(proc, job_path)
+        if code is None:
+            raise RuntimeError(failure_message(workdir, f"torch trial timed out after {self.trial_timeout:g} s; killed"))
+        if code != 0:
+            raise RuntimeError(failure_message(workdir, f"torch trial failed: launcher exited with code {code}"))
+        result_path = workdir / "result.json"
+        if not result_path.is_file():
+            raise RuntimeError(failure_message(workdir, "torch trial ended without a result from rank 0"))
+        return json.loads(result_path.read_text())
+
+    def _info(self, cfg: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, float]:
+        world = int(result["world_size"])
+        return {
+            "startup_seconds": float(result["startup_seconds"]),
+            "setup_seconds": float(result["setup_seconds"]),
+            "train_seconds": float(result["train_seconds"]),
+            "epoch_seconds": float(result["epoch_seconds"]),
+            "world_size": world,
+            "per_replica_batch_size": int(cfg["batch_size"]),
+            "global_batch_size": int(cfg["batch_size"]) * world,
+            "effective_lr": effective_lr(cfg, world),
+            "threads_per_rank": self.threads_per_rank,
+        }
+
+    def _unchanged(self, checkpoint: str, out: str, resource: int, started: float) -> TrainResult:
+        """A trial already at ``resource``: copy its checkpoint, train nothing."""
+        if Path(checkpoint).resolve() != Path(out).resolve():
+            shutil.copyfile(checkpoint, out)
+        write_json_atomic(f"{out}.json", {"resource": resource})
+        return TrainResult(out, resource, 0, time.perf_counter() - started, self.workers)
+
+
+__all__ = [
+    "DEFAULT_CONFIG",
+    "DEFAULT_SPACE",
+    "PARAMS",
+    "TorchTrainer",
+    "effective_lr",
+    "load_model",
+    "predict",
+    "resolve_config",
+]

@@ -1,0 +1,367 @@
+"""One rank of a torch trial, started by ``torch.distributed.run`` (``-m trainers.torch_worker --job JOB``).
+
+The job file (written by ``TorchTrainer.train``) says what to train, and ``data.npz`` beside it
+holds the split (so no rank imports pandas/scikit-learn or re-splits); rank 0 writes the new
+checkpoint to ``job["out"]`` and a ``result.json`` (history, timings) into the job's folder.
+Each rank sends its stderr to ``rank<N>.stderr`` in that folder so the trainer can quote it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import inspect
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data.distributed import DistributedSampler
+
+from trainers.base import write_json_atomic
+from trainers.torch_models import (
+    build_model,
+    fit_standardisation,
+    fit_target,
+    loss_function,
+    predictions,
+)
+
+CHECKPOINT_FORMAT = 1
+#: The standardisation buffers never change: no buffer broadcast before every forward
+#: (torch >= 2.12 renamed ``broadcast_buffers`` and warns about the old name).
+NO_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    else {"broadcast_buffers": False}
+)
+
+
+# ---------------------------------------------------------------------------- job and data
+
+
+def read_job(path: str) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+class Arrays:
+    """The split the trainer saved for this trial (no pandas/sklearn import, no re-splitting per rank)."""
+
+    def __init__(self, meta: Mapping[str, Any]):
+        with np.load(meta["file"]) as npz:
+            self.X_train, self.y_train = npz["X_train"], npz["y_train"]
+            self.X_val, self.y_val = npz["X_val"], npz["y_val"]
+        self.task: str = meta["task"]
+        self.n_classes = int(meta["n_classes"])
+        shape = meta.get("image_shape")
+        self.image_shape = tuple(int(s) for s in shape) if shape else None
+
+
+def architecture(ds: Arrays, config: Mapping[str, Any]) -> dict[str, Any]:
+    """Plain-typed description of the network, stored in the checkpoint."""
+    n_outputs = 1 if ds.task == "regression" else ds.n_classes
+    return {
+        "kind": "cnn" if ds.image_shape is not None else "mlp",
+        "n_features": int(ds.X_train.shape[1]),
+        "n_outputs": int(n_outputs),
+        "width": int(config["width"]),
+        "dropout": float(config["dropout"]),
+        "image_shape": list(ds.image_shape) if ds.image_shape is not None else None,
+        "task": ds.task,
+    }
+
+
+# ---------------------------------------------------------------------------- RNG state
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states as tensors and plain types (loadable with weights_only=True)."""
+    np_state = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "python": [int(version), [int(v) for v in internal], gauss],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    npy = state["numpy"]
+    keys = npy["keys"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def seed_rank(seed: int, rank: int, epoch: int) -> None:
+    """Per-rank seeds (dropout differs between replicas); ``epoch`` keeps a resumed-without-state run apart."""
+    value = seed + rank + 1_000_003 * epoch
+    torch.manual_seed(value)
+    np.random.seed(value % 2**32)
+    random.seed(value)
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def learning_rate(effective_lr: float, warmup_epochs: int, epoch: int, step: int, steps_per_epoch: int) -> float:
+    """Linear warm-up per iteration over the first ``warmup_epochs`` (Goyal et al. 2017), constant after."""
+    if warmup_epochs <= 0:
+        return effective_lr
+    done = epoch * steps_per_epoch + step + 1
+    return effective_lr * min(1.0, done / (warmup_epochs * steps_per_epoch))
+
+
+def maybe_fail(config: Mapping[str, Any], rank: int, epoch: int) -> None:
+    """Test hook: ``_fail_rank``/``_fail_epoch`` (1-based epoch)/``_fail_how`` (exit|raise|kill|hang)."""
+    if config.get("_fail_rank") is None or int(config["_fail_rank"]) != rank:
+        return
+    if int(config.get("_fail_epoch", 1)) != epoch:
+        return
+    how = config.get("_fail_how", "exit")
+    print(f"injected failure ({how}) at rank {rank}, epoch {epoch}", file=sys.stderr, flush=True)
+    if how == "raise":
+        raise RuntimeError(f"injected failure at rank {rank}, epoch {epoch}")
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "hang":
+        while True:
+            time.sleep(1)
+    os._exit(1)
+
+
+def safe_score(metric: str, y_true: np.ndarray, prediction: np.ndarray) -> float:
+    """``trainers.data.score``, or the worst value when training diverged (non-finite predictions).
+
+    Accuracy and RMSE are computed here with the same formulas, which spares the rank the
+    second it takes to import scikit-learn; other metrics go through ``score``.
+    """
+    if not np.all(np.isfinite(prediction)):
+        return 0.0 if metric in ("auc", "accuracy") else math.inf
+    if metric == "accuracy" and prediction.ndim == 2:
+        return float(np.mean(prediction.argmax(axis=1) == y_true))
+    if metric == "rmse":
+        return float(np.sqrt(np.mean((np.asarray(y_true, dtype=np.float64) - prediction) ** 2)))
+    from trainers.data import score
+
+    return score(metric, y_true, prediction)
+
+
+class Run:
+    """The state of one rank: data, model, optimiser, sampler."""
+
+    def __init__(self, job: Mapping[str, Any], rank: int, world_size: int, device: torch.device):
+        self.job, self.rank, self.world_size, self.device = job, rank, world_size, device
+        self.config = job["config"]
+        self.seed = int(job["seed"])
+        self.ds = Arrays(job["data"])
+        X, y = self.ds.X_train, self.ds.y_train
+        checkpoint = self._read_checkpoint(job.get("checkpoint"))
+        if checkpoint is None:
+            self.arch = architecture(self.ds, self.config)
+            mean, std = fit_standardisation(X, image=self.ds.image_shape is not None)
+            y_mean, y_std = fit_target(y, self.ds.task)
+            self.stats = {"mean": mean, "std": std, "y_mean": y_mean, "y_std": y_std}
+        else:
+            self.arch, self.stats = checkpoint["arch"], checkpoint["standardisation"]
+        self.task = self.arch["task"]
+        self.X = torch.from_numpy(np.ascontiguousarray(X)).to(device)
+        self.y = self._target(y).to(device)
+        self.X_val = torch.from_numpy(np.ascontiguousarray(self.ds.X_val)).to(device)
+        self.model, self.optimizer = self._build(checkpoint)
+        self.start_epoch = int(checkpoint["epoch"]) if checkpoint else 0
+        self._restore_rng(checkpoint)
+        self.sampler = DistributedSampler(
+            range(len(self.X)), num_replicas=world_size, rank=rank, shuffle=True, seed=self.seed, drop_last=False
+        )
+        self.batch_size = int(self.config["batch_size"])
+        self.steps_per_epoch = math.ceil(self.sampler.num_samples / self.batch_size)
+        self.loss_fn = loss_function(self.task)
+
+    def _read_checkpoint(self, path: str | None) -> dict[str, Any] | None:
+        if not path:
+            return None
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+    def _target(self, y: np.ndarray) -> torch.Tensor:
+        if self.task == "regression":
+            return torch.from_numpy(((y - self.stats["y_mean"]) / self.stats["y_std"]).astype(np.float32)).unsqueeze(1)
+        return torch.from_numpy(y.astype(np.int64))
+
+    def _build(self, checkpoint: Mapping[str, Any] | None):
+        torch.manual_seed(self.seed)  # identical initialisation on every rank (DDP broadcasts rank 0's anyway)
+        model = build_model(self.arch)
+        model.set_standardisation(self.stats["mean"], self.stats["std"])
+        if checkpoint is not None:
+            model.load_state_dict(checkpoint["model"])
+        model.to(self.device)
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=ids, **NO_BUFFER_SYNC)
+        optimizer = torch.optim.SGD(
+            ddp.parameters(),
+            lr=float(self.job["effective_lr"]),
+            momentum=float(self.config["momentum"]),
+            weight_decay=float(self.config["weight_decay"]),
+        )
+        if checkpoint is not None:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+        return ddp, optimizer
+
+    def _restore_rng(self, checkpoint: Mapping[str, Any] | None) -> None:
+        states = (checkpoint or {}).get("rng", {}).get("ranks", [])
+        if checkpoint is not None and self.rank < len(states):
+            set_rng_state(states[self.rank])
+        else:
+            seed_rank(self.seed, self.rank, self.start_epoch)
+
+    def train_epoch(self, epoch: int) -> float:
+        """One pass over this rank's shard; returns the mean training loss over all ranks."""
+        self.sampler.set_epoch(epoch)
+        self.model.train()
+        order = torch.tensor(list(iter(self.sampler)), dtype=torch.int64, device=self.device)
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for step, batch in enumerate(order.split(self.batch_size)):
+            lr = learning_rate(
+                float(self.job["effective_lr"]), int(self.config["warmup_epochs"]), epoch, step, self.steps_per_epoch
+            )
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            loss = self.loss_fn(self.model(self.X[batch]), self.y[batch])
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            total += torch.stack([loss.detach().double() * len(batch), torch.tensor(float(len(batch)), dtype=torch.float64, device=self.device)])
+        dist.all_reduce(total)
+        return float(total[0] / total[1])
+
+    def validate(self) -> float:
+        """The validation metric on the whole validation split (rank 0 only: no collectives here)."""
+        module = self.model.module
+        module.eval()
+        with torch.no_grad():
+            out = module(self.X_val).cpu()
+        module.train()
+        pred = predictions(out, self.task, float(self.stats["y_mean"]), float(self.stats["y_std"]))
+        return safe_score(self.job["metric"], self.ds.y_val, pred)
+
+    def checkpoint(self, epoch: int, rng: list[dict[str, Any]]) -> dict[str, Any]:
+        model = self.model.module
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "epoch": int(epoch),
+            "arch": dict(self.arch),
+            "standardisation": {
+                "mean": self.stats["mean"].cpu(),
+                "std": self.stats["std"].cpu(),
+                "y_mean": float(self.stats["y_mean"]),
+                "y_std": float(self.stats["y_std"]),
+            },
+            "rng": {"world_size": self.world_size, "ranks": rng},
+            "config": {k: v for k, v in self.config.items() if not str(k).startswith("_")},
+            "metric": self.job["metric"],
+            "seed": self.seed,
+        }
+
+
+def save_atomic(payload: Mapping[str, Any], path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    torch.save(dict(payload), tmp)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- process
+
+
+def redirect_stderr(path: Path) -> None:
+    """Point fd 2 at ``path`` so a crash (even a segfault, via faulthandler) leaves its message there."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stderr.flush()
+    os.dup2(fd, 2)
+    os.close(fd)
+    faulthandler.enable()
+
+
+def device_for(local_rank: int) -> tuple[torch.device, str]:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def run(job: Mapping[str, Any], rank: int, world_size: int, local_rank: int) -> None:
+    device, backend = device_for(local_rank)
+    dist.init_process_group(backend)
+    dist.barrier()
+    startup = time.time() - float(job["launched_at"])
+    t0 = time.perf_counter()
+    state = Run(job, rank, world_size, device)
+    setup_seconds = time.perf_counter() - t0
+    history: list[dict[str, float]] = []
+    t0 = time.perf_counter()
+    for epoch in range(state.start_epoch, int(job["resource"])):
+        maybe_fail(state.config, rank, epoch + 1)
+        train_loss = state.train_epoch(epoch)
+        if rank == 0:
+            history.append({"step": epoch + 1, "train_loss": train_loss, f"val_{job['metric']}": state.validate()})
+    train_seconds = time.perf_counter() - t0
+    rng: list[Any] = [None] * world_size
+    dist.all_gather_object(rng, rng_state())
+    if rank == 0:
+        save_atomic(state.checkpoint(int(job["resource"]), rng), job["out"])
+        epochs = max(1, int(job["resource"]) - state.start_epoch)
+        write_json_atomic(
+            Path(job["workdir"]) / "result.json",
+            {
+                "history": history,
+                "startup_seconds": startup,
+                "setup_seconds": setup_seconds,
+                "train_seconds": train_seconds,
+                "epoch_seconds": train_seconds / epochs,
+                "world_size": world_size,
+                "backend": backend,
+            },
+        )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--job", required=True)
+    args = parser.parse_args(argv)
+    job = read_job(args.job)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    redirect_stderr(Path(job["workdir"]) / f"rank{rank}.stderr")
+    torch.set_num_threads(int(job["threads_per_rank"]))
+    run(job, rank, world_size, int(os.environ.get("LOCAL_RANK", "0")))
+    # everything is written and closed: skip the interpreter's (torch's) slow teardown
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
