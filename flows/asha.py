@@ -14,6 +14,7 @@ from flows.state import load_asha, save_asha
 from hyperband.asha import AshaJob, AshaState
 from hyperband.sampler import RandomSampler, TPESampler
 from hyperband.space import parse
+from tasks import report
 from tasks.job import Job
 from tasks.record import close_trials, start_trial_runs
 
@@ -69,6 +70,7 @@ def asha_flow(job: Job, max_trials: int, time_budget: float | None = None) -> di
         state.report(result.trial_id, result.resource, result.score, checkpoint, result.error)
         sampler.tell(state.trials[result.trial_id].config, result.resource, result.score)
         rows.append(result.row().__dict__)
+        report.advance_progress(job.job_id)
         save()
         trial = state.trials[result.trial_id]
         if trial.status in ("failed", "completed"):

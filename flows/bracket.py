@@ -14,6 +14,7 @@ from hyperband import schedule
 from hyperband.bracket import BracketState
 from hyperband.promotion import sort_key
 from hyperband.space import parse
+from tasks import report
 from tasks.job import Job
 from tasks.record import close_trials, start_trial_runs
 from tasks.trials import promote_rung
@@ -49,6 +50,7 @@ def bracket_flow(job: Job, s: int, configs: list[dict[str, Any]] | None = None) 
             result = runner.outcome(by_log[done])
             state.record(result.trial_id, rung.resource, result.score, result.trained and result.trained.checkpoint, result.error)
             rows.append(result.row().__dict__)
+            report.advance_progress(job.job_id)
             save_bracket(job, state, rows)  # a killed job keeps every finished trial-rung
             if result.error:
                 logger.warning("trial %s failed at r=%d: %s", result.trial_id, rung.resource, result.error)

@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--concurrency", type=_positive("--concurrency", 0), default=0, help="trials at once (0: auto)")
     tune.add_argument("--dask-address", help="tcp://host:8786 of an existing Dask scheduler")
     tune.add_argument("--rounds-per-unit", type=_positive("--rounds-per-unit"), default=10, help="XGBoost rounds per resource unit")
+    tune.add_argument("--unit-seconds", type=float, default=0.0, help="synthetic: seconds one unit takes")
     tune.add_argument("--nnodes", type=_positive("--nnodes"), default=1, help="torch: machines per trial")
     tune.add_argument("--rdzv-endpoint", help="torch: host:port rendezvous for --nnodes > 1")
     tune.add_argument("--job-dir", default="hyperband-jobs", help="where checkpoints and job state live")
@@ -146,7 +147,7 @@ def _tune(args: argparse.Namespace) -> int:
             rounds_per_unit=args.rounds_per_unit, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
             job_dir=args.job_dir, job_id=args.job_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
             register_model=not args.no_register, baseline=not args.no_baseline,
-            mode=args.mode, sampler=args.sampler, max_trials=args.max_trials, time_budget=args.time_budget,
+            mode=args.mode, sampler=args.sampler, unit_seconds=args.unit_seconds, max_trials=args.max_trials, time_budget=args.time_budget,
         )
     except ValidationError as exc:
         return _fail(_one_line(exc))

@@ -67,6 +67,7 @@ def prepare(params: TuneParams) -> Job:
         rounds_per_unit=params.rounds_per_unit,
         nnodes=params.nnodes,
         rdzv_endpoint=params.rdzv_endpoint,
+        extra=(("seconds_per_unit", params.unit_seconds),) if params.model == "synthetic" else (),
     )
     job_id = params.job_id or new_job_id()
     job_dir = Path(params.job_dir).resolve() / job_id

@@ -35,6 +35,7 @@ class TuneParams(BaseModel):
     concurrency: int = Field(0, ge=0, description="Trials trained at once; 0 picks from the cores and workers.")
     dask_address: Optional[str] = Field(None, description="tcp://host:8786 of an existing Dask scheduler.")
     rounds_per_unit: int = Field(10, ge=1, description="XGBoost: boosting rounds per resource unit.")
+    unit_seconds: float = Field(0.0, ge=0.0, description="synthetic: seconds one unit takes (an emulated cost).")
     nnodes: int = Field(1, ge=1, description="torch: machines per trial.")
     rdzv_endpoint: Optional[str] = Field(None, description="torch: host:port of the rendezvous for nnodes > 1.")
     validation_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of rows held out for validation.")

@@ -17,6 +17,7 @@ from flows.state import save_job_record
 from hyperband import schedule
 from hyperband.accounting import Summary, TrialRung, summarise, table
 from hyperband.promotion import sort_key
+from tasks import report
 from tasks.job import Job
 from tasks.record import finish_job_run, register_champion, start_job_run
 from tasks.trials import train_default
@@ -45,6 +46,7 @@ def tune(params: TuneParams) -> dict[str, Any]:
     if job.parent_run_id is None:
         job = job.with_parent(start_job_run(job, _run_params(job, params)))
     save_job_record(job, params.model_dump(mode="json"))
+    report.report_start(plan["trial_rungs"], job.job_id)
     factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
         baseline = train_default.submit(job) if params.baseline else None
@@ -60,7 +62,11 @@ def tune(params: TuneParams) -> dict[str, Any]:
         summary, best = _summarise(job, results, default_score, time.perf_counter() - began)
         version = None
         if best is not None and params.register_model and job.settings.model in FLAVOURED:
-            version = register_champion(job, best["run_id"], best["checkpoint"])
+            registered = register_champion(job, best["run_id"], best["checkpoint"], return_state=True)
+            if registered.is_completed():
+                version = registered.result()
+            else:  # the results stand without a registered model: say so, keep the job
+                logger.error("could not register the champion model: %s", registered.message)
         metrics = {
             f"best_val_{job.metric}": summary.best_score,
             f"default_val_{job.metric}": summary.default_score,
@@ -77,6 +83,11 @@ def tune(params: TuneParams) -> dict[str, Any]:
             {"trial_id": best["trial_id"], "resource": best["resource"], f"val_{job.metric}": best["score"], "config": best["config"]}
             if best
             else {}
+        )
+        report.report_results(
+            report.rows_from_results(results), report.configs_from_results(results), summary, job.metric,
+            job.direction, job.tracking_uri, job.parent_run_id, title=f"Hyperband job {job.job_id}",
+            extra={"MLflow parent run": job.parent_run_id, "champion version": version}, job_id=job.job_id,
         )
         finish_job_run(job, metrics, best_config, summary.to_json(), table(summary))
         logger.info("summary\n%s", table(summary))

@@ -28,6 +28,9 @@ def start_trial_runs(job: Job, s: int, trials: dict[str, dict[str, Any]]) -> dic
     ids = {}
     for trial_id, config in trials.items():
         params = {**config, "workers": job.settings.workers, "trial_id": trial_id, "bracket": s}
+        if "batch_size" in config:  # data parallel: each replica sees batch_size rows a step
+            world = job.settings.workers * job.settings.nnodes
+            params.update(per_replica_batch_size=config["batch_size"], global_batch_size=config["batch_size"] * world)
         tags = {"hyperband.bracket": str(s), "hyperband.trial_id": trial_id, "hyperband.status": "running"}
         ids[trial_id] = tracking.start_child(job.tracking_uri, job.parent_run_id, trial_id, params, tags)
     return ids
@@ -39,8 +42,10 @@ def log_result(job: Job, run_id: str, trial_id: str, resource: int, trained: Tra
     uri = job.tracking_uri
     if trained.history:
         tracking.log_history(uri, run_id, trained.history)
-    metrics = {f"val_{job.metric}": evaluated.score, "train_seconds": trained.seconds,
-               "worker_seconds": trained.seconds * trained.workers}
+    metric = f"val_{job.metric}"
+    metrics = {"train_seconds": trained.seconds, "worker_seconds": trained.seconds * trained.workers}
+    if not any(row.get("step") == resource and metric in row for row in trained.history):
+        metrics[metric] = evaluated.score  # unless the per-unit history already holds it at this step
     metrics.update({k: v for k, v in trained.info.items() if isinstance(v, (int, float))})
     tracking.log_metrics(uri, run_id, metrics, step=resource)
 

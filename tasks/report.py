@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from typing import Any, Iterable, Mapping, Sequence
 from uuid import UUID
 
@@ -33,6 +34,13 @@ PLOT_METRIC_VS_RESOURCE = "plots/metric_vs_resource.png"
 PLOT_BEST_VS_WORKER_SECONDS = "plots/best_vs_worker_seconds.png"
 
 _KEY = re.compile(r"^[a-z0-9-]+$")
+
+Row = TrialRung | Mapping[str, Any]
+
+
+def _rows(rows: Iterable[Row]) -> list[TrialRung]:
+    """``TrialRung`` rows, also from their dict form (what the bracket and ASHA subflows return)."""
+    return [r if isinstance(r, TrialRung) else TrialRung(**r) for r in rows]
 
 
 def artifact_key(*parts: str) -> str:
@@ -81,7 +89,7 @@ def update_progress(artifact_id: UUID | str, done: int, total: int) -> None:
 
 
 def leaderboard(
-    rows: Iterable[TrialRung],
+    rows: Iterable[Row],
     configs: Mapping[str, Mapping[str, Any]],
     metric: str,
     direction: str,
@@ -90,7 +98,7 @@ def leaderboard(
     """The ``top`` trials by their best evaluated score (ties: larger resource, then trial id)."""
     sign = 1.0 if direction == "max" else -1.0
     best: dict[str, TrialRung] = {}
-    for r in rows:
+    for r in _rows(rows):
         if r.score is None or math.isnan(r.score):
             continue
         held = best.get(r.trial_id)
@@ -111,7 +119,7 @@ def leaderboard(
 
 
 def publish_leaderboard(
-    rows: Iterable[TrialRung],
+    rows: Iterable[Row],
     configs: Mapping[str, Mapping[str, Any]],
     metric: str,
     direction: str,
@@ -171,9 +179,9 @@ def _bracket_colours(brackets: Sequence[int]) -> dict[int, Any]:
     return {s: cmap(0.9 * i / n) for i, s in enumerate(ordered)}
 
 
-def plot_metric_vs_resource(rows: Iterable[TrialRung], metric: str, direction: str):
+def plot_metric_vs_resource(rows: Iterable[Row], metric: str, direction: str):
     """One line per trial through its evaluated rungs (resource on a log axis), coloured by bracket."""
-    rows = [r for r in rows if r.score is not None and not math.isnan(r.score)]
+    rows = [r for r in _rows(rows) if r.score is not None and not math.isnan(r.score)]
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
     by_trial: dict[str, list[TrialRung]] = {}
@@ -207,14 +215,14 @@ def plot_metric_vs_resource(rows: Iterable[TrialRung], metric: str, direction: s
     return fig
 
 
-def best_so_far(rows: Iterable[TrialRung], direction: str) -> list[tuple[float, float]]:
+def best_so_far(rows: Iterable[Row], direction: str) -> list[tuple[float, float]]:
     """(cumulative worker-seconds, best score so far) after each evaluated trial-rung, in the given order.
 
     Worker-seconds count as in the summary: training seconds times workers, plus evaluation seconds.
     """
     better = max if direction == "max" else min
     spent, best, out = 0.0, None, []
-    for r in rows:
+    for r in _rows(rows):
         spent += r.train_seconds * r.workers + r.eval_seconds
         if r.score is None or math.isnan(r.score):
             continue
@@ -223,9 +231,9 @@ def best_so_far(rows: Iterable[TrialRung], direction: str) -> list[tuple[float, 
     return out
 
 
-def plot_best_vs_worker_seconds(rows: Iterable[TrialRung], metric: str, direction: str):
+def plot_best_vs_worker_seconds(rows: Iterable[Row], metric: str, direction: str):
     """Best-so-far (step line) and every evaluation (dots) against cumulative worker-seconds."""
-    rows = list(rows)
+    rows = _rows(rows)
     curve = best_so_far(rows, direction)
     spent, dots = 0.0, []
     for r in rows:
@@ -247,11 +255,11 @@ def plot_best_vs_worker_seconds(rows: Iterable[TrialRung], metric: str, directio
     return fig
 
 
-def log_plots(tracking_uri: str, run_id: str, rows: Iterable[TrialRung], metric: str, direction: str) -> list[str]:
+def log_plots(tracking_uri: str, run_id: str, rows: Iterable[Row], metric: str, direction: str) -> list[str]:
     """Both plots as PNG artifacts of ``run_id``; returns their artifact paths."""
     from tasks.tracking import client
 
-    rows = list(rows)
+    rows = _rows(rows)
     c = client(tracking_uri)
     logged = []
     for path, fig in (
@@ -263,16 +271,57 @@ def log_plots(tracking_uri: str, run_id: str, rows: Iterable[TrialRung], metric:
     return logged
 
 
-def configs_from_brackets(brackets: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """trial id -> config from the dicts ``bracket_flow`` returns (their ``state`` JSON)."""
-    from hyperband.bracket import BracketState
-
-    return {t.trial_id: dict(t.config) for b in brackets for t in BracketState.from_json(b["state"]).trials.values()}
+def configs_from_results(results: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """trial id -> config from what the bracket and ASHA subflows return (``result["state"]["trials"]``)."""
+    return {str(tid): dict(t.get("config") or {}) for res in results for tid, t in res["state"]["trials"].items()}
 
 
-def rows_from_brackets(brackets: Iterable[Mapping[str, Any]]) -> list[TrialRung]:
-    """The ``TrialRung`` rows of the dicts ``bracket_flow`` returns, in completion order."""
-    return [TrialRung(**r) for b in brackets for r in b["rows"]]
+def rows_from_results(results: Iterable[Mapping[str, Any]]) -> list[TrialRung]:
+    """The ``TrialRung`` rows of those results, in completion order within each."""
+    return _rows(r for res in results for r in res["rows"])
+
+
+# ---------------------------------------------------------------- progress shared by concurrent subflows
+
+_PROGRESS: dict[str, list[Any]] = {}  # job id -> [artifact id, done, total]
+_LOCK = threading.Lock()
+
+
+def track_progress(job_id: str, artifact_id: UUID | str | None, total: int, done: int = 0) -> None:
+    """Let ``advance_progress(job_id)`` move this artifact (brackets run in threads of one process)."""
+    with _LOCK:
+        if artifact_id is None:
+            _PROGRESS.pop(job_id, None)
+        else:
+            _PROGRESS[job_id] = [str(artifact_id), done, total]
+
+
+def advance_progress(job_id: str, n: int = 1) -> float | None:
+    """One more finished trial-rung (or ``n``); best effort, a no-op for an untracked job. Returns the percent."""
+    with _LOCK:
+        entry = _PROGRESS.get(job_id)
+        if entry is None:
+            return None
+        entry[1] += n
+        artifact_id, done, total = entry
+        entry[2] = total = max(total, done)  # ASHA or a resumed job may do more than planned
+    try:
+        update_progress(artifact_id, done, total)
+    except Exception as exc:
+        _warn("progress update", exc)
+    return _percent(done, total)
+
+
+def finish_progress(job_id: str) -> None:
+    """The bar to 100% at the end of the job, whatever was counted; forgets the job."""
+    with _LOCK:
+        entry = _PROGRESS.pop(job_id, None)
+    if entry is not None:
+        artifact_id, done, total = entry
+        try:
+            update_progress(artifact_id, max(done, total), max(done, total))
+        except Exception as exc:
+            _warn("progress update", exc)
 
 
 # ---------------------------------------------------------------- thin Prefect tasks (best effort)
@@ -285,14 +334,20 @@ def _warn(what: str, exc: BaseException) -> None:
         pass
 
 
-@task(name="report progress start", cache_policy=NO_CACHE, log_prints=False)
-def report_start(total_trial_rungs: int) -> str | None:
-    """Progress artifact at 0%; its id as a string (None when it could not be created)."""
+@task(name="report progress start", cache_policy=NO_CACHE)
+def report_start(total_trial_rungs: int, job_id: str | None = None) -> str | None:
+    """Progress artifact at 0%; its id as a string (None when it could not be created).
+
+    With ``job_id``, ``advance_progress(job_id)`` from any bracket or ASHA subflow of the job moves it.
+    """
     try:
-        return str(start_progress(total_trial_rungs))
+        artifact_id = str(start_progress(total_trial_rungs))
     except Exception as exc:
         _warn("progress artifact", exc)
         return None
+    if job_id is not None:
+        track_progress(job_id, artifact_id, total_trial_rungs)
+    return artifact_id
 
 
 @task(name="report progress", task_run_name="report progress {done}/{total}", cache_policy=NO_CACHE)
@@ -307,7 +362,7 @@ def report_progress(artifact_id: str | None, done: int, total: int) -> None:
 
 @task(name="report results", cache_policy=NO_CACHE)
 def report_results(
-    rows: list[TrialRung],
+    rows: list[Row],
     configs: dict[str, dict[str, Any]],
     summary: Summary,
     metric: str,
@@ -316,9 +371,13 @@ def report_results(
     run_id: str | None = None,
     title: str = "Hyperband job",
     extra: dict[str, Any] | None = None,
+    job_id: str | None = None,
 ) -> dict[str, Any]:
-    """Leaderboard and summary artifacts in Prefect; both plots on the MLflow parent run (when given)."""
+    """Leaderboard and summary artifacts in Prefect; both plots on the MLflow parent run (when given);
+    the job's progress bar (``job_id``) to 100%."""
     out: dict[str, Any] = {"leaderboard": None, "summary": None, "plots": []}
+    if job_id is not None:
+        finish_progress(job_id)
     try:
         out["leaderboard"] = str(publish_leaderboard(rows, configs, metric, direction))
     except Exception as exc:

@@ -152,9 +152,12 @@ def log_champion(uri: str, run_id: str, trainer: Any, checkpoint: str, name: str
             x = torch.from_numpy(data.X_val[:5])
             with torch.no_grad():
                 signature = infer_signature(data.X_val[:5], module(x).numpy())
+            import trainers
+
             info = mlflow.pytorch.log_model(
                 module,
                 name="model",
+                code_paths=[os.path.dirname(trainers.__file__)],  # the module pickles by reference to trainers
                 signature=signature,
                 input_example=data.X_val[:5],
                 pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],

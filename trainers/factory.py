@@ -62,7 +62,7 @@ def build(settings: TrainerSettings) -> Trainer:
         from trainers.torch_ddp import TorchTrainer
 
         kwargs: dict[str, Any] = dict(settings.extra)
-        if settings.threads:
+        if settings.threads:  # the job's share of cores per trial, split between its ranks
             kwargs.setdefault("threads_per_rank", max(1, settings.threads // settings.workers))
         return TorchTrainer(
             settings.data,

@@ -267,6 +267,11 @@ class TorchTrainer:
 
     model = "torch"
 
+    @property
+    def data(self) -> Dataset:
+        """The job's data set, under the name every trainer uses."""
+        return self.dataset
+
     def __init__(
         self,
         spec: DataSpec,

@@ -72,6 +72,20 @@ def test_best_so_far_in_completion_order():
     assert len(ax.collections[0].get_offsets()) == 5  # one dot per evaluated trial-rung
 
 
+def test_rows_and_configs_from_subflow_results():
+    """The dict form the bracket and ASHA subflows return."""
+    results = [
+        {"state": {"trials": {t: {"trial_id": t, "config": CONFIGS[t]} for t in ("s1-a", "s1-b", "s1-c")}},
+         "rows": [r.__dict__ for r in ROWS[:4]]},
+        {"state": {"trials": {t: {"trial_id": t, "config": CONFIGS[t]} for t in ("s0-d", "s0-e")}, "asha": {}},
+         "rows": [r.__dict__ for r in ROWS[4:]]},
+    ]
+    assert report.rows_from_results(results) == ROWS
+    assert report.configs_from_results(results) == CONFIGS
+    board = report.leaderboard([r.__dict__ for r in ROWS], CONFIGS, "auc", "max")
+    assert board == report.leaderboard(ROWS, CONFIGS, "auc", "max")
+
+
 def test_plots_of_nothing_do_not_fail():
     assert report.plot_metric_vs_resource([], "auc", "max").axes[0].get_lines() == []
     assert report.plot_best_vs_worker_seconds([], "auc", "max").axes[0].get_lines() == []
@@ -146,17 +160,25 @@ def test_report_tasks_are_best_effort(prefect_harness, tracking_uri, monkeypatch
     c = MlflowClient(tracking_uri)
     parent = c.create_run(c.create_experiment("report-tasks")).info.run_id
 
+    from concurrent.futures import ThreadPoolExecutor
+
     @flow
     def job():
-        progress = report.report_start(len(ROWS))
-        for done in range(1, len(ROWS) + 1):
-            report.report_progress(progress, done, len(ROWS))
-        out = report.report_results(ROWS, CONFIGS, _summary(), "auc", "max", tracking_uri, parent)
+        run_id = str(get_run_context().flow_run.id)
+        progress = report.report_start(2 * len(ROWS), job_id="job-1")
+        with ThreadPoolExecutor(3) as pool:  # brackets finish trial-rungs from several threads
+            list(pool.map(lambda _: report.advance_progress("job-1"), range(len(ROWS))))
+        halfway = float(_artifacts(run_id)[report.PROGRESS_KEY].data)
+        report.report_progress(progress, 1, 12)
+        out = report.report_results(ROWS, CONFIGS, _summary(), "auc", "max", tracking_uri, parent, job_id="job-1")
         broken = report.report_progress("not-a-uuid", 1, 2)  # a bad id warns, never fails the job
-        return str(get_run_context().flow_run.id), out, broken
+        untracked = report.advance_progress("no-such-job")
+        return run_id, out, broken, halfway, untracked
 
-    run_id, out, broken = job()
-    assert broken is None
+    run_id, out, broken, halfway, untracked = job()
+    assert halfway == pytest.approx(50.0)
+    assert broken is None and untracked is None
+    assert "job-1" not in report._PROGRESS
     assert out["leaderboard"] and out["summary"]
     assert out["plots"] == [report.PLOT_METRIC_VS_RESOURCE, report.PLOT_BEST_VS_WORKER_SECONDS]
     found = _artifacts(run_id)

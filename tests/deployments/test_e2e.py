@@ -1,0 +1,289 @@
+"""End to end, as an operator runs it: real Prefect, MLflow and Dask servers on loopback ports,
+the project's prefect.yaml deployed to a process work pool, a worker, one run triggered through
+the API, and the results checked through MLflow's REST API.
+
+Everything runs in its own process group under a temporary directory and is torn down at the end;
+on failure the tail of every server and worker log is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+POOL = "hyperband-process"
+DEPLOYMENT = "hyperband-tune/xgboost-bank-marketing"
+EXPERIMENT = "e2e-hyperband"
+RUN_TIMEOUT = 360
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _exe(name: str) -> str:
+    path = BIN / name
+    return str(path) if path.exists() else name
+
+
+class Stack:
+    """Background processes with their logs; each in its own session (process group)."""
+
+    def __init__(self, tmp: Path, env: dict[str, str]):
+        self.tmp, self.env = tmp, env
+        self.procs: list[tuple[str, subprocess.Popen, Path]] = []
+
+    def start(self, name: str, argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
+        log = self.tmp / f"{name}.log"
+        out = log.open("wb")
+        proc = subprocess.Popen(argv, cwd=cwd or self.tmp, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        out.close()
+        self.procs.append((name, proc, log))
+        return proc
+
+    def run(self, name: str, argv: list[str], cwd: Path | None = None, timeout: float = 180) -> str:
+        log = self.tmp / f"{name}.log"
+        proc = subprocess.run(argv, cwd=cwd or self.tmp, env=self.env, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+        log.write_text(f"$ {' '.join(argv)}\n{proc.stdout}\n{proc.stderr}")
+        if proc.returncode != 0:
+            raise AssertionError(f"{name} failed (exit {proc.returncode}):\n{_tail(proc.stdout + proc.stderr, 60)}")
+        return proc.stdout
+
+    def check_alive(self) -> None:
+        for name, proc, _ in self.procs:
+            if proc.poll() is not None:
+                raise AssertionError(f"{name} exited early with code {proc.returncode}")
+
+    def dump_logs(self, lines: int = 60) -> None:
+        for log in sorted(self.tmp.glob("*.log")):
+            text = log.read_text(errors="replace")
+            print(f"\n===== {log.name} (last {lines} lines) =====\n{_tail(text, lines)}", file=sys.stderr)
+
+    def stop(self) -> None:
+        import psutil
+
+        doomed: list[psutil.Process] = []
+        for _, proc, _ in reversed(self.procs):  # worker first, servers last
+            try:
+                parent = psutil.Process(proc.pid)
+                doomed += [parent, *parent.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for p in doomed:  # children that left the group (e.g. a flow run in its own session)
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(doomed, timeout=15)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        for _, proc, _ in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait(timeout=10)
+        self.left = [p.pid for p in doomed if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _tail(text: str, lines: int) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _http(method: str, url: str, body: dict | None = None, timeout: float = 10) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        text = response.read().decode()
+    return json.loads(text) if text else {}
+
+
+def _wait_http(url: str, stack: Stack, what: str, timeout: float = 150) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stack.check_alive()
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.5)
+    raise AssertionError(f"{what} did not answer at {url} within {timeout:.0f}s")
+
+
+def _wait_log(stack: Stack, name: str, pattern: str, count: int, timeout: float = 90) -> None:
+    log = stack.tmp / f"{name}.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stack.check_alive()
+        if log.exists() and len(re.findall(pattern, log.read_text(errors="replace"))) >= count:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{name}: {pattern!r} not seen {count}x within {timeout:.0f}s")
+
+
+@pytest.fixture
+def stack(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    prefect_port, mlflow_port, dask_port = _free_port(), _free_port(), _free_port()
+    env.update(
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
+        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}",
+        PREFECT_API_URL=f"http://127.0.0.1:{prefect_port}/api",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false",  # no nightly runs from the example cron schedule
+        PREFECT_CLI_PROMPT="false",
+        PREFECT_WORKER_QUERY_SECONDS="2",
+        PYTHONUNBUFFERED="1",
+    )
+    s = Stack(tmp_path, env)
+    s.prefect_url = f"http://127.0.0.1:{prefect_port}"
+    s.mlflow_url = f"http://127.0.0.1:{mlflow_port}"
+    s.dask_address = f"tcp://127.0.0.1:{dask_port}"
+    try:
+        yield s
+    finally:
+        s.stop()
+    assert not s.left, f"processes still running after teardown: {s.left}"
+
+
+def test_deploy_and_run_through_a_process_worker(stack, tmp_path):
+    began = time.monotonic()
+    timings: dict[str, float] = {}
+    try:
+        _scenario(stack, tmp_path, timings)
+    except BaseException:
+        stack.dump_logs()
+        raise
+    finally:
+        timings["total"] = time.monotonic() - began
+        print("e2e timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()), file=sys.stderr)
+
+
+def _scenario(stack: Stack, tmp_path: Path, timings: dict[str, float]) -> None:
+    t0 = time.monotonic()
+    prefect_port = stack.prefect_url.rsplit(":", 1)[1]
+    mlflow_port = stack.mlflow_url.rsplit(":", 1)[1]
+    dask_port = stack.dask_address.rsplit(":", 1)[1]
+    stack.start("prefect-server", [_exe("prefect"), "server", "start", "--host", "127.0.0.1", "--port", prefect_port])
+    stack.start("mlflow-server", [
+        _exe("mlflow"), "server", "--host", "127.0.0.1", "--port", mlflow_port, "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "--artifacts-destination", str(tmp_path / "mlartifacts"),
+    ])
+    stack.start("dask-scheduler", [_exe("dask"), "scheduler", "--host", "127.0.0.1", "--port", dask_port, "--no-dashboard"])
+    for i in (1, 2):
+        stack.start(f"dask-worker-{i}", [
+            _exe("dask"), "worker", stack.dask_address, "--host", "127.0.0.1", "--nworkers", "1", "--nthreads", "1",
+            "--no-dashboard", "--name", f"e2e-{i}",
+        ])
+    _wait_http(f"{stack.mlflow_url}/health", stack, "mlflow server")
+    _wait_http(f"{stack.prefect_url}/api/health", stack, "prefect server")
+    _wait_log(stack, "dask-scheduler", r"Register worker", 2)
+    timings["servers"] = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    stack.run("work-pool-create", [_exe("prefect"), "work-pool", "create", POOL, "--type", "process"])
+    out = stack.run("deploy", [_exe("prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"],
+                    cwd=ROOT)
+    assert "hyperband-tune/xgboost-bank-marketing" in out and "hyperband-tune/torch-digits" in out, out
+    deployment = _http("GET", f"{stack.prefect_url}/api/deployments/name/{DEPLOYMENT}")
+    assert deployment["work_pool_name"] == POOL and deployment["entrypoint"] == "flows/tune.py:tune"
+    assert deployment["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
+    assert [s["schedule"]["cron"] for s in deployment["schedules"]] == ["0 2 * * *"]
+    torch = _http("GET", f"{stack.prefect_url}/api/deployments/name/hyperband-tune/torch-digits")
+    assert torch["parameters"]["params"]["model"] == "torch"
+    timings["deploy"] = time.monotonic() - t0
+
+    # the worker runs somewhere else on purpose: the pull step must take the flow run to the project root
+    worker_cwd = tmp_path / "worker"
+    worker_cwd.mkdir()
+    stack.start("prefect-worker", [_exe("prefect"), "worker", "start", "--pool", POOL, "--name", "e2e-worker", "--limit", "1"],
+                cwd=worker_cwd)
+
+    t0 = time.monotonic()
+    params = {
+        "model": "xgboost", "data": "bank-marketing", "min_resource": 1, "max_resource": 3, "eta": 3, "workers": 2,
+        "rounds_per_unit": 2, "dask_address": stack.dask_address, "tracking_uri": stack.mlflow_url,
+        "experiment": EXPERIMENT, "job_dir": str(tmp_path / "jobs"), "job_id": "e2e-job",
+    }
+    out = stack.run("deployment-run", [_exe("prefect"), "deployment", "run", DEPLOYMENT, "--params", json.dumps({"params": params})])
+    match = re.search(r"UUID: ([0-9a-f-]{36})", out)
+    assert match, out
+    flow_run_id = match.group(1)
+    state = _wait_for_run(stack, flow_run_id)
+    timings["run"] = time.monotonic() - t0
+    assert state["type"] == "COMPLETED", f"flow run ended {state['type']}: {state.get('message')}"
+    assert (tmp_path / "jobs" / "e2e-job").is_dir()
+
+    _check_mlflow(stack.mlflow_url)
+
+
+def _wait_for_run(stack: Stack, flow_run_id: str) -> dict:
+    deadline = time.monotonic() + RUN_TIMEOUT
+    state: dict = {}
+    while time.monotonic() < deadline:
+        stack.check_alive()
+        state = _http("GET", f"{stack.prefect_url}/api/flow_runs/{flow_run_id}").get("state") or {}
+        if state.get("type") in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return state
+        time.sleep(2)
+    raise AssertionError(f"flow run {flow_run_id} not finished within {RUN_TIMEOUT}s (last state {state.get('type')})")
+
+
+def _check_mlflow(url: str) -> None:
+    api = f"{url}/api/2.0/mlflow"
+    q = urllib.parse.urlencode
+    experiment = _http("GET", f"{api}/experiments/get-by-name?{q({'experiment_name': EXPERIMENT})}")["experiment"]
+    runs = _http("POST", f"{api}/runs/search", {"experiment_ids": [experiment["experiment_id"]], "max_results": 1000})["runs"]
+
+    def tags(run):
+        return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+
+    parents = [r for r in runs if "mlflow.parentRunId" not in tags(r) and tags(r).get("hyperband.job_id") == "e2e-job"]
+    assert len(parents) == 1, [tags(r) for r in runs]
+    parent = parents[0]["info"]
+    assert parent["status"] == "FINISHED"
+    children = [r for r in runs if tags(r).get("mlflow.parentRunId") == parent["run_id"]]
+    assert len(children) >= 5, f"{len(children)} child runs; R=3, eta=3 samples 5 configs"  # hyperband plan -R 3
+    assert any(m["key"].startswith("val_") for r in children for m in r["data"].get("metrics", []))
+
+    listed = _http("GET", f"{api}/artifacts/list?{q({'run_id': parent['run_id']})}")
+    paths = {f["path"] for f in listed.get("files", [])}
+    assert "best_config.json" in paths, paths
+    with urllib.request.urlopen(f"{url}/get-artifact?{q({'path': 'best_config.json', 'run_id': parent['run_id']})}", timeout=10) as r:
+        best = json.loads(r.read())
+    assert best["config"] and best["resource"] >= 1 and "val_auc" in best
+
+    alias = _http("GET", f"{api}/registered-models/alias?{q({'name': EXPERIMENT, 'alias': 'champion'})}")
+    version = alias["model_version"]
+    assert version["name"] == EXPERIMENT and int(version["version"]) >= 1
+    assert version["run_id"] in {r["info"]["run_id"] for r in children}

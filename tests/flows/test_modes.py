@@ -1,0 +1,96 @@
+"""ASHA, TPE, side-by-side brackets and resume, on the instant synthetic objective."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.params import TuneParams
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def children(uri: str, experiment: str, parent_run_id: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], max_results=2000)
+    return [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent_run_id]
+
+
+def test_asha_runs_to_max_trials_and_records_every_trial(tracking_uri, tmp_path):
+    from flows.tune import tune
+
+    result = tune(TuneParams(model="synthetic", mode="asha", max_resource=27, eta=3, max_trials=30, concurrency=2,
+                             job_dir=str(tmp_path), experiment="asha", baseline=False))
+    summary = result["summary"]
+    assert summary["configs"] == 30 and summary["failed_trials"] == 0
+    runs = children(tracking_uri, "asha", result["parent_run_id"])
+    assert len(runs) == 30
+    statuses = {r.data.tags["hyperband.status"] for r in runs}
+    assert statuses <= {"completed", "stopped"} and all(r.info.status == "FINISHED" for r in runs)
+    # every promotion resumed: units trained equal the sum over trials of the resource each reached
+    state = json.loads((Path(result["job_dir"]) / "asha.json").read_text())
+    reached = sum(t["resource"] for t in state["state"]["trials"].values())
+    assert summary["resource_used"] == reached
+    assert result["best"]["score"] < 0.2
+
+
+def test_tpe_sync_runs_brackets_in_turn(tracking_uri, tmp_path):
+    from flows.tune import tune
+
+    result = tune(TuneParams(model="synthetic", sampler="tpe", max_resource=9, eta=3, seed=3,
+                             job_dir=str(tmp_path), experiment="tpe", baseline=False))
+    assert result["summary"]["configs"] == 17 and result["summary"]["resource_used"] == 69
+    assert len(children(tracking_uri, "tpe", result["parent_run_id"])) == 17
+
+
+def run_cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "flows.cli", "tune", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_killed_job_resumes_without_retraining_or_duplicate_runs(tmp_path):
+    """Kill a job mid-way; --resume finishes it with the result of an uninterrupted job of the same seed."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONUNBUFFERED": "1"}
+    common = ["--model", "synthetic", "--max-resource", "27", "--unit-seconds", "0.03", "--concurrency", "2",
+              "--seed", "11", "--job-dir", str(tmp_path / "jobs"), "--no-baseline", "--json"]
+
+    whole = run_cli([*common, "--job-id", "whole"], tmp_path, env)
+    out, err = whole.communicate(timeout=600)
+    assert whole.returncode == 0, err[-2000:]
+    uninterrupted = json.loads(out.strip().splitlines()[-1])
+
+    killed = run_cli([*common, "--job-id", "cut"], tmp_path, env)
+    brackets = tmp_path / "jobs" / "cut" / "brackets"
+    deadline = time.time() + 300
+    while time.time() < deadline:  # wait until some, not all, trial-rungs are recorded
+        recorded = sum(len(json.loads(p.read_text())["rows"]) for p in brackets.glob("*.json")) if brackets.exists() else 0
+        if recorded >= 25:
+            break
+        time.sleep(0.2)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait(timeout=30)
+    assert 25 <= recorded < 69
+
+    resumed = run_cli(["--resume", "cut", "--job-dir", str(tmp_path / "jobs"), "--json"], tmp_path, env)
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err[-2000:]
+    result = json.loads(out.strip().splitlines()[-1])
+
+    assert result["parent_run_id"] is not None
+    assert result["summary"]["trial_rungs"] == 69  # no finished trial-rung trained twice
+    assert result["summary"]["resource_used"] == 357
+    assert result["best"]["trial_id"] == uninterrupted["best"]["trial_id"]
+    assert result["best"]["score"] == pytest.approx(uninterrupted["best"]["score"])
+    runs = children(env["MLFLOW_TRACKING_URI"], "hyperband", result["parent_run_id"])
+    assert len(runs) == 49 and len({r.data.tags["hyperband.trial_id"] for r in runs}) == 49
