@@ -154,8 +154,8 @@ def _summarise(job: Job, results: list[dict[str, Any]], default_score: float | N
 
 
 def _scores(trial: dict[str, Any]) -> dict[int, float | None]:
-    """Scores by resource, from a bracket trial (``scores``) or from ASHA's rows (filled in by the caller)."""
-    return {int(k): v for k, v in trial.get("scores", {}).items()}
+    """A trial's score at every resource it reached (JSON keys are strings)."""
+    return {int(k): v for k, v in trial["scores"].items()}
 
 
 def _run_params(job: Job, params: TuneParams) -> dict[str, Any]:

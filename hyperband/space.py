@@ -35,15 +35,15 @@ class Param:
     def sample(self, rng: np.random.Generator) -> Any:
         if self.type == "categorical":
             return self.choices[int(rng.integers(len(self.choices)))]
-        assert self.low is not None and self.high is not None  # guaranteed by parse()
+        low, high = float(self.low or 0.0), float(self.high or 0.0)  # set for numeric types by parse()
         if self.type == "int":
-            if self.log:
-                value = math.exp(rng.uniform(math.log(self.low - 0.5 + 1e-9), math.log(self.high + 0.5)))
-                return int(min(max(round(value), self.low), self.high))
-            return int(rng.integers(int(self.low), int(self.high) + 1))
+            if self.log:  # log-uniform over [low - 0.5, high + 0.5], rounded: every integer reachable
+                value = math.exp(rng.uniform(math.log(low - 0.5 + 1e-9), math.log(high + 0.5)))
+                return int(min(max(round(value), low), high))
+            return int(rng.integers(int(low), int(high) + 1))
         if self.log:
-            return float(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
-        return float(rng.uniform(self.low, self.high))
+            return float(math.exp(rng.uniform(math.log(low), math.log(high))))
+        return float(rng.uniform(low, high))
 
     def to_dict(self) -> dict[str, Any]:
         if self.type == "categorical":

@@ -23,10 +23,17 @@ def start_job_run(job: Job, params: dict[str, Any]) -> str:
 
 @task(name="start trial runs", task_run_name="start trial runs of bracket s={s}", **RETRY)
 def start_trial_runs(job: Job, s: int, trials: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """One nested child run per trial; returns trial id -> run id."""
+    """One nested child run per trial; returns trial id -> run id.
+
+    Idempotent: a retry, or a job resumed after being killed between creating runs and saving
+    their ids, reuses the child runs that exist instead of creating them twice.
+    """
     assert job.parent_run_id is not None
-    ids = {}
+    existing = tracking.existing_children(job.tracking_uri, job.parent_run_id)
+    ids = {t: existing[t] for t in trials if t in existing}
     for trial_id, config in trials.items():
+        if trial_id in ids:
+            continue
         params = {**config, "workers": job.settings.workers, "trial_id": trial_id, "bracket": s}
         if "batch_size" in config:  # data parallel: each replica sees batch_size rows a step
             world = job.settings.workers * job.settings.nnodes

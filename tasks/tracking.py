@@ -6,13 +6,33 @@ its hyperparameters as params and ``val_<metric>`` at step = cumulative resource
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import threading
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 CHAMPION = "champion"
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+_sqlite_writes = threading.RLock()  # re-entrant: start_child calls log_params
+
+
+def _one_writer(fn: F) -> F:
+    """SQLite has one writer at a time: brackets logging from several threads take turns in-process,
+    instead of failing with "database is locked" and retrying. Servers (http URIs) are not serialised."""
+
+    @functools.wraps(fn)
+    def wrapper(uri: str, *args: Any, **kwargs: Any) -> Any:
+        if uri.startswith("sqlite:"):
+            with _sqlite_writes:
+                return fn(uri, *args, **kwargs)
+        return fn(uri, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def tracking_uri(explicit: str | None = None) -> str:
@@ -56,6 +76,7 @@ def experiment_id(uri: str, name: str) -> str:
         return found.experiment_id
 
 
+@_one_writer
 def start_parent(uri: str, experiment: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
     c = client(uri)
     run = c.create_run(experiment_id(uri, experiment), run_name=run_name, tags=dict(tags))
@@ -63,6 +84,7 @@ def start_parent(uri: str, experiment: str, run_name: str, params: Mapping[str, 
     return run.info.run_id
 
 
+@_one_writer
 def start_child(uri: str, parent_run_id: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
     c = client(uri)
     parent = c.get_run(parent_run_id)
@@ -75,6 +97,29 @@ def start_child(uri: str, parent_run_id: str, run_name: str, params: Mapping[str
     return run.info.run_id
 
 
+def existing_children(uri: str, parent_run_id: str) -> dict[str, str]:
+    """trial id -> run id of the parent's child runs already created (by an earlier attempt or run of the job)."""
+    c = client(uri)
+    parent = c.get_run(parent_run_id)
+    found: dict[str, str] = {}
+    token = None
+    while True:
+        page = c.search_runs(
+            [parent.info.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
+            max_results=1000,
+            page_token=token,
+        )
+        for run in page:
+            trial_id = run.data.tags.get("hyperband.trial_id")
+            if trial_id:
+                found.setdefault(trial_id, run.info.run_id)
+        token = page.token
+        if not token:
+            return found
+
+
+@_one_writer
 def log_params(uri: str, run_id: str, params: Mapping[str, Any]) -> None:
     from mlflow.entities import Param
 
@@ -83,6 +128,7 @@ def log_params(uri: str, run_id: str, params: Mapping[str, Any]) -> None:
         client(uri).log_batch(run_id, params=items[i : i + 100])
 
 
+@_one_writer
 def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
     from mlflow.entities import Metric
 
@@ -92,6 +138,7 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int =
         client(uri).log_batch(run_id, metrics=items)
 
 
+@_one_writer
 def log_history(uri: str, run_id: str, history: Iterable[Mapping[str, float]]) -> None:
     """Per-unit metrics recorded while training (e.g. per epoch), each at its own step."""
     from mlflow.entities import Metric
@@ -102,20 +149,24 @@ def log_history(uri: str, run_id: str, history: Iterable[Mapping[str, float]]) -
         client(uri).log_batch(run_id, metrics=items[i : i + 500])
 
 
+@_one_writer
 def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
     from mlflow.entities import RunTag
 
     client(uri).log_batch(run_id, tags=[RunTag(k, _fmt(v)) for k, v in tags.items()])
 
 
+@_one_writer
 def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(uri).set_terminated(run_id, status=status)
 
 
+@_one_writer
 def log_json(uri: str, run_id: str, payload: Any, artifact_file: str) -> None:
     client(uri).log_dict(run_id, payload, artifact_file)
 
 
+@_one_writer
 def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:
     client(uri).log_text(run_id, text, artifact_file)
 

@@ -9,6 +9,11 @@ Port choice: on one machine the launcher gets ``--rdzv-backend c10d --rdzv-endpo
 port 0 makes the rendezvous TCP store bind a port the kernel picks while it listens, and the
 ranks reuse that store (torch's default agent-store sharing), so two concurrent trials can never
 be handed the same port and no probe-then-bind race with other programs exists.
+
+Warm workers (the default on one machine, ``warm=False`` for the cold path above): the ranks are
+launched once per job and reused by every later call (``trainers.torch_pool``): a warm call skips
+the ~3-4 s of process launch, torch import, process-group init and data loading, and trains
+exactly what a cold launch would (every trial re-seeds from its seed or checkpoint).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from trainers.base import TrainResult, checkpoint_resource, write_json_atomic
 from trainers.data import DataSpec, Dataset, load, metric_direction, score
 from trainers.errors import InputError
 from trainers.torch_models import Predictor, build_model
+from trainers.torch_pool import TorchPool, WarmPools
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -263,6 +269,10 @@ class TorchTrainer:
     of trials that run at once, since oversubscribed intra-op threads slow small models ~5x.
     ``max_train_rows`` cuts the training split (tests); ``scratch_dir`` holds each call's job
     folder (must be shared storage when ``nnodes`` > 1).
+
+    ``warm`` (default: on when ``nnodes`` == 1) keeps the ranks alive between calls: a pool per
+    concurrent call, at most ``pool_size`` pools (default: one per call running at once); ``close()``
+    stops them. ``warm=False`` launches fresh processes for every call.
     """
 
     model = "torch"
@@ -285,6 +295,8 @@ class TorchTrainer:
         concurrent_trials: int = 1,
         max_train_rows: int | None = None,
         scratch_dir: str | None = None,
+        warm: bool | None = None,
+        pool_size: int | None = None,
     ):
         self.workers = _as_int("workers", workers)
         self.nnodes = _as_int("nnodes", nnodes)
@@ -312,6 +324,17 @@ class TorchTrainer:
         self.dataset: Dataset = load(spec)
         self.metric = metric or self.dataset.default_metric
         check_metric(self.metric, self.dataset.task)
+        _check(warm is None or isinstance(warm, bool), f"warm must be true or false, got {warm!r}")
+        _check(
+            not (warm and self.nnodes > 1),
+            f"warm pools run on one machine; pass warm=False for nnodes={self.nnodes}",
+        )
+        self.warm = self.nnodes == 1 if warm is None else warm
+        if pool_size is not None:
+            pool_size = _as_int("pool_size", pool_size)
+            _check(pool_size >= 1, f"pool_size must be >= 1 (concurrent trials per job), got {pool_size}")
+        self.pool_size = pool_size
+        self._pools = WarmPools(self._new_pool, pool_size)
         self._closed = False
 
     @property
@@ -331,11 +354,14 @@ class TorchTrainer:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         if checkpoint and resource == start:
             return self._unchanged(checkpoint, out, resource, started)
-        workdir = Path(tempfile.mkdtemp(prefix="torch-trial-", dir=self.scratch_dir))
-        try:
-            result = self._run(cfg, resource, checkpoint, out, workdir)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+        if self.warm:
+            result = self._run_warm(cfg, resource, checkpoint, out)
+        else:
+            workdir = Path(tempfile.mkdtemp(prefix="torch-trial-", dir=self.scratch_dir))
+            try:
+                result = self._run(cfg, resource, checkpoint, out, workdir)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
         write_json_atomic(f"{out}.json", {"resource": resource})
         return TrainResult(
             checkpoint=out,
@@ -361,8 +387,14 @@ class TorchTrainer:
         return predict(checkpoint, X)
 
     def close(self) -> None:
-        """Nothing outlives a ``train`` call yet; safe to call any number of times."""
+        """Stop the warm pools (no rank process is left); safe to call any number of times."""
         self._closed = True
+        self._pools.close()
+
+    @property
+    def pools(self) -> list[TorchPool]:
+        """The warm pools started so far (live or stopped)."""
+        return self._pools.pools
 
     # -- launching ---------------------------------------------------------------------------
 
@@ -373,6 +405,14 @@ class TorchTrainer:
         else:  # every machine's launcher must pass the same id: derive it from the checkpoint path
             run_id = "hb-" + hashlib.sha1(str(out).encode()).hexdigest()[:16]
             rendezvous = ["--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", run_id]
+        return self._launcher(rendezvous, ["--job", job_path])
+
+    def serve_command(self, pool_dir: Path) -> list[str]:
+        """The command line of a warm pool (one machine, its own rendezvous): ranks serve ``pool_dir``."""
+        rendezvous = ["--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", uuid.uuid4().hex]
+        return self._launcher(rendezvous, ["--serve", str(pool_dir), "--owner", str(os.getpid())])
+
+    def _launcher(self, rendezvous: list[str], worker_args: list[str]) -> list[str]:
         return [
             sys.executable, "-m", "torch.distributed.run",
             "--nnodes", str(self.nnodes),
@@ -380,7 +420,7 @@ class TorchTrainer:
             "--rdzv-backend", "c10d", *rendezvous,
             "--max-restarts", "0",
             "--monitor-interval", "0.1",
-            "-m", "trainers.torch_worker", "--job", job_path,
+            "-m", "trainers.torch_worker", *worker_args,
         ]  # fmt: skip
 
     def _environment(self) -> dict[str, str]:
@@ -389,15 +429,18 @@ class TorchTrainer:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         return env
 
-    def _job(self, cfg: Mapping[str, Any], resource: int, checkpoint: str | None, out: str, workdir: Path) -> dict:
+    def _job(
+        self, cfg: Mapping[str, Any], resource: int, checkpoint: str | None, out: str, workdir: Path | None
+    ) -> dict:
+        """The job a rank trains; a warm pool holds the data already and sets ``workdir`` itself."""
         return {
-            "data": self._save_arrays(workdir),
+            "data": self._save_arrays(workdir) if workdir is not None else None,
             "config": dict(cfg),
             "seed": cfg["seed"],
             "resource": resource,
             "checkpoint": str(Path(checkpoint).resolve()) if checkpoint else None,
             "out": str(Path(out).resolve()),
-            "workdir": str(workdir.resolve()),
+            "workdir": str(workdir.resolve()) if workdir is not None else None,
             "metric": self.metric,
             "effective_lr": effective_lr(cfg, self.world_size),
             "threads_per_rank": self.threads_per_rank,
@@ -415,6 +458,16 @@ class TorchTrainer:
             "n_classes": ds.n_classes,
             "image_shape": list(ds.image_shape) if ds.image_shape is not None else None,
         }
+
+    def _new_pool(self) -> TorchPool:
+        return TorchPool(
+            self.serve_command, self._save_arrays, self._environment, self.threads_per_rank, self.scratch_dir
+        )
+
+    def _run_warm(self, cfg: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> dict:
+        """Train on a warm pool (launched on first use, relaunched after a failure)."""
+        with self._pools.acquire() as pool:
+            return pool.run(self._job(cfg, resource, checkpoint, out, None), self.trial_timeout)
 
     def _run(self, cfg: Mapping[str, Any], resource: int, checkpoint: str | None, out: str, workdir: Path) -> dict:
         """Launch the ranks, wait (bounded by ``trial_timeout``), and read rank 0's result file."""
@@ -455,6 +508,7 @@ class TorchTrainer:
             "global_batch_size": int(cfg["batch_size"]) * world,
             "effective_lr": effective_lr(cfg, world),
             "threads_per_rank": self.threads_per_rank,
+            "warm_start": float(result.get("warm_start", 0.0)),
         }
 
     def _unchanged(self, checkpoint: str, out: str, resource: int, started: float) -> TrainResult:

@@ -1,8 +1,15 @@
-"""One rank of a torch trial, started by ``torch.distributed.run`` (``-m trainers.torch_worker --job JOB``).
+"""One rank of a torch trial, started by ``torch.distributed.run``.
 
-The job file (written by ``TorchTrainer.train``) says what to train, and ``data.npz`` beside it
-holds the split (so no rank imports pandas/scikit-learn or re-splits); rank 0 writes the new
-checkpoint to ``job["out"]`` and a ``result.json`` (history, timings) into the job's folder.
+Cold (``-m trainers.torch_worker --job JOB``): the job file (written by ``TorchTrainer.train``)
+says what to train, and ``data.npz`` beside it holds the split (so no rank imports
+pandas/scikit-learn or re-splits); rank 0 writes the new checkpoint to ``job["out"]`` and a
+``result.json`` (history, timings) into the job's folder, then every rank exits.
+
+Warm (``--serve DIR --owner PID``, see ``trainers.torch_pool``): the ranks import torch, join the
+process group and load ``DIR/data.npz`` once, then loop: rank 0 waits for ``DIR/request-<n>.json``,
+broadcasts it, every rank trains it exactly as a cold rank would (same seeding, same code), and
+rank 0 writes ``DIR/result-<n>.json``. Any error ends every rank (the pool is relaunched).
+
 Each rank sends its stderr to ``rank<N>.stderr`` in that folder so the trainer can quote it.
 """
 
@@ -18,6 +25,8 @@ import random
 import signal
 import sys
 import time
+import traceback
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -170,11 +179,13 @@ def safe_score(metric: str, y_true: np.ndarray, prediction: np.ndarray) -> float
 class Run:
     """The state of one rank: data, model, optimiser, sampler."""
 
-    def __init__(self, job: Mapping[str, Any], rank: int, world_size: int, device: torch.device):
+    def __init__(
+        self, job: Mapping[str, Any], rank: int, world_size: int, device: torch.device, ds: Arrays | None = None
+    ):
         self.job, self.rank, self.world_size, self.device = job, rank, world_size, device
         self.config = job["config"]
         self.seed = int(job["seed"])
-        self.ds = Arrays(job["data"])
+        self.ds = ds if ds is not None else Arrays(job["data"])
         X, y = self.ds.X_train, self.ds.y_train
         checkpoint = self._read_checkpoint(job.get("checkpoint"))
         if checkpoint is None:
@@ -311,13 +322,18 @@ def device_for(local_rank: int) -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
-def run(job: Mapping[str, Any], rank: int, world_size: int, local_rank: int) -> None:
-    device, backend = device_for(local_rank)
-    dist.init_process_group(backend)
-    dist.barrier()
+def train_job(
+    job: Mapping[str, Any], rank: int, world_size: int, device: torch.device, backend: str, ds: Arrays | None = None
+) -> None:
+    """Train one job on a joined process group: rank 0 writes the checkpoint and the result file.
+
+    Everything that decides the numbers (initial weights, dropout/sampler RNG) is seeded from the
+    job or restored from its checkpoint, so a long-lived rank computes what a fresh one would.
+    """
     startup = time.time() - float(job["launched_at"])
+    torch.set_num_threads(int(job["threads_per_rank"]))
     t0 = time.perf_counter()
-    state = Run(job, rank, world_size, device)
+    state = Run(job, rank, world_size, device, ds)
     setup_seconds = time.perf_counter() - t0
     history: list[dict[str, float]] = []
     t0 = time.perf_counter()
@@ -333,7 +349,7 @@ def run(job: Mapping[str, Any], rank: int, world_size: int, local_rank: int) -> 
         save_atomic(state.checkpoint(int(job["resource"]), rng), job["out"])
         epochs = max(1, int(job["resource"]) - state.start_epoch)
         write_json_atomic(
-            Path(job["workdir"]) / "result.json",
+            job.get("result") or Path(job["workdir"]) / "result.json",
             {
                 "history": history,
                 "startup_seconds": startup,
@@ -345,18 +361,125 @@ def run(job: Mapping[str, Any], rank: int, world_size: int, local_rank: int) -> 
             },
         )
     dist.barrier()
+
+
+def run(job: Mapping[str, Any], rank: int, world_size: int, local_rank: int) -> None:
+    """Cold path: join the group, train the one job, leave."""
+    device, backend = device_for(local_rank)
+    dist.init_process_group(backend)
+    dist.barrier()
+    train_job(job, rank, world_size, device, backend)
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------- warm pool
+
+#: Rank 0 polls for the next request this often (seconds): the dispatch latency of a warm call.
+POLL_SECONDS = 0.002
+#: An idle rank 0 broadcasts a no-op this often, far inside the collectives' timeout.
+HEARTBEAT_SECONDS = 60.0
+#: The warm pool's collective timeout (a hung job is killed by the trainer well before).
+SERVE_PG_TIMEOUT = timedelta(hours=2)
+
+
+#: A rank that failed only because a peer went away waits this long before exiting (the launcher
+#: stops it sooner): the launcher then names the peer, the real cause, as the failed rank.
+PEER_FAILURE_DELAY = 3.0
+
+
+def peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective failing because another rank died (gloo/NCCL connection errors)."""
+    if isinstance(exc, getattr(dist, "DistNetworkError", ())):
+        return True
+    text = str(exc)
+    return any(s in text for s in ("Connection reset by peer", "Connection closed by peer", "gloo/transport", "NCCL"))
+
+
+def request_path(pool_dir: Path, seq: int) -> Path:
+    return pool_dir / f"request-{seq}.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def next_request(pool_dir: Path, seq: int, owner: int, stop_at: float) -> dict[str, Any]:
+    """Rank 0: the next job; a ``ping`` when idle for a while; ``stop`` when the owner or the
+    folder is gone or the pool has been idle past ``stop_at`` (time.monotonic())."""
+    path = request_path(pool_dir, seq)
+    began = checked = time.monotonic()
+    while True:
+        if path.is_file():
+            job = read_job(str(path))
+            path.unlink(missing_ok=True)
+            return job
+        now = time.monotonic()
+        if now - checked >= 1.0:
+            checked = now
+            if not pool_dir.is_dir() or (owner > 0 and not _alive(owner)) or now >= stop_at:
+                return {"op": "stop"}
+        if now - began >= HEARTBEAT_SECONDS:
+            return {"op": "ping"}
+        time.sleep(POLL_SECONDS)
+
+
+def serve(pool_dir: Path, rank: int, world_size: int, local_rank: int, owner: int) -> None:
+    """Warm path: join the group and load the data once, then train the requests one after another."""
+    device, backend = device_for(local_rank)
+    dist.init_process_group(backend, timeout=SERVE_PG_TIMEOUT)
+    meta = read_job(str(pool_dir / "pool.json"))
+    ds = Arrays(meta["data"])
+    torch.set_num_threads(int(meta["threads_per_rank"]))
+    idle_seconds = float(meta.get("idle_seconds") or math.inf)
+    dist.barrier()
+    seq, idle_since = 0, time.monotonic()
+    while True:
+        message: list[Any] = [next_request(pool_dir, seq, owner, idle_since + idle_seconds) if rank == 0 else None]
+        dist.broadcast_object_list(message, src=0)
+        job = message[0]
+        op = job.get("op", "train")
+        if op == "ping":
+            continue
+        if op == "stop":
+            break
+        os.ftruncate(2, 0)  # the stderr tail the trainer quotes on failure is this job's only
+        try:
+            dist.barrier()
+            train_job(job, rank, world_size, device, backend, ds)
+        except BaseException as exc:  # any error ends the pool: the other ranks are stuck in collectives
+            traceback.print_exc()
+            sys.stderr.flush()
+            if peer_failure(exc):  # let the rank that failed first be the launcher's root cause
+                time.sleep(PEER_FAILURE_DELAY)
+            os._exit(1)
+        seq, idle_since = seq + 1, time.monotonic()
     dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--job", required=True)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--job", help="train this one job file, then exit (cold)")
+    mode.add_argument("--serve", help="pool folder: train its requests one by one until stopped (warm)")
+    parser.add_argument("--owner", type=int, default=0, help="with --serve: stop when this pid is gone")
     args = parser.parse_args(argv)
-    job = read_job(args.job)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    redirect_stderr(Path(job["workdir"]) / f"rank{rank}.stderr")
-    torch.set_num_threads(int(job["threads_per_rank"]))
-    run(job, rank, world_size, int(os.environ.get("LOCAL_RANK", "0")))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.serve:
+        pool_dir = Path(args.serve)
+        redirect_stderr(pool_dir / f"rank{rank}.stderr")
+        serve(pool_dir, rank, world_size, local_rank, args.owner)
+    else:
+        job = read_job(args.job)
+        redirect_stderr(Path(job["workdir"]) / f"rank{rank}.stderr")
+        torch.set_num_threads(int(job["threads_per_rank"]))
+        run(job, rank, world_size, local_rank)
     # everything is written and closed: skip the interpreter's (torch's) slow teardown
     sys.stdout.flush()
     sys.stderr.flush()

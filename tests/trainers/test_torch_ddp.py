@@ -73,7 +73,7 @@ def torch_descendants(pid: int) -> list[str]:
 def digits_runs(tmp_path_factory):
     """DEFAULT_CONFIG at 2 workers on digits: 3 epochs then resumed to 9, and 9 epochs at once (in parallel)."""
     root = tmp_path_factory.mktemp("torch-resume")
-    trainer = TorchTrainer(DIGITS, workers=2, threads_per_rank=1)
+    trainer = TorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1)
     with ThreadPoolExecutor(2) as pool:
         full_future = pool.submit(trainer.train, DEFAULT_CONFIG, 9, None, str(root / "full.pt"))
         first = trainer.train(DEFAULT_CONFIG, 3, None, str(root / "first.pt"))
@@ -85,8 +85,8 @@ def digits_runs(tmp_path_factory):
 def test_gradient_averaging_two_replicas_equal_one_with_double_batch(tmp_path):
     """World size 2 x per-replica batch 32 == world size 1 x batch 64 after one epoch (also: two concurrent calls)."""
     rows = 1280  # divisible by 64: every batch is full on both sides
-    one = TorchTrainer(DIGITS, workers=1, threads_per_rank=1, max_train_rows=rows)
-    two = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=rows)
+    one = TorchTrainer(DIGITS, workers=1, warm=False, threads_per_rank=1, max_train_rows=rows)
+    two = TorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=rows)
     with ThreadPoolExecutor(2) as pool:  # train runs in worker threads, two at once, as under Prefect
         a = pool.submit(one.train, {**PLAIN, "batch_size": 64}, 1, None, str(tmp_path / "one.pt"))
         b = pool.submit(two.train, {**PLAIN, "batch_size": 32}, 1, None, str(tmp_path / "two.pt"))
@@ -135,8 +135,8 @@ def test_digits_default_config_two_workers_reaches_95_percent(digits_runs):
 def test_killed_rank_fails_only_its_call_fast_and_leaves_no_processes(tmp_path):
     scratch = tmp_path / "failing"
     scratch.mkdir()
-    failing = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=256, scratch_dir=str(scratch))
-    healthy = TorchTrainer(DIGITS, workers=1, threads_per_rank=1, max_train_rows=256)
+    failing = TorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=256, scratch_dir=str(scratch))
+    healthy = TorchTrainer(DIGITS, workers=1, warm=False, threads_per_rank=1, max_train_rows=256)
     crash = {"_fail_rank": 1, "_fail_epoch": 2, "_fail_how": "exit"}
     with ThreadPoolExecutor(1) as pool:
         neighbour = pool.submit(healthy.train, {}, 3, None, str(tmp_path / "neighbour.pt"))
@@ -153,7 +153,7 @@ def test_killed_rank_fails_only_its_call_fast_and_leaves_no_processes(tmp_path):
 
 
 def test_hanging_rank_is_killed_at_the_trial_timeout(tmp_path):
-    trainer = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=256, trial_timeout=8)
+    trainer = TorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=256, trial_timeout=8)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="timed out after 8 s"):
         trainer.train({"_fail_rank": 0, "_fail_how": "hang"}, 2, None, str(tmp_path / "hang.pt"))

@@ -1,0 +1,145 @@
+"""Efficiency of the XGBoost job: its wall time versus the same training done back to back in one process.
+
+1. Runs the real ``tune`` flow: XGBoost on bank-marketing, Hyperband (r=1, R=27, η=3), random
+   sampler, concurrency auto (``os.cpu_count()`` trials at once, 1 thread each on this machine),
+   baseline off, registration off, MLflow to a fresh sqlite store, on a temporary Prefect server.
+2. Reads the job's bracket state files (``<job_dir>/brackets/s*.json``) and replays every
+   trial-rung it trained with ``XGBoostTrainer`` directly, in one process, one after another:
+   bracket by bracket, rung by rung, each promoted trial resuming from the checkpoint the replay
+   wrote at its previous rung (as the job does), then evaluating on the validation set. The
+   replay trainer uses every core (``nthread = os.cpu_count()``), the natural sequential baseline.
+   Data loading (the split) is timed in the loop too, as the job loads it as well.
+3. Prints wall(job) / wall(loop), the job's summed train and eval seconds, and checks that the
+   replay reproduces the job's scores (resume is seeded per milestone, so it should, bit for bit).
+
+Run from the repository root::
+
+    python benchmarks/bench_efficiency.py          # R=27: 69 trial-rungs, 357 units (~3 min on 2 cores)
+    python benchmarks/bench_efficiency.py --quick  # R=9: 22 trial-rungs, 69 units (~1 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common  # noqa: E402
+
+
+def read_job(job_dir: str | Path) -> list[dict[str, Any]]:
+    """Every trial-rung of the job's bracket files, with its trial's config: [{trial_id, bracket, rung, resource, config, score, ...}]."""
+    out = []
+    for path in sorted(Path(job_dir, "brackets").glob("s*.json")):
+        raw = json.loads(path.read_text())
+        trials = raw["state"]["trials"]
+        for row in raw["rows"]:
+            out.append({**row, "config": trials[row["trial_id"]]["config"]})
+    return out
+
+
+def replay(rows: list[dict[str, Any]], seed: int, min_r: int, max_r: int, eta: int, out: Path,
+           nthread: int | None = None) -> dict[str, Any]:
+    """Train and evaluate the job's trial-rungs back to back; resume each trial from its previous checkpoint."""
+    from hyperband import schedule
+    from trainers import data as datasets
+    from trainers.xgboost_trainer import XGBoostTrainer
+
+    datasets._load_cached.cache_clear()  # the loop pays for loading the data, as the job does
+    began = time.perf_counter()
+    trainer = XGBoostTrainer(datasets.DataSpec(seed=seed), workers=1, seed=seed, rounds_per_unit=10,
+                             milestones=schedule.milestones(min_r, max_r, eta), nthread=nthread)
+    setup = time.perf_counter() - began
+    held: dict[str, str] = {}  # trial id -> its latest checkpoint
+    scores: dict[tuple[str, int], float] = {}
+    train_s = eval_s = 0.0
+    units = 0
+    for row in sorted(rows, key=lambda r: (-r["bracket"], r["rung"], r["trial_id"])):
+        t, resource = row["trial_id"], row["resource"]
+        path = out / t / f"r{resource}.ubj"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        a = time.perf_counter()
+        trained = trainer.train(row["config"], resource, held.get(t), str(path))
+        b = time.perf_counter()
+        scores[(t, resource)] = trainer.evaluate(trained.checkpoint)
+        eval_s += time.perf_counter() - b
+        train_s += b - a
+        units += trained.resource_trained
+        held[t] = trained.checkpoint
+    wall = time.perf_counter() - began
+    trainer.close()
+    return {"wall": wall, "setup": setup, "train": train_s, "eval": eval_s, "units": units, "scores": scores}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="R=9 instead of R=27")
+    parser.add_argument("--max-resource", type=int, help="override R")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--concurrency", type=int, default=0, help="the job's concurrency (0: auto)")
+    args = parser.parse_args(argv)
+    min_r, eta, seed = 1, 3, args.seed
+    max_r = args.max_resource or (9 if args.quick else 27)
+
+    from flows.params import TuneParams
+    from hyperband import schedule
+
+    plan = schedule.plan_summary(min_r, max_r, eta)
+    concurrency = TuneParams(concurrency=args.concurrency).trial_concurrency()
+    common.header(f"bench_efficiency: XGBoost bank-marketing, Hyperband (r={min_r}, R={max_r}, eta={eta}), concurrency {concurrency}")
+    print(f"   {plan['configs']} configs, {plan['trial_rungs']} trial-rungs, {plan['resource_used']} units of 10 rounds", flush=True)
+
+    with common.workdir("efficiency") as tmp:
+        with common.prefect_server():
+            from tasks import tracking
+
+            uri = f"sqlite:///{tmp}/mlflow.db"
+            tracking.check_reachable(uri)
+            result, job_wall = common.run_tune(
+                model="xgboost", data="bank-marketing", min_resource=min_r, max_resource=max_r, eta=eta, seed=seed,
+                concurrency=args.concurrency, job_dir=str(tmp / "jobs"), job_id="efficiency", tracking_uri=uri,
+                experiment="bench-efficiency", register_model=False, baseline=False,
+            )
+        print(f"   job: {job_wall:.1f} s", flush=True)
+        rows = read_job(result["job_dir"])
+        summary = result["summary"]
+        loop = replay(rows, seed, min_r, max_r, eta, tmp / "replay", nthread=os.cpu_count())
+        print(f"   loop ({os.cpu_count()} threads): {loop['wall']:.1f} s", flush=True)
+        loop1 = replay(rows, seed, min_r, max_r, eta, tmp / "replay1", nthread=1)
+        print(f"   loop (1 thread): {loop1['wall']:.1f} s", flush=True)
+
+    job_train = sum(r["train_seconds"] for r in rows)
+    job_eval = sum(r["eval_seconds"] for r in rows)
+    table = [
+        ("tune flow (Prefect + MLflow)", job_wall, job_train, job_eval, sum(r["resource_trained"] for r in rows), len(rows), job_wall / loop["wall"]),
+        (f"plain loop, nthread={os.cpu_count()}", loop["wall"], loop["train"], loop["eval"], loop["units"], len(rows), 1.0),
+        ("plain loop, nthread=1", loop1["wall"], loop1["train"], loop1["eval"], loop1["units"], len(rows), loop1["wall"] / loop["wall"]),
+    ]
+    print()
+    print(common.table(table, ["run", "wall s", "train s (sum)", "eval s (sum)", "units", "trial-rungs", "x loop"]))
+    print()
+    print(f"wall(job) / wall(loop, {os.cpu_count()} threads) = {job_wall / loop['wall']:.2f}")
+    print(f"wall(job) / wall(loop, 1 thread)  = {job_wall / loop1['wall']:.2f}")
+    print(f"job: {summary['wall_seconds']:.1f} s wall in the flow, {summary['worker_seconds']:.1f} worker-seconds of training, "
+          f"{job_wall - summary['worker_seconds'] / concurrency:.1f} s more than its training divided over {concurrency} slots")
+    mismatches = {}
+    for label, run in ((f"nthread={os.cpu_count()}", loop), ("nthread=1", loop1)):
+        mismatches[label] = [
+            (r["trial_id"], r["resource"], r["score"], run["scores"][(r["trial_id"], r["resource"])])
+            for r in rows if r["score"] is None or abs(r["score"] - run["scores"][(r["trial_id"], r["resource"])]) > 1e-12
+        ]
+        print(f"replay ({label}) reproduces the job's scores: {len(rows) - len(mismatches[label])}/{len(rows)} equal; "
+              f"best val AUC job {summary['best_score']:.6f}, replay {max(run['scores'].values()):.6f}")
+    mismatch = mismatches["nthread=1"]
+    print(json.dumps({"bench": "efficiency", "max_resource": max_r, "job_wall": job_wall, "loop_wall": loop["wall"],
+                      "loop1_wall": loop1["wall"], "ratio": job_wall / loop["wall"], "mismatches": len(mismatch)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""TorchTrainer's warm pools: same numbers as a cold launch, start-up paid once, failures contained.
+
+A warm pool launches its ranks once (``python -m torch.distributed.run ... --serve DIR``) and
+trains later calls on them; these tests compare it with the cold path (``warm=False``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainers.data import DataSpec
+from trainers.errors import InputError
+from trainers.torch_ddp import DEFAULT_CONFIG, TorchTrainer, processes_with
+
+DIGITS = DataSpec("digits")
+ROWS = 512  # a short epoch: these tests are about processes and numbers, not accuracy
+
+
+def weights(checkpoint: str) -> dict[str, torch.Tensor]:
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def torch_descendants(pid: int) -> list[str]:
+    """Command lines of live (non-zombie) descendants of ``pid`` that run torch code, from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(entry.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent:
+                frontier.append(child)
+                try:
+                    cmd = (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+                if "torch" in cmd:
+                    found.append(cmd)
+    return found
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """One warm 2-rank trainer shared by the tests below (its pool launches once)."""
+    scratch = tmp_path_factory.mktemp("warm-scratch")
+    trainer = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=ROWS, scratch_dir=str(scratch))
+    assert trainer.warm  # the default on one machine
+    yield trainer
+    trainer.close()
+
+
+def test_warm_equals_cold_and_startup_is_paid_once(warm, tmp_path):
+    cold = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=ROWS, warm=False)
+    first = warm.train({**DEFAULT_CONFIG, "width": 16, "seed": 5}, 1, None, str(tmp_path / "other.pt"))
+    # the pool has trained something else (other width, seed, RNG history): the next call must not notice
+    warm_run = warm.train(DEFAULT_CONFIG, 2, None, str(tmp_path / "warm.pt"))
+    cold_run = cold.train(DEFAULT_CONFIG, 2, None, str(tmp_path / "cold.pt"))
+    assert max_difference(weights(warm_run.checkpoint), weights(cold_run.checkpoint)) < 1e-6
+    assert [h["train_loss"] for h in warm_run.history] == pytest.approx([h["train_loss"] for h in cold_run.history])
+    assert len(warm.pools) == 1 and warm.pools[0].starts == 1
+    assert (first.info["warm_start"], warm_run.info["warm_start"], cold_run.info["warm_start"]) == (0, 1, 0)
+    # the launch (processes, torch import, process group, data) is paid by the first call only
+    assert first.info["startup_seconds"] > 1.0
+    assert warm_run.info["startup_seconds"] < first.info["startup_seconds"] / 10
+    assert warm_run.info["startup_seconds"] < 0.5 and cold_run.info["startup_seconds"] > 1.0
+
+
+def test_warm_resume_equals_training_at_once(warm, tmp_path):
+    full = warm.train(DEFAULT_CONFIG, 9, None, str(tmp_path / "full.pt"))
+    part = warm.train(DEFAULT_CONFIG, 3, None, str(tmp_path / "part.pt"))
+    resumed = warm.train(DEFAULT_CONFIG, 9, part.checkpoint, str(tmp_path / "resumed.pt"))
+    assert (resumed.resource, resumed.resource_trained) == (9, 6)
+    assert [h["step"] for h in resumed.history] == [4, 5, 6, 7, 8, 9]
+    assert max_difference(weights(resumed.checkpoint), weights(full.checkpoint)) < 1e-6
+    assert resumed.history[-1]["val_accuracy"] == pytest.approx(full.history[-1]["val_accuracy"])
+    assert all(r.info["warm_start"] == 1 for r in (full, part, resumed))
+
+
+def test_failing_rank_fails_only_its_call_then_the_pool_relaunches(warm, tmp_path):
+    warm.train({}, 1, None, str(tmp_path / "before.pt"))
+    pool = warm.pools[0]
+    pool_dir, starts = str(pool.dir), pool.starts
+    crash = {"_fail_rank": 1, "_fail_epoch": 2, "_fail_how": "raise"}
+    with pytest.raises(RuntimeError, match=r"(?s)failed rank.*1.*RuntimeError: injected failure at rank 1, epoch 2"):
+        warm.train(crash, 3, None, str(tmp_path / "crash.pt"))
+    assert not (tmp_path / "crash.pt").exists()
+    assert processes_with(pool_dir) == [] and not Path(pool_dir).exists()  # torn down
+    after = warm.train({}, 1, None, str(tmp_path / "after.pt"))  # relaunched
+    again = warm.train({}, 1, None, str(tmp_path / "again.pt"))
+    assert (after.info["warm_start"], again.info["warm_start"]) == (0, 1) and pool.starts == starts + 1
+    assert max_difference(weights(again.checkpoint), weights(str(tmp_path / "before.pt"))) == 0
+
+
+def test_hanging_rank_is_killed_at_the_trial_timeout(warm, tmp_path):
+    warm.train({}, 1, None, str(tmp_path / "warmup.pt"))  # the pool is up: the timeout covers the hang only
+    pool_dir = str(warm.pools[0].dir)
+    warm.trial_timeout = 4.0
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="timed out after 4 s"):
+            warm.train({"_fail_rank": 0, "_fail_how": "hang"}, 1, None, str(tmp_path / "hang.pt"))
+        assert time.monotonic() - started < 4 + 10
+        assert processes_with(pool_dir) == []
+    finally:
+        warm.trial_timeout = 600.0
+
+
+def test_concurrent_calls_get_a_pool_each_and_close_leaves_no_processes(tmp_path):
+    trainer = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=256, scratch_dir=str(tmp_path))
+    with ThreadPoolExecutor(2) as threads:
+        runs = list(threads.map(lambda i: trainer.train({}, 1, None, str(tmp_path / f"c{i}.pt")), range(2)))
+    assert len(trainer.pools) == 2 and all(p.alive for p in trainer.pools)
+    assert max_difference(weights(runs[0].checkpoint), weights(runs[1].checkpoint)) == 0
+    dirs = [str(p.dir) for p in trainer.pools]
+    trainer.close()
+    trainer.close()  # idempotent
+    assert not any(p.alive for p in trainer.pools)
+    assert all(processes_with(d) == [] and not Path(d).exists() for d in dirs)
+    assert not [cmd for cmd in torch_descendants(os.getpid()) for d in dirs if d in cmd]
+
+
+def test_pool_options():
+    with pytest.raises(InputError, match="pool_size must be >= 1"):
+        TorchTrainer(DIGITS, pool_size=0)
+    with pytest.raises(InputError, match="warm=False"):
+        TorchTrainer(DIGITS, nnodes=2, rdzv_endpoint="head:29400", warm=True)
+    assert not TorchTrainer(DIGITS, nnodes=2, rdzv_endpoint="head:29400").warm  # cold across machines
+    assert not TorchTrainer(DIGITS, warm=False).warm
+    single = TorchTrainer(DIGITS, workers=2, pool_size=1)
+    command = single.serve_command(Path("/tmp/pool"))
+    assert command[command.index("--serve") + 1] == "/tmp/pool" and "--owner" in command
+    assert command[command.index("--rdzv-endpoint") + 1] == "127.0.0.1:0"
+
+
+def test_close_leaves_no_processes(warm, tmp_path):
+    warm.train({}, 1, None, str(tmp_path / "last.pt"))
+    assert any(p.alive for p in warm.pools)
+    warm.close()
+    assert torch_descendants(os.getpid()) == []
