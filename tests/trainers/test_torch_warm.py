@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from torch_helpers import max_difference, torch_descendants
 from trainers.data import DataSpec
 from trainers.errors import InputError
 from trainers.torch_ddp import DEFAULT_CONFIG, TorchTrainer, processes_with
@@ -24,37 +25,6 @@ ROWS = 512  # a short epoch: these tests are about processes and numbers, not ac
 
 def weights(checkpoint: str) -> dict[str, torch.Tensor]:
     return torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
-
-
-def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-
-
-def torch_descendants(pid: int) -> list[str]:
-    """Command lines of live (non-zombie) descendants of ``pid`` that run torch code, from /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parents[int(entry.name)] = int(fields[1])
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, ppid in parents.items():
-            if ppid == parent:
-                frontier.append(child)
-                try:
-                    cmd = (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                except OSError:
-                    continue
-                if "torch" in cmd:
-                    found.append(cmd)
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,39 @@
+"""Helpers shared by the torch trainer tests (weights compared, processes left behind)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def torch_descendants(pid: int) -> list[str]:
+    """Command lines of live (non-zombie) descendants of ``pid`` that run torch code, from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                parents[int(entry.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent:
+                frontier.append(child)
+                try:
+                    cmd = (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                except OSError:
+                    continue
+                if "torch" in cmd:
+                    found.append(cmd)
+    return found
