@@ -6,7 +6,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
 from flows import runner
@@ -91,6 +92,12 @@ def _trials_with_scores(state: AshaState) -> dict[str, dict[str, Any]]:
     for r in state.rows():
         trials[r["trial_id"]]["scores"][str(r["resource"])] = r["score"]
     return trials
+
+
+@task(name="asha", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=10)
+def run_asha(job: Job, max_trials: int, time_budget: float | None = None) -> dict[str, Any]:
+    """ASHA's subflow from a task: retried, it resumes from the saved state (in-flight trials first)."""
+    return asha_flow(job, max_trials, time_budget)
 
 
 def _job_of(state: AshaState, trial_id: str) -> AshaJob:

@@ -63,9 +63,13 @@ def bracket_flow(job: Job, s: int, configs: list[dict[str, Any]] | None = None) 
     return {"state": state.to_json(), "rows": rows}
 
 
-@task(name="bracket", task_run_name="bracket s={s}", cache_policy=NO_CACHE)
+@task(name="bracket", task_run_name="bracket s={s}", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=10)
 def run_bracket(job: Job, s: int, configs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Run a bracket subflow from a task, so that brackets run side by side under the job's slot cap."""
+    """Run a bracket subflow from a task, so that brackets run side by side under the job's slot cap.
+
+    Retried: the subflow resumes from the bracket's saved state, so an orchestration error (say the
+    Prefect API answering 503 under load) costs at most the trial-rungs that were in flight.
+    """
     return bracket_flow(job, s, configs)
 
 

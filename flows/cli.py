@@ -125,6 +125,9 @@ def render_plan(plan: dict[str, Any]) -> str:
 def _tune(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    # the temporary server's SQLite under load: wait for the database, and retry the API (503s) longer
+    os.environ.setdefault("PREFECT_SERVER_DATABASE_TIMEOUT", "60")
+    os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
     from pydantic import ValidationError
 
     from flows.params import TuneParams

@@ -9,7 +9,7 @@ from prefect import flow, get_run_logger
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.asha import asha_flow, make_sampler
+from flows.asha import make_sampler, run_asha
 from flows.bracket import run_bracket
 from flows.job import prepare
 from flows.params import TuneParams
@@ -51,7 +51,7 @@ def tune(params: TuneParams) -> dict[str, Any]:
     try:
         baseline = train_default.submit(job) if params.baseline else None
         if job.mode == "asha":
-            results = [asha_flow(job, params.max_trials or plan["configs"], params.time_budget)]
+            results = [run_asha.submit(job, params.max_trials or plan["configs"], params.time_budget).result()]
         elif job.sampler == "tpe":
             results = _brackets_in_turn(job, plan)
         else:

@@ -7,6 +7,8 @@ import os
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "0.3")
+os.environ.setdefault("PREFECT_SERVER_DATABASE_TIMEOUT", "60")
+os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
 
 import pytest
 

@@ -97,3 +97,27 @@ def test_killed_job_resumes_without_retraining_or_duplicate_runs(tmp_path):
     assert result["best"]["score"] == pytest.approx(uninterrupted["best"]["score"])
     runs = children(env["MLFLOW_TRACKING_URI"], "hyperband", result["parent_run_id"])
     assert len(runs) == 17 and len({r.data.tags["hyperband.trial_id"] for r in runs}) == 17
+
+
+def test_a_bracket_interrupted_by_an_orchestration_error_is_retried_and_resumes(tracking_uri, tmp_path, monkeypatch):
+    """An API error mid-bracket (e.g. a 503 under load) fails the bracket's task; its retry resumes the saved state."""
+    from flows import bracket
+    from flows.tune import tune
+
+    real, calls = bracket.runner.submit, {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("simulated: Prefect API answered 503")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bracket.runner, "submit", flaky)
+    monkeypatch.setattr(bracket.run_bracket, "retry_delay_seconds", 0)
+    result = tune(TuneParams(model="synthetic", max_resource=9, eta=3, concurrency=1, seed=2,
+                             job_dir=str(tmp_path), experiment="retry", baseline=False))
+    summary = result["summary"]
+    assert calls["n"] > 22  # one submission failed and the bracket ran again
+    assert summary["trial_rungs"] == 22 and summary["resource_used"] == 69 and summary["configs"] == 17
+    runs = children(tracking_uri, "retry", result["parent_run_id"])
+    assert len(runs) == 17 and all(r.info.status == "FINISHED" for r in runs)
