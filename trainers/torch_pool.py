@@ -31,8 +31,11 @@ from typing import Any, Callable, Iterator
 
 from trainers.base import write_json_atomic
 
-#: The trainer polls for the result file (and the launcher's exit) this often, in seconds.
+#: The trainer polls for the result file (and the launcher's exit) this often, in seconds: fast for
+#: the first BACKOFF_AFTER seconds (short trials), then slower so a waiting thread does not spin.
 WAIT_POLL_SECONDS = 0.002
+SLOW_POLL_SECONDS = 0.01
+BACKOFF_AFTER = 0.2
 #: Seconds a pool gets to leave by itself after a stop request before it is killed.
 STOP_GRACE = 5.0
 #: An idle pool stops by itself after this many seconds (a trainer never closed leaks nothing for
@@ -158,13 +161,15 @@ class TorchPool:
             write_json_atomic(pool_dir / f"request-{seq}.json", request)
         except OSError:  # the pool was closed under us
             return proc.poll() if proc.poll() is not None else -1
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         code: int | None = None
         while not result_path.is_file():
             code = proc.poll()
-            if code is not None or time.monotonic() > deadline:
+            now = time.monotonic()
+            if code is not None or now > deadline:
                 break
-            time.sleep(WAIT_POLL_SECONDS)
+            time.sleep(WAIT_POLL_SECONDS if now - started < BACKOFF_AFTER else SLOW_POLL_SECONDS)
         if result_path.is_file():
             result = json.loads(result_path.read_text())
             result_path.unlink(missing_ok=True)

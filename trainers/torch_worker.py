@@ -375,7 +375,11 @@ def run(job: Mapping[str, Any], rank: int, world_size: int, local_rank: int) -> 
 # ---------------------------------------------------------------------------- warm pool
 
 #: Rank 0 polls for the next request this often (seconds): the dispatch latency of a warm call.
+#: After IDLE_BACKOFF seconds without a request it polls every IDLE_POLL_SECONDS instead, so an idle
+#: pool does not take CPU from the trials and the orchestrator it shares the machine with.
 POLL_SECONDS = 0.002
+IDLE_POLL_SECONDS = 0.02
+IDLE_BACKOFF = 0.2
 #: An idle rank 0 broadcasts a no-op this often, far inside the collectives' timeout.
 HEARTBEAT_SECONDS = 60.0
 #: The warm pool's collective timeout (a hung job is killed by the trainer well before).
@@ -426,7 +430,7 @@ def next_request(pool_dir: Path, seq: int, owner: int, stop_at: float) -> dict[s
                 return {"op": "stop"}
         if now - began >= HEARTBEAT_SECONDS:
             return {"op": "ping"}
-        time.sleep(POLL_SECONDS)
+        time.sleep(POLL_SECONDS if now - began < IDLE_BACKOFF else IDLE_POLL_SECONDS)
 
 
 def serve(pool_dir: Path, rank: int, world_size: int, local_rank: int, owner: int) -> None:
