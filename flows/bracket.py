@@ -34,6 +34,9 @@ def bracket_flow(job: Job, s: int, configs: list[dict[str, Any]] | None = None) 
     else:
         state, rows = saved
         logger.info("bracket s=%d resumed at rung %d: %d results kept", s, state.rung_index, len(rows))
+        ended = [t for t, v in state.trials.items() if v.status != "running" and v.run_id]
+        if ended:  # closing again is harmless; a kill between promotion and closing left them open
+            close_trials(job, f"bracket s={s} (resumed)", [_entry(state, t) for t in ended])
     missing = {t: v.config for t, v in state.trials.items() if v.run_id is None}
     if missing:
         for trial_id, run_id in start_trial_runs(job, s, missing).items():

@@ -97,6 +97,7 @@ def test_killed_job_resumes_without_retraining_or_duplicate_runs(tmp_path):
     assert result["best"]["score"] == pytest.approx(uninterrupted["best"]["score"])
     runs = children(env["MLFLOW_TRACKING_URI"], "hyperband", result["parent_run_id"])
     assert len(runs) == 17 and len({r.data.tags["hyperband.trial_id"] for r in runs}) == 17
+    assert all(r.info.status == "FINISHED" for r in runs)
 
 
 def test_a_bracket_interrupted_by_an_orchestration_error_is_retried_and_resumes(tracking_uri, tmp_path, monkeypatch):
