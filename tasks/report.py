@@ -285,6 +285,7 @@ def rows_from_results(results: Iterable[Mapping[str, Any]]) -> list[TrialRung]:
 
 _PROGRESS: dict[str, list[Any]] = {}  # job id -> [artifact id, done, total]
 _LOCK = threading.Lock()
+_SEND_LOCK = threading.Lock()
 
 
 def track_progress(job_id: str, artifact_id: UUID | str | None, total: int, done: int = 0) -> None:
@@ -303,12 +304,15 @@ def advance_progress(job_id: str, n: int = 1) -> float | None:
         if entry is None:
             return None
         entry[1] += n
-        artifact_id, done, total = entry
-        entry[2] = total = max(total, done)  # ASHA or a resumed job may do more than planned
-    try:
-        update_progress(artifact_id, done, total)
-    except Exception as exc:
-        _warn("progress update", exc)
+        entry[2] = max(entry[2], entry[1])  # ASHA or a resumed job may do more than planned
+        done, total = entry[1], entry[2]
+    with _SEND_LOCK:  # one update at a time, each with the latest count: the bar never moves back
+        with _LOCK:
+            artifact_id, latest, total = entry
+        try:
+            update_progress(artifact_id, latest, total)
+        except Exception as exc:
+            _warn("progress update", exc)
     return _percent(done, total)
 
 
