@@ -50,7 +50,10 @@ class Outcome:
 
 def submit(job: Job, trial_id: str, run_id: str, bracket: int, rung: int, config: dict[str, Any],
            resource: int, checkpoint: str | None) -> Submitted:
-    """Submit train → evaluate → log for one trial at one rung; returns at once."""
+    """Submit train → evaluate → log for one trial at one rung; returns at once.
+
+    Wait on ``.log``: it settles last, also when an upstream step failed (it is then NotReady).
+    """
     trained = train_trial.submit(job, trial_id, config, resource, checkpoint)
     evaluated = evaluate_trial.submit(job, trial_id, resource, trained)
     logged = log_result.submit(job, run_id, trial_id, resource, trained, evaluated)
@@ -66,11 +69,6 @@ def outcome(sub: Submitted) -> Outcome:
     if isinstance(evaluated, BaseException):
         return Outcome(sub.trial_id, sub.bracket, sub.rung, sub.resource, trained, None, _describe(evaluated))
     return Outcome(sub.trial_id, sub.bracket, sub.rung, sub.resource, trained, evaluated, None)
-
-
-def futures(sub: Submitted) -> list[PrefectFuture]:
-    """The futures that all finish once the trial-rung is over (a failed upstream leaves the rest NotReady)."""
-    return [sub.train, sub.evaluate, sub.log]
 
 
 def _describe(exc: BaseException) -> str:
