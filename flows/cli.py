@@ -132,8 +132,10 @@ def _tune(args: argparse.Namespace) -> int:
 
     from flows.params import TuneParams
 
-    if args.model not in ("xgboost", "torch", "synthetic"):
-        return _fail(f"unknown model {args.model!r}; choose xgboost, torch or synthetic")
+    from trainers.factory import MODELS
+
+    if args.model not in MODELS:
+        return _fail(f"unknown model {args.model!r}; choose {', '.join(MODELS[:-1])} or {MODELS[-1]}")
     if args.resume:
         from flows.job import resume_params
         from trainers.errors import InputError

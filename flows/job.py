@@ -46,7 +46,9 @@ def prepare(params: TuneParams) -> Job:
         seed=params.seed,
     )
     if params.model == "synthetic":
-        metric = "loss"
+        from trainers.synthetic import SyntheticTrainer
+
+        metric = SyntheticTrainer.metric
     else:
         dataset = datasets.load(spec)
         metric = params.metric or dataset.default_metric
