@@ -63,8 +63,8 @@ def run_tune(attempts: int = 2, **fields: Any) -> tuple[dict[str, Any], float]:
     A run that fails (e.g. the temporary server answering 503 under load) is run again from
     scratch under a new job id, up to ``attempts`` times; only the successful run is timed.
     """
-    from flows.params import TuneParams
-    from flows.tune import tune
+    from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.flows.tune import tune
 
     job_id = fields.get("job_id")
     for attempt in range(1, attempts + 1):

@@ -46,9 +46,9 @@ def read_job(job_dir: str | Path) -> list[dict[str, Any]]:
 def replay(rows: list[dict[str, Any]], seed: int, min_r: int, max_r: int, eta: int, out: Path,
            nthread: int | None = None) -> dict[str, Any]:
     """Train and evaluate the job's trial-rungs back to back; resume each trial from its previous checkpoint."""
-    from hyperband import schedule
-    from trainers import data as datasets
-    from trainers.xgboost_trainer import XGBoostTrainer
+    from prefect_hyperband.hyperband import schedule
+    from prefect_hyperband.trainers import data as datasets
+    from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
 
     datasets._load_cached.cache_clear()  # the loop pays for loading the data, as the job does
     began = time.perf_counter()
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     min_r, eta, seed = 1, 3, args.seed
     max_r = args.max_resource or (9 if args.quick else 27)
 
-    from flows.params import TuneParams
-    from hyperband import schedule
+    from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.hyperband import schedule
 
     plan = schedule.plan_summary(min_r, max_r, eta)
     concurrency = TuneParams(concurrency=args.concurrency).trial_concurrency()
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with common.workdir("efficiency") as tmp:
         with common.prefect_server():
-            from tasks import tracking
+            from prefect_hyperband.tasks import tracking
 
             uri = f"sqlite:///{tmp}/mlflow.db"
             tracking.check_reachable(uri)

@@ -41,11 +41,11 @@ def plain_loop(min_r: int, max_r: int, eta: int, seed: int, out: Path,
                on_rung: Callable[..., None] | None = None, on_trial_rung: Callable[..., None] | None = None,
                state_files: bool = False) -> dict[str, Any]:
     """Hyperband's brackets in turn with the plain state machine: no Prefect, no MLflow."""
-    from hyperband import schedule
-    from hyperband.bracket import BracketState
-    from hyperband.space import parse
-    from trainers.base import write_json_atomic
-    from trainers.synthetic import DEFAULT_SPACE, PARAMS, SyntheticTrainer
+    from prefect_hyperband.hyperband import schedule
+    from prefect_hyperband.hyperband.bracket import BracketState
+    from prefect_hyperband.hyperband.space import parse
+    from prefect_hyperband.trainers.base import write_json_atomic
+    from prefect_hyperband.trainers.synthetic import DEFAULT_SPACE, PARAMS, SyntheticTrainer
 
     trainer = SyntheticTrainer(seed=seed, seconds_per_unit=0.0)
     space = parse(parse(DEFAULT_SPACE, PARAMS, "synthetic").to_dict())  # as flows.job does: to_dict and back
@@ -81,7 +81,7 @@ def plain_loop(min_r: int, max_r: int, eta: int, seed: int, out: Path,
 
 def loop_with_mlflow(min_r: int, max_r: int, eta: int, seed: int, out: Path, uri: str) -> dict[str, Any]:
     """The plain loop plus the MLflow calls the flow makes, straight through ``tasks.tracking``."""
-    from tasks import tracking
+    from prefect_hyperband.tasks import tracking
 
     tracking.check_reachable(uri)
     parent = tracking.start_parent(uri, "bench-overhead", "loop", {"min_resource": min_r, "max_resource": max_r, "eta": eta}, {})
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     min_r, eta, seed = 1, 3, 0
     max_r = args.max_resource or (9 if args.quick else 81)
 
-    from hyperband import schedule
+    from prefect_hyperband.hyperband import schedule
 
     plan = schedule.plan_summary(min_r, max_r, eta)
     common.header(f"bench_overhead: Hyperband (r={min_r}, R={max_r}, eta={eta}) on the synthetic objective, unit_seconds=0")
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     with common.workdir("overhead") as tmp:
 
         def timed(label: str, fn: Callable[[Path], dict[str, Any]]) -> None:
-            from tasks import tracking
+            from prefect_hyperband.tasks import tracking
 
             walls, result = [], {}
             for i in range(args.repeats):
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         timed("loop + state + MLflow", lambda out: loop_with_mlflow(min_r, max_r, eta, seed, out, f"sqlite:///{out}.db"))
 
         with common.prefect_server():
-            from tasks import tracking
+            from prefect_hyperband.tasks import tracking
 
             # warm-up: imports, first flow run registration; not timed
             warm = tmp / "warmup"

@@ -59,8 +59,8 @@ class Problem:
     def __init__(self, seed: int):
         import xgboost as xgb
 
-        from trainers import data as datasets
-        from trainers.xgboost_trainer import XGBoostTrainer
+        from prefect_hyperband.trainers import data as datasets
+        from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
 
         self.trainer = XGBoostTrainer(datasets.DataSpec(seed=seed), workers=1, seed=seed, rounds_per_unit=ROUNDS_PER_UNIT,
                                       nthread=os.cpu_count())
@@ -75,7 +75,7 @@ class Problem:
         return xgb.train(params, self.dtrain, num_boost_round=units * ROUNDS_PER_UNIT, xgb_model=booster)
 
     def auc(self, booster) -> float:
-        from trainers.data import score
+        from prefect_hyperband.trainers.data import score
 
         return score("auc", self.data.y_val, booster.inplace_predict(self.data.X_val))
 
@@ -95,7 +95,7 @@ def suggest(trial, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def run_optuna(problem: Problem, sampler_name: str, max_r: int, eta: int, budget: int, seed: int) -> dict[str, Any]:
     import optuna
 
-    from trainers.xgboost_trainer import DEFAULT_SPACE
+    from prefect_hyperband.trainers.xgboost_trainer import DEFAULT_SPACE
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=seed) if sampler_name == "tpe" else optuna.samplers.RandomSampler(seed=seed)
@@ -130,8 +130,8 @@ def run_optuna(problem: Problem, sampler_name: str, max_r: int, eta: int, budget
 def run_random(problem: Problem, max_r: int, budget: int, seed: int) -> dict[str, Any]:
     import numpy as np
 
-    from hyperband.space import parse
-    from trainers.xgboost_trainer import DEFAULT_SPACE
+    from prefect_hyperband.hyperband.space import parse
+    from prefect_hyperband.trainers.xgboost_trainer import DEFAULT_SPACE
 
     space = parse(DEFAULT_SPACE)
     rng = np.random.default_rng([seed, 12345])
@@ -146,7 +146,7 @@ def run_random(problem: Problem, max_r: int, budget: int, seed: int) -> dict[str
 
 
 def run_flow(tmp: Path, mode: str, sampler: str, seed: int, max_r: int, eta: int) -> dict[str, Any]:
-    from tasks import tracking
+    from prefect_hyperband.tasks import tracking
 
     uri = f"sqlite:///{tmp}/mlflow-{mode}-{sampler}-{seed}.db"
     tracking.check_reachable(uri)
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     methods = args.methods or [*FLOWS, *OTHERS]
 
-    from hyperband import schedule
+    from prefect_hyperband.hyperband import schedule
 
     plan = schedule.plan_summary(1, max_r, eta)
     common.header(f"bench_quality: XGBoost bank-marketing, R={max_r}, eta={eta}, seeds {seeds}")

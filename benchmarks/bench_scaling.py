@@ -34,7 +34,7 @@ import _common as common  # noqa: E402
 
 
 def run(tmp: Path, label: str, **fields: Any) -> dict[str, Any]:
-    from tasks import tracking
+    from prefect_hyperband.tasks import tracking
 
     uri = f"sqlite:///{tmp}/{label}.db"
     tracking.check_reachable(uri)
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     max_r = args.max_resource or (9 if args.quick else 27)
     levels = args.concurrency or ([1, 2] if args.quick else sorted({1, 2, cores, 2 * cores}))
 
-    from hyperband import schedule
+    from prefect_hyperband.hyperband import schedule
 
     plan = schedule.plan_summary(1, max_r, 3)
     common.header(f"bench_scaling: R={max_r}, eta=3, synthetic unit_seconds={args.unit_seconds}, concurrency {levels}")

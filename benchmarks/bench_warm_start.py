@@ -44,8 +44,8 @@ def _median(values: list[float]) -> float:
 
 def bench_ddp(trials: int, out: Path) -> dict[str, float]:
     """Per-trial wall and start cost of one-epoch DDP trials, cold and warm."""
-    from trainers.data import DataSpec
-    from trainers.torch_ddp import TorchTrainer
+    from prefect_hyperband.trainers.data import DataSpec
+    from prefect_hyperband.trainers.torch_ddp import TorchTrainer
 
     spec = DataSpec("digits")
     rows: dict[str, list[float]] = {k: [] for k in ("cold_wall", "cold_start", "cold_ranks", "warm_wall", "warm_start", "warm_ranks")}
@@ -79,8 +79,8 @@ def bench_ddp(trials: int, out: Path) -> dict[str, float]:
 
 def bench_xgboost(trials: int, out: Path) -> dict[str, float]:
     """Per-trial wall and start cost of one-unit XGBoost-on-Dask trials, cold and warm."""
-    from trainers.data import DataSpec, load
-    from trainers.xgboost_trainer import DEFAULT_CONFIG, XGBoostTrainer
+    from prefect_hyperband.trainers.data import DataSpec, load
+    from prefect_hyperband.trainers.xgboost_trainer import DEFAULT_CONFIG, XGBoostTrainer
 
     spec = DataSpec("bank-marketing")
     load(spec)  # parse the CSV once, outside every timing

@@ -10,14 +10,14 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
-from flows import runner
-from flows.state import load_asha, save_asha
-from hyperband.asha import AshaJob, AshaState
-from hyperband.sampler import RandomSampler, TPESampler
-from hyperband.space import parse
-from tasks import report
-from tasks.job import Job
-from tasks.record import close_trials, start_trial_runs
+from prefect_hyperband.flows import runner
+from prefect_hyperband.flows.state import load_asha, save_asha
+from prefect_hyperband.hyperband.asha import AshaJob, AshaState
+from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
+from prefect_hyperband.hyperband.space import parse
+from prefect_hyperband.tasks import report
+from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.record import close_trials, start_trial_runs
 
 
 def make_sampler(job: Job, saved: dict[str, Any] | None = None):

@@ -8,16 +8,16 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
-from flows import runner
-from flows.state import load_bracket, save_bracket
-from hyperband import schedule
-from hyperband.bracket import BracketState
-from hyperband.promotion import sort_key
-from hyperband.space import parse
-from tasks import report
-from tasks.job import Job
-from tasks.record import close_trials, start_trial_runs
-from tasks.trials import promote_rung
+from prefect_hyperband.flows import runner
+from prefect_hyperband.flows.state import load_bracket, save_bracket
+from prefect_hyperband.hyperband import schedule
+from prefect_hyperband.hyperband.bracket import BracketState
+from prefect_hyperband.hyperband.promotion import sort_key
+from prefect_hyperband.hyperband.space import parse
+from prefect_hyperband.tasks import report
+from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.record import close_trials, start_trial_runs
+from prefect_hyperband.tasks.trials import promote_rung
 
 
 @flow(name="hyperband-bracket", flow_run_name="bracket s={s}", validate_parameters=False)

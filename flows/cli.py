@@ -1,4 +1,4 @@
-"""``hyperband plan`` and ``hyperband tune``: bad input ends in one line and exit code 2, never a traceback."""
+"""``hyperband plan``, ``hyperband tune`` and ``hyperband deploy``: bad input ends in one line and exit code 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -36,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print the bracket schedule (Li et al., JMLR 2018, Table 1)")
     _schedule_flags(plan)
     plan.add_argument("--json", action="store_true", help="machine-readable output")
+
+    deploy = sub.add_parser("deploy", help="put the bundled deployments on a work pool (needs PREFECT_API_URL)")
+    deploy.add_argument("--pool", default="hyperband-process", help="work pool (create it first: prefect work-pool create NAME --type process)")
+    deploy.add_argument("--name", action="append", default=[], help="a bundled deployment to deploy (repeatable; default: all)")
+    deploy.add_argument("--working-dir", default=".", help="folder flow runs start in: job dirs and relative paths land there")
+    deploy.add_argument("--no-schedule", action="store_true", help="leave out the example cron schedules")
+    deploy.add_argument("--show", action="store_true", help="print the bundled prefect.yaml's path and exit")
 
     tune = sub.add_parser("tune", help="run a tuning job")
     _schedule_flags(tune)
@@ -78,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "plan":
             return _plan(args)
+        if args.command == "deploy":
+            return _deploy(args)
         return _tune(args)
     except KeyboardInterrupt:
         print("hyperband: interrupted", file=sys.stderr)
@@ -90,7 +99,7 @@ def _fail(message: str) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from hyperband.schedule import plan_summary
+    from prefect_hyperband.hyperband.schedule import plan_summary
 
     try:
         plan = plan_summary(args.min_resource, args.max_resource, args.eta)
@@ -100,6 +109,37 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps(plan))
         return 0
     print(render_plan(plan))
+    return 0
+
+
+def _deploy(args: argparse.Namespace) -> int:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect_hyperband.flows import deploy
+
+    if args.show:
+        print(deploy.prefect_yaml())
+        return 0
+    from prefect.settings import PREFECT_API_URL
+
+    from prefect_hyperband.trainers.errors import InputError
+
+    try:
+        deploy.choose(args.name)
+    except InputError as exc:
+        return _fail(str(exc))
+    if not (os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()):
+        return _fail("hyperband deploy needs a Prefect server: set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)")
+    try:
+        done = deploy.deploy(args.pool, args.working_dir, args.name, schedule=not args.no_schedule)
+    except InputError as exc:
+        return _fail(str(exc))
+    except Exception as exc:  # an unknown pool, an unreachable server: one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return _fail(f"deploy to pool {args.pool!r} failed: {type(exc).__name__}: {first}")
+    for d in done:
+        cron = f", cron {', '.join(d.schedules)}" if d.schedules else ""
+        print(f"deployed {d.name} on pool {d.work_pool} (runs start in {d.working_dir}{cron})")
+    print(f"start a worker: prefect worker start --pool {args.pool}")
     return 0
 
 
@@ -130,15 +170,15 @@ def _tune(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
     from pydantic import ValidationError
 
-    from flows.params import TuneParams
+    from prefect_hyperband.flows.params import TuneParams
 
-    from trainers.factory import MODELS
+    from prefect_hyperband.trainers.factory import MODELS
 
     if args.model not in MODELS:
         return _fail(f"unknown model {args.model!r}; choose {', '.join(MODELS[:-1])} or {MODELS[-1]}")
     if args.resume:
-        from flows.job import resume_params
-        from trainers.errors import InputError
+        from prefect_hyperband.flows.job import resume_params
+        from prefect_hyperband.trainers.errors import InputError
 
         try:
             return _run(resume_params(args.job_dir, args.resume), args)
@@ -165,7 +205,7 @@ def _run(params, args: argparse.Namespace) -> int:
         return _fail(message)
     params = params.model_copy(update={"job_id": params.job_id or _job_id()})
     print(f"hyperband: job {params.job_id} in {params.job_dir}/{params.job_id} (resume with --resume {params.job_id})", file=sys.stderr)
-    from flows.tune import tune
+    from prefect_hyperband.flows.tune import tune
 
     state = tune(params, return_state=True)
     if not state.is_completed():
@@ -184,10 +224,10 @@ def _run(params, args: argparse.Namespace) -> int:
 
 def preflight(params) -> str | None:
     """Everything that can be wrong with the input, checked before any training; a message or None."""
-    from hyperband.space import SpaceError
-    from trainers.errors import InputError
+    from prefect_hyperband.hyperband.space import SpaceError
+    from prefect_hyperband.trainers.errors import InputError
 
-    from flows.job import prepare
+    from prefect_hyperband.flows.job import prepare
 
     try:
         prepare(params.model_copy(update={"job_id": params.job_id or _job_id()}))
@@ -206,7 +246,7 @@ _JOB_ID: list[str] = []
 def _job_id() -> str:
     """One id per process, so the preflight and the flow use the same job folder."""
     if not _JOB_ID:
-        from flows.job import new_job_id
+        from prefect_hyperband.flows.job import new_job_id
 
         _JOB_ID.append(new_job_id())
     return _JOB_ID[0]

@@ -7,15 +7,15 @@ import secrets
 import time
 from pathlib import Path
 
-from flows.params import TuneParams
-from flows.state import load_job_record
-from hyperband import schedule, space as spaces
-from hyperband.promotion import Direction
-from tasks.job import Job
-from tasks.tracking import check_reachable, tracking_uri
-from trainers import data as datasets
-from trainers.errors import InputError
-from trainers.factory import TrainerSettings, model_space
+from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.state import load_job_record
+from prefect_hyperband.hyperband import schedule, space as spaces
+from prefect_hyperband.hyperband.promotion import Direction
+from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.tracking import check_reachable, tracking_uri
+from prefect_hyperband.trainers import data as datasets
+from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.factory import TrainerSettings, model_space
 
 
 def new_job_id() -> str:
@@ -46,7 +46,7 @@ def prepare(params: TuneParams) -> Job:
         seed=params.seed,
     )
     if params.model == "synthetic":
-        from trainers.synthetic import SyntheticTrainer
+        from prefect_hyperband.trainers.synthetic import SyntheticTrainer
 
         metric = SyntheticTrainer.metric
     else:

@@ -7,11 +7,11 @@ from typing import Any
 
 from prefect.futures import PrefectFuture
 
-from hyperband.accounting import TrialRung
-from tasks.job import Job
-from tasks.record import log_result
-from tasks.trials import Evaluation, evaluate_trial, train_trial
-from trainers.base import TrainResult
+from prefect_hyperband.hyperband.accounting import TrialRung
+from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.record import log_result
+from prefect_hyperband.tasks.trials import Evaluation, evaluate_trial, train_trial
+from prefect_hyperband.trainers.base import TrainResult
 
 
 @dataclass

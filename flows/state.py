@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hyperband.asha import AshaState
-from hyperband.bracket import BracketState
-from tasks.job import Job
-from trainers.base import write_json_atomic
+from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.bracket import BracketState
+from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.trainers.base import write_json_atomic
 
 
 def job_record_path(job_dir: str | Path) -> Path:

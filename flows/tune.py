@@ -9,19 +9,19 @@ from prefect import flow, get_run_logger
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.asha import make_sampler, run_asha
-from flows.bracket import run_bracket
-from flows.job import prepare
-from flows.params import TuneParams
-from flows.state import save_job_record
-from hyperband import schedule
-from hyperband.accounting import Summary, TrialRung, summarise, table
-from hyperband.promotion import sort_key
-from tasks import report
-from tasks.job import Job
-from tasks.record import finish_job_run, register_champion, start_job_run
-from tasks.trials import train_default
-from trainers import factory
+from prefect_hyperband.flows.asha import make_sampler, run_asha
+from prefect_hyperband.flows.bracket import run_bracket
+from prefect_hyperband.flows.job import prepare
+from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.state import save_job_record
+from prefect_hyperband.hyperband import schedule
+from prefect_hyperband.hyperband.accounting import Summary, TrialRung, summarise, table
+from prefect_hyperband.hyperband.promotion import sort_key
+from prefect_hyperband.tasks import report
+from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.record import finish_job_run, register_champion, start_job_run
+from prefect_hyperband.tasks.trials import train_default
+from prefect_hyperband.trainers import factory
 
 FLAVOURED = ("xgboost", "torch")  # models with an MLflow flavour to register
 

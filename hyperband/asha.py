@@ -34,8 +34,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Literal, Mapping
 
-from hyperband.promotion import Direction, promote, sign, sort_key
-from hyperband.schedule import Bracket, brackets as schedule_brackets
+from prefect_hyperband.hyperband.promotion import Direction, promote, sign, sort_key
+from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 
 Status = Literal["running", "stopped", "failed", "completed"]
 

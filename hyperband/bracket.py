@@ -13,9 +13,9 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 
-from hyperband.promotion import Direction, promote
-from hyperband.schedule import Bracket, Rung
-from hyperband.space import Space
+from prefect_hyperband.hyperband.promotion import Direction, promote
+from prefect_hyperband.hyperband.schedule import Bracket, Rung
+from prefect_hyperband.hyperband.space import Space
 
 Status = Literal["running", "stopped", "failed", "completed"]
 

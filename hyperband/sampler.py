@@ -23,8 +23,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from hyperband.promotion import Direction, sign
-from hyperband.space import Param, Space
+from prefect_hyperband.hyperband.promotion import Direction, sign
+from prefect_hyperband.hyperband.space import Param, Space
 
 
 class RandomSampler:

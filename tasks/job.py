@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from trainers.factory import TrainerSettings
+from prefect_hyperband.trainers.factory import TrainerSettings
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks import tracking
-from tasks.job import Job
-from trainers import factory
-from trainers.base import TrainResult
+from prefect_hyperband.tasks import tracking
+from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.trainers import factory
+from prefect_hyperband.trainers.base import TrainResult
 
 RETRY = dict(retries=3, retry_delay_seconds=[1, 5, 15], cache_policy=NO_CACHE)
 

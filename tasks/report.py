@@ -25,7 +25,7 @@ from uuid import UUID
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from hyperband.accounting import Summary, TrialRung, table
+from prefect_hyperband.hyperband.accounting import Summary, TrialRung, table
 
 PROGRESS_KEY = "hyperband-progress"
 LEADERBOARD_KEY = "hyperband-leaderboard"
@@ -257,7 +257,7 @@ def plot_best_vs_worker_seconds(rows: Iterable[Row], metric: str, direction: str
 
 def log_plots(tracking_uri: str, run_id: str, rows: Iterable[Row], metric: str, direction: str) -> list[str]:
     """Both plots as PNG artifacts of ``run_id``; returns their artifact paths."""
-    from tasks.tracking import client
+    from prefect_hyperband.tasks.tracking import client
 
     rows = _rows(rows)
     c = client(tracking_uri)

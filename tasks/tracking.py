@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, TypeVar
@@ -203,22 +205,33 @@ def log_champion(uri: str, run_id: str, trainer: Any, checkpoint: str, name: str
             x = torch.from_numpy(data.X_val[:5])
             with torch.no_grad():
                 signature = infer_signature(data.X_val[:5], module(x).numpy())
-            import trainers
-
-            info = mlflow.pytorch.log_model(
-                module,
-                name="model",
-                code_paths=[os.path.dirname(trainers.__file__)],  # the module pickles by reference to trainers
-                signature=signature,
-                input_example=data.X_val[:5],
-                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-                registered_model_name=name,
-            )
+            with tempfile.TemporaryDirectory() as tmp:
+                info = mlflow.pytorch.log_model(
+                    module,
+                    name="model",
+                    code_paths=[_model_code(tmp)],  # the module pickles by reference to its classes
+                    signature=signature,
+                    input_example=data.X_val[:5],
+                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                    registered_model_name=name,
+                )
         else:
             raise ValueError(f"no MLflow flavour for model {trainer.model!r}")
     version = int(info.registered_model_version)
     client(uri).set_registered_model_alias(name, CHAMPION, str(version))
     return version
+
+
+def _model_code(tmp: str) -> str:
+    """``prefect_hyperband.trainers.torch_models`` alone, as a package a model's loader can import without us installed."""
+    from prefect_hyperband.trainers import torch_models
+
+    package = os.path.join(tmp, "prefect_hyperband")
+    os.makedirs(os.path.join(package, "trainers"))
+    for init in ("__init__.py", os.path.join("trainers", "__init__.py")):
+        open(os.path.join(package, init), "w").close()
+    shutil.copy(torch_models.__file__, os.path.join(package, "trainers", "torch_models.py"))
+    return package
 
 
 def _fmt(value: Any) -> str:

@@ -9,11 +9,11 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from hyperband.bracket import BracketState
-from tasks.job import Job
-from tasks.slots import slot
-from trainers import factory
-from trainers.base import TrainResult
+from prefect_hyperband.hyperband.bracket import BracketState
+from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.slots import slot
+from prefect_hyperband.trainers import factory
+from prefect_hyperband.trainers.base import TrainResult
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import gzip
 import math
+from importlib import resources
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -18,10 +19,10 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from trainers.errors import InputError
+from prefect_hyperband.trainers.errors import InputError
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-BANK_MARKETING = DATA_DIR / "bank-marketing" / "bank-additional-full.csv.gz"
+#: the bundled UCI bank-marketing file, package data of ``prefect_hyperband.data`` (see its PROVENANCE.md)
+BANK_MARKETING = ("bank-marketing", "bank-additional-full.csv.gz")
 BUILTIN = ("bank-marketing", "digits", "breast-cancer")
 
 Task = Literal["binary", "multiclass", "regression"]
@@ -119,7 +120,8 @@ def _load_cached(spec: DataSpec) -> Dataset:
     if spec.data == "breast-cancer":
         return _from_sklearn("breast-cancer", spec)
     if spec.data == "bank-marketing":
-        frame, target = read_csv(BANK_MARKETING), spec.target or "y"
+        with resources.as_file(resources.files("prefect_hyperband.data").joinpath(*BANK_MARKETING)) as path:
+            frame, target = read_csv(path), spec.target or "y"
         drop = ("duration",) if spec.drop is None else spec.drop
     else:
         path = Path(spec.data)

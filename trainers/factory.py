@@ -6,9 +6,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainers.base import Trainer
-from trainers.data import DataSpec
-from trainers.errors import InputError
+from prefect_hyperband.trainers.base import Trainer
+from prefect_hyperband.trainers.data import DataSpec
+from prefect_hyperband.trainers.errors import InputError
 
 MODELS = ("xgboost", "torch", "synthetic")
 
@@ -34,11 +34,11 @@ class TrainerSettings:
 def model_space(model: str) -> tuple[dict[str, dict[str, Any]], frozenset[str], dict[str, Any]]:
     """(default search space, accepted parameter names, default config) of a model."""
     if model == "xgboost":
-        from trainers import xgboost_trainer as m
+        from prefect_hyperband.trainers import xgboost_trainer as m
     elif model == "torch":
-        from trainers import torch_ddp as m  # type: ignore[no-redef]
+        from prefect_hyperband.trainers import torch_ddp as m  # type: ignore[no-redef]
     elif model == "synthetic":
-        from trainers import synthetic as m  # type: ignore[no-redef]
+        from prefect_hyperband.trainers import synthetic as m  # type: ignore[no-redef]
     else:
         raise InputError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
     return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
@@ -46,7 +46,7 @@ def model_space(model: str) -> tuple[dict[str, dict[str, Any]], frozenset[str], 
 
 def build(settings: TrainerSettings) -> Trainer:
     if settings.model == "xgboost":
-        from trainers.xgboost_trainer import XGBoostTrainer
+        from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
 
         return XGBoostTrainer(
             settings.data,
@@ -59,7 +59,7 @@ def build(settings: TrainerSettings) -> Trainer:
             nthread=settings.threads,
         )
     if settings.model == "torch":
-        from trainers.torch_ddp import TorchTrainer
+        from prefect_hyperband.trainers.torch_ddp import TorchTrainer
 
         kwargs: dict[str, Any] = dict(settings.extra)
         if settings.threads:  # the job's share of cores per trial, split between its ranks
@@ -74,7 +74,7 @@ def build(settings: TrainerSettings) -> Trainer:
             **kwargs,
         )
     if settings.model == "synthetic":
-        from trainers.synthetic import SyntheticTrainer
+        from prefect_hyperband.trainers.synthetic import SyntheticTrainer
 
         return SyntheticTrainer(seed=settings.seed, workers=settings.workers, **dict(settings.extra))
     raise InputError(f"unknown model {settings.model!r}; choose one of {', '.join(MODELS)}")

@@ -27,8 +27,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from trainers.base import TrainResult, write_json_atomic
-from trainers.errors import InputError
+from prefect_hyperband.trainers.base import TrainResult, write_json_atomic
+from prefect_hyperband.trainers.errors import InputError
 
 DEFAULT_SPACE: dict[str, dict[str, Any]] = {
     "x": {"type": "float", "low": 0.0, "high": 1.0},

@@ -36,11 +36,11 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from trainers.base import TrainResult, checkpoint_resource, write_json_atomic
-from trainers.data import DataSpec, Dataset, load, metric_direction, score
-from trainers.errors import InputError
-from trainers.torch_models import Predictor, build_model
-from trainers.torch_pool import TorchPool, WarmPools
+from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_json_atomic
+from prefect_hyperband.trainers.data import DataSpec, Dataset, load, metric_direction, score
+from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.torch_models import Predictor, build_model
+from prefect_hyperband.trainers.torch_pool import TorchPool, WarmPools
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -420,7 +420,7 @@ class TorchTrainer:
             "--rdzv-backend", "c10d", *rendezvous,
             "--max-restarts", "0",
             "--monitor-interval", "0.1",
-            "-m", "trainers.torch_worker", *worker_args,
+            "-m", "prefect_hyperband.trainers.torch_worker", *worker_args,
         ]  # fmt: skip
 
     def _environment(self) -> dict[str, str]:

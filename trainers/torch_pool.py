@@ -29,7 +29,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from trainers.base import write_json_atomic
+from prefect_hyperband.trainers.base import write_json_atomic
 
 #: The trainer polls for the result file (and the launcher's exit) this often, in seconds: fast for
 #: the first BACKOFF_AFTER seconds (short trials), then slower so a waiting thread does not spin.
@@ -95,7 +95,7 @@ class TorchPool:
 
     def stop(self, graceful: bool = True) -> None:
         """Stop the ranks (a stop request, then SIGTERM/SIGKILL) and delete the pool's folder."""
-        from trainers.torch_ddp import terminate
+        from prefect_hyperband.trainers.torch_ddp import terminate
 
         proc, pool_dir = self.proc, self.dir
         self.proc = self.dir = None
@@ -119,7 +119,7 @@ class TorchPool:
         Raises RuntimeError (rank stderr quoted) when a rank fails or the call times out; the
         pool is then stopped, and the next call relaunches it.
         """
-        from trainers.torch_ddp import failure_message, terminate
+        from prefect_hyperband.trainers.torch_ddp import failure_message, terminate
 
         with self._lock:
             for attempt in range(2):

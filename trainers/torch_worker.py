@@ -36,8 +36,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from trainers.base import write_json_atomic
-from trainers.torch_models import (
+from prefect_hyperband.trainers.base import write_json_atomic
+from prefect_hyperband.trainers.torch_models import (
     build_model,
     fit_standardisation,
     fit_target,
@@ -171,7 +171,7 @@ def safe_score(metric: str, y_true: np.ndarray, prediction: np.ndarray) -> float
         return float(np.mean(prediction.argmax(axis=1) == y_true))
     if metric == "rmse":
         return float(np.sqrt(np.mean((np.asarray(y_true, dtype=np.float64) - prediction) ** 2)))
-    from trainers.data import score
+    from prefect_hyperband.trainers.data import score
 
     return score(metric, y_true, prediction)
 

@@ -27,9 +27,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from trainers.base import TrainResult, checkpoint_resource, write_json_atomic
-from trainers.data import DataSpec, Dataset, check_metric, load, score
-from trainers.errors import InputError
+from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_json_atomic
+from prefect_hyperband.trainers.data import DataSpec, Dataset, check_metric, load, score
+from prefect_hyperband.trainers.errors import InputError
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ def test_imports_and_has_main(name):
 
 
 def test_plain_loop_runs_the_whole_schedule(tmp_path):
-    from hyperband import schedule
+    from prefect_hyperband.hyperband import schedule
 
     result = _load("bench_overhead").plain_loop(1, 9, 3, 0, tmp_path)
     assert result["trial_rungs"] == schedule.plan_summary(1, 9, 3)["trial_rungs"] == 22

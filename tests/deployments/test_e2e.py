@@ -1,5 +1,6 @@
 """End to end, as an operator runs it: real Prefect, MLflow and Dask servers on loopback ports,
-the project's prefect.yaml deployed to a process work pool, a worker, one run triggered through
+the project's prefect.yaml deployed to a process work pool (then one deployment replaced by
+``hyperband deploy``, as from an installed package), a worker, one run triggered through
 the API, and the results checked through MLflow's REST API.
 
 Everything runs in its own process group under a temporary directory and is torn down at the end;
@@ -216,14 +217,26 @@ def _scenario(stack: Stack, tmp_path: Path, timings: dict[str, float]) -> None:
                     cwd=ROOT)
     assert "hyperband-tune/xgboost-bank-marketing" in out and "hyperband-tune/torch-digits" in out, out
     deployment = _http("GET", f"{stack.prefect_url}/api/deployments/name/{DEPLOYMENT}")
-    assert deployment["work_pool_name"] == POOL and deployment["entrypoint"] == "flows/tune.py:tune"
+    assert deployment["work_pool_name"] == POOL and deployment["entrypoint"] == "prefect_hyperband.flows.tune:tune"
     assert deployment["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
     assert [s["schedule"]["cron"] for s in deployment["schedules"]] == ["0 2 * * *"]
     torch = _http("GET", f"{stack.prefect_url}/api/deployments/name/hyperband-tune/torch-digits")
     assert torch["parameters"]["params"]["model"] == "torch"
+
+    # as a user who installed only the package: `hyperband deploy` replaces the deployment, with no
+    # checkout, no pull step, and flow runs starting in the folder it names
+    runs_dir = tmp_path / "runs"
+    runs_dir.mkdir()
+    out = stack.run("hyperband-deploy", [_exe("hyperband"), "deploy", "--pool", POOL, "--name", "xgboost-bank-marketing",
+                                         "--working-dir", str(runs_dir), "--no-schedule"], cwd=tmp_path)
+    assert f"deployed {DEPLOYMENT} on pool {POOL}" in out, out
+    deployment = _http("GET", f"{stack.prefect_url}/api/deployments/name/{DEPLOYMENT}")
+    assert deployment["entrypoint"] == "prefect_hyperband.flows.tune.tune" and not deployment["pull_steps"]  # MODULE_PATH form
+    assert deployment["job_variables"]["working_dir"] == str(runs_dir) and not deployment["schedules"]
+    assert deployment["parameters"]["params"]["model"] == "xgboost"
     timings["deploy"] = time.monotonic() - t0
 
-    # the worker runs somewhere else on purpose: the pull step must take the flow run to the project root
+    # the worker runs somewhere else on purpose: the deployment must take the flow run to runs_dir
     worker_cwd = tmp_path / "worker"
     worker_cwd.mkdir()
     stack.start("prefect-worker", [_exe("prefect"), "worker", "start", "--pool", POOL, "--name", "e2e-worker", "--limit", "1"],
@@ -233,7 +246,7 @@ def _scenario(stack: Stack, tmp_path: Path, timings: dict[str, float]) -> None:
     params = {
         "model": "xgboost", "data": "bank-marketing", "min_resource": 1, "max_resource": 3, "eta": 3, "workers": 2,
         "rounds_per_unit": 2, "dask_address": stack.dask_address, "tracking_uri": stack.mlflow_url,
-        "experiment": EXPERIMENT, "job_dir": str(tmp_path / "jobs"), "job_id": "e2e-job",
+        "experiment": EXPERIMENT, "job_dir": "jobs", "job_id": "e2e-job",  # relative: lands in runs_dir
     }
     out = stack.run("deployment-run", [_exe("prefect"), "deployment", "run", DEPLOYMENT, "--params", json.dumps({"params": params})])
     match = re.search(r"UUID: ([0-9a-f-]{36})", out)
@@ -242,7 +255,7 @@ def _scenario(stack: Stack, tmp_path: Path, timings: dict[str, float]) -> None:
     state = _wait_for_run(stack, flow_run_id)
     timings["run"] = time.monotonic() - t0
     assert state["type"] == "COMPLETED", f"flow run ended {state['type']}: {state.get('message')}"
-    assert (tmp_path / "jobs" / "e2e-job").is_dir()
+    assert (runs_dir / "jobs" / "e2e-job").is_dir() and not (worker_cwd / "jobs").exists()
 
     _check_mlflow(stack.mlflow_url)
 

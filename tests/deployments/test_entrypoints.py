@@ -1,8 +1,8 @@
-"""deployments/prefect.yaml: valid for Prefect 3.8.8, every entrypoint a flow, every parameter set a TuneParams."""
+"""deployments/prefect.yaml: valid for Prefect 3.8.8, every entrypoint a flow, every parameter set a TuneParams;\n``hyperband deploy`` deploys the same set from the installed package."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import inspect
 from pathlib import Path
 
@@ -22,15 +22,12 @@ def _deployments() -> list[dict]:
 
 
 def _load(entrypoint: str):
-    """Import ``path/to/file.py:function`` relative to the project root, as a worker does after its pull step."""
-    path, _, name = entrypoint.partition(":")
-    assert path and name, f"entrypoint must be path.py:function, got {entrypoint!r}"
-    file = ROOT / path
-    assert not Path(path).is_absolute() and file.is_file(), f"entrypoint file {path} not in the project"
-    spec = importlib.util.spec_from_file_location(f"_entrypoint_{file.stem}", file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+    """Import ``package.module:function`` as a worker does (``prefect.flows.load_flow_from_entrypoint``)."""
+    module, _, name = entrypoint.partition(":")
+    assert module.startswith("prefect_hyperband.") and name and not module.endswith(".py"), (
+        f"entrypoint must be a module path in the package (loads from a wheel too), got {entrypoint!r}"
+    )
+    return getattr(importlib.import_module(module), name)
 
 
 def test_prefect_yaml_validates_with_prefects_own_model():
@@ -77,7 +74,7 @@ def test_entrypoint_is_a_prefect_flow_taking_params(deployment):
 
 @pytest.mark.parametrize("deployment", _deployments(), ids=lambda d: d["name"])
 def test_parameters_validate_against_tune_params(deployment):
-    from flows.params import TuneParams
+    from prefect_hyperband.flows.params import TuneParams
 
     params = TuneParams.model_validate(deployment["parameters"]["params"])
     assert params.model == deployment["parameters"]["params"]["model"]
@@ -98,3 +95,35 @@ def test_models_match_the_deployment_names():
     by_name = {d["name"]: d["parameters"]["params"] for d in _deployments()}
     assert by_name["xgboost-bank-marketing"]["model"] == "xgboost"
     assert by_name["torch-digits"] == {**by_name["torch-digits"], "model": "torch", "data": "digits"}
+
+
+def test_entrypoint_loads_through_prefect_as_a_worker_does():
+    from prefect.flows import load_flow_from_entrypoint
+
+    for deployment in _deployments():
+        assert load_flow_from_entrypoint(deployment["entrypoint"]).name == "hyperband-tune"
+
+
+def test_the_packaged_prefect_yaml_is_this_one():
+    from prefect_hyperband.flows import deploy
+
+    assert deploy.prefect_yaml().read_text() == PREFECT_YAML.read_text()
+    assert [d["name"] for d in deploy.bundled()] == [d["name"] for d in _deployments()]
+    assert {d["entrypoint"] for d in _deployments()} == {deploy.ENTRYPOINT}
+
+
+def test_hyperband_deploy_rejects_an_unknown_deployment_in_one_line(capsys, monkeypatch):
+    from prefect_hyperband.flows import cli
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    assert cli.main(["deploy", "--name", "nosuch"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "hyperband: error: unknown deployment 'nosuch'; choose from xgboost-bank-marketing, torch-digits"
+
+
+def test_hyperband_deploy_needs_a_server(capsys, monkeypatch):
+    from prefect_hyperband.flows import cli
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    assert cli.main(["deploy"]) == 2
+    assert "set PREFECT_API_URL" in capsys.readouterr().err

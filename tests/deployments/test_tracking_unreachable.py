@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 
 
-from flows import cli
+from prefect_hyperband.flows import cli
 
 
 def _closed_port() -> int:
@@ -20,12 +20,12 @@ def test_unreachable_tracking_server_is_one_line_and_exit_2(capsys, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     uri = f"http://127.0.0.1:{_closed_port()}"
 
-    import trainers.factory
+    from prefect_hyperband.trainers import factory
 
     def no_training(*args, **kwargs):
         raise AssertionError("training started although the tracking server is unreachable")
 
-    monkeypatch.setattr(trainers.factory, "get", no_training)
+    monkeypatch.setattr(factory, "get", no_training)
     code = cli.main(["tune", "--max-resource", "3", "--eta", "3", "--job-dir", str(tmp_path / "jobs"), "--tracking-uri", uri])
     assert code == cli.EXIT_USAGE == 2
     captured = capsys.readouterr()
@@ -46,7 +46,7 @@ def test_unreachable_tracking_server_from_the_installed_command(tmp_path):
 
     uri = f"http://127.0.0.1:{_closed_port()}"
     exe = Path(sys.executable).parent / "hyperband"
-    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "flows.cli"]
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "prefect_hyperband.flows.cli"]
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     proc = subprocess.run(
         [*command, "tune", "--max-resource", "3", "--job-dir", str(tmp_path / "jobs"), "--tracking-uri", uri],
@@ -59,9 +59,9 @@ def test_unreachable_tracking_server_from_the_installed_command(tmp_path):
 
 
 def _job(uri: str):
-    from tasks.job import Job
-    from trainers.data import DataSpec
-    from trainers.factory import TrainerSettings
+    from prefect_hyperband.tasks.job import Job
+    from prefect_hyperband.trainers.data import DataSpec
+    from prefect_hyperband.trainers.factory import TrainerSettings
 
     return Job(
         job_id="retry-test", job_dir="/tmp/unused", settings=TrainerSettings(model="xgboost", data=DataSpec()),
@@ -73,7 +73,7 @@ def _job(uri: str):
 def test_every_tracking_task_retries():
     from prefect import Task
 
-    import tasks.record as record
+    from prefect_hyperband.tasks import record
 
     found = {name: t for name, t in vars(record).items() if isinstance(t, Task)}
     assert {"start_job_run", "start_trial_runs", "finish_job_run", "register_champion"} <= set(found)
@@ -83,8 +83,8 @@ def test_every_tracking_task_retries():
 def test_a_transient_tracking_error_is_retried(prefect_harness, tracking_uri, monkeypatch):
     from prefect import flow
 
-    import tasks.record as record
-    import tasks.tracking as tracking
+    from prefect_hyperband.tasks import record
+    from prefect_hyperband.tasks import tracking
 
     calls = []
     real = tracking.start_parent

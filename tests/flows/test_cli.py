@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from flows.cli import main
+from prefect_hyperband.flows.cli import main
 
 
 def test_plan_json_has_the_documented_shape(capsys):
@@ -79,7 +79,7 @@ def test_bad_space_is_one_line_and_exit_2(space, message, space_file, capsys, tm
 
 def test_bad_input_never_prints_a_traceback_from_the_installed_command(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "tune", "--data", str(tmp_path / "x.csv"), "--target", "y"],
+        [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--data", str(tmp_path / "x.csv"), "--target", "y"],
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
     )
     assert proc.returncode == 2

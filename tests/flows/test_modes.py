@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.params import TuneParams
+from prefect_hyperband.flows.params import TuneParams
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -27,7 +27,7 @@ def children(uri: str, experiment: str, parent_run_id: str):
 
 
 def test_asha_runs_to_max_trials_and_records_every_trial(tracking_uri, tmp_path):
-    from flows.tune import tune
+    from prefect_hyperband.flows.tune import tune
 
     result = tune(TuneParams(model="synthetic", mode="asha", max_resource=27, eta=3, max_trials=30, concurrency=2,
                              job_dir=str(tmp_path), experiment="asha", baseline=False))
@@ -45,7 +45,7 @@ def test_asha_runs_to_max_trials_and_records_every_trial(tracking_uri, tmp_path)
 
 
 def test_tpe_sync_runs_brackets_in_turn(tracking_uri, tmp_path):
-    from flows.tune import tune
+    from prefect_hyperband.flows.tune import tune
 
     result = tune(TuneParams(model="synthetic", sampler="tpe", max_resource=9, eta=3, seed=3,
                              job_dir=str(tmp_path), experiment="tpe", baseline=False))
@@ -54,7 +54,7 @@ def test_tpe_sync_runs_brackets_in_turn(tracking_uri, tmp_path):
 
 
 def run_cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "flows.cli", "tune", *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -102,8 +102,8 @@ def test_killed_job_resumes_without_retraining_or_duplicate_runs(tmp_path):
 
 def test_a_bracket_interrupted_by_an_orchestration_error_is_retried_and_resumes(tracking_uri, tmp_path, monkeypatch):
     """An API error mid-bracket (e.g. a 503 under load) fails the bracket's task; its retry resumes the saved state."""
-    from flows import bracket
-    from flows.tune import tune
+    from prefect_hyperband.flows import bracket
+    from prefect_hyperband.flows.tune import tune
 
     real, calls = bracket.runner.submit, {"n": 0}
 

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flows.params import TuneParams
-from trainers.data import DataSpec, load
+from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.trainers.data import DataSpec, load
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -30,7 +30,7 @@ def mlflow_runs(uri: str, experiment: str):
 @pytest.mark.slow
 def test_bank_marketing_1_27_3_end_to_end(tracking_uri, tmp_path):
     """The issue's acceptance job: 49 child runs, 8 reach R, 357 units, AUC ≥ 0.80, champion loads."""
-    from flows.tune import tune
+    from prefect_hyperband.flows.tune import tune
 
     result = tune(TuneParams(max_resource=27, eta=3, seed=0, job_dir=str(tmp_path / "jobs"), experiment="bank"))
     summary = result["summary"]
@@ -75,7 +75,7 @@ def test_bank_marketing_1_27_3_end_to_end(tracking_uri, tmp_path):
 @pytest.mark.slow
 def test_two_dask_workers_and_failed_trials_do_not_lose_the_job(tracking_uri, tmp_path):
     """--workers 2 over a LocalCluster; configs XGBoost rejects fail their trial only."""
-    from flows.tune import tune
+    from prefect_hyperband.flows.tune import tune
 
     space = tmp_path / "space.yaml"
     space.write_text("max_depth: {type: categorical, choices: [-1, 3]}\neta: {type: float, low: 0.05, high: 0.3}\n")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flows.params import TuneParams
-from trainers.data import DataSpec, load
+from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.trainers.data import DataSpec, load
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 def test_ddp_trials_on_digits_with_two_workers(tracking_uri, tmp_path):
     from mlflow import MlflowClient
 
-    from flows.tune import tune
+    from prefect_hyperband.flows.tune import tune
 
     result = tune(TuneParams(model="torch", data="digits", workers=2, min_resource=1, max_resource=3, eta=3,
                              job_dir=str(tmp_path / "jobs"), experiment="ddp", baseline=False))

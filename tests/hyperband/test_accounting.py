@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from hyperband.accounting import TrialRung, summarise, table
+from prefect_hyperband.hyperband.accounting import TrialRung, summarise, table
 
 
 def test_summary_counts_units_and_worker_seconds():

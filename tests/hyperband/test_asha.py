@@ -9,9 +9,9 @@ from collections import Counter, deque
 import numpy as np
 import pytest
 
-from hyperband.asha import AshaJob, AshaState
-from hyperband.schedule import brackets
-from hyperband.space import parse
+from prefect_hyperband.hyperband.asha import AshaJob, AshaState
+from prefect_hyperband.hyperband.schedule import brackets
+from prefect_hyperband.hyperband.space import parse
 
 SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}, "y": {"type": "int", "low": 1, "high": 9}})
 
@@ -321,8 +321,8 @@ def test_report_and_create_errors() -> None:
 
 
 def test_asha_with_synthetic_trainer_and_tpe(tmp_path) -> None:
-    from hyperband.sampler import TPESampler
-    from trainers.synthetic import DEFAULT_CONFIG, DEFAULT_SPACE, SyntheticTrainer
+    from prefect_hyperband.hyperband.sampler import TPESampler
+    from prefect_hyperband.trainers.synthetic import DEFAULT_CONFIG, DEFAULT_SPACE, SyntheticTrainer
 
     trainer = SyntheticTrainer(seed=0, fail_rate=0.1)
     sampler = TPESampler(parse(DEFAULT_SPACE), 0, trainer.direction)

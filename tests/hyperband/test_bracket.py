@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import json
 
-from hyperband.bracket import BracketState
-from hyperband.schedule import brackets
-from hyperband.space import parse
+from prefect_hyperband.hyperband.bracket import BracketState
+from prefect_hyperband.hyperband.schedule import brackets
+from prefect_hyperband.hyperband.space import parse
 
 SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}})
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from hyperband.promotion import best, n_promoted, promote, rank
+from prefect_hyperband.hyperband.promotion import best, n_promoted, promote, rank
 
 
 def test_top_k_maximise_and_minimise_are_mirror_images():

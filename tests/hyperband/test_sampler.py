@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from hyperband.sampler import RandomSampler, TPESampler
-from hyperband.space import parse
+from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
+from prefect_hyperband.hyperband.space import parse
 
 LINE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}})
 MIXED = parse(

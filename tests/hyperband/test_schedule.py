@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from hyperband.schedule import Bracket, Rung, brackets, milestones, plan_summary, s_max
+from prefect_hyperband.hyperband.schedule import Bracket, Rung, brackets, milestones, plan_summary, s_max
 
 
 def table(plan: tuple[Bracket, ...]) -> list[list[tuple[int, int]]]:

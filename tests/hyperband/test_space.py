@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hyperband.space import SpaceError, load, parse
+from prefect_hyperband.hyperband.space import SpaceError, load, parse
 
 XGB = {"eta", "max_depth", "grow_policy"}
 

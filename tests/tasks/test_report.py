@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hyperband.accounting import TrialRung, summarise
-from tasks import report
+from prefect_hyperband.hyperband.accounting import TrialRung, summarise
+from prefect_hyperband.tasks import report
 
 # bracket s=1: a, b, c at r=1, b promoted to r=3; bracket s=0: d, e at r=3 (e failed)
 ROWS = [

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from torch_helpers import max_difference, torch_descendants
-from trainers.data import DataSpec
-from trainers.errors import InputError
-from trainers.torch_ddp import (
+from prefect_hyperband.trainers.data import DataSpec
+from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.torch_ddp import (
     DEFAULT_CONFIG,
     DEFAULT_SPACE,
     PARAMS,

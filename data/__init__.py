@@ -1,0 +1,1 @@
+"""Bundled data sets, shipped inside the package (read with ``importlib.resources``)."""

@@ -1,0 +1,1 @@
+"""The bundled ``prefect.yaml``: the example deployments, for ``prefect deploy --prefect-file``."""

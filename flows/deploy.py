@@ -1,0 +1,90 @@
+"""``hyperband deploy``: the bundled example deployments on a work pool, from the installed package.
+
+The deployments are those of the packaged ``prefect.yaml`` (``prefect_hyperband.deployments``); the
+entrypoint is the module path ``prefect_hyperband.flows.tune:tune``, so a worker needs the package
+installed and nothing else: no checkout, no image, no remote storage (Prefect's ``EntrypointType.MODULE_PATH``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from prefect_hyperband.trainers.errors import InputError
+
+ENTRYPOINT = "prefect_hyperband.flows.tune:tune"
+DEFAULT_POOL = "hyperband-process"
+
+
+def prefect_yaml() -> Path:
+    """The packaged ``prefect.yaml`` (a real file in an installed wheel or a checkout)."""
+    return Path(str(resources.files("prefect_hyperband.deployments").joinpath("prefect.yaml")))
+
+
+def bundled() -> list[dict[str, Any]]:
+    """The deployments of the packaged ``prefect.yaml``, as written there."""
+    return yaml.safe_load(prefect_yaml().read_text())["deployments"]
+
+
+def choose(names: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The bundled deployments called ``names`` (all when empty); an unknown name is an ``InputError``."""
+    known = {d["name"]: d for d in bundled()}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InputError(f"unknown deployment {unknown[0]!r}; choose from {', '.join(known)}")
+    return [known[n] for n in names] if names else list(known.values())
+
+
+@dataclass(frozen=True)
+class Deployed:
+    name: str  # flow/deployment
+    work_pool: str
+    working_dir: str
+    schedules: tuple[str, ...]
+
+
+def deploy(
+    pool: str = DEFAULT_POOL,
+    working_dir: str | Path = ".",
+    names: Sequence[str] = (),
+    schedule: bool = True,
+) -> list[Deployed]:
+    """Create or update the bundled deployments on ``pool``; flow runs start in ``working_dir``.
+
+    A process worker otherwise runs each flow run in a fresh temporary folder, where a job's
+    checkpoints (``job_dir``, relative by default) would be lost and ``--resume`` impossible.
+    """
+    from prefect import deploy as prefect_deploy
+    from prefect.deployments.runner import EntrypointType
+
+    from prefect_hyperband.flows.tune import tune
+
+    chosen = choose(names)
+    workdir = Path(working_dir).resolve()
+    if not workdir.is_dir():
+        raise InputError(f"--working-dir {working_dir} is not a directory")
+    job_variables = {"working_dir": str(workdir), "env": {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}}
+    deployments = []
+    for d in chosen:
+        crons = [s["cron"] for s in d.get("schedules") or []] if schedule else []
+        deployments.append(
+            tune.to_deployment(
+                name=d["name"],
+                description=d.get("description"),
+                tags=d.get("tags"),
+                parameters=d.get("parameters"),
+                cron=crons or None,
+                concurrency_limit=d.get("concurrency_limit"),
+                job_variables=job_variables,
+                entrypoint_type=EntrypointType.MODULE_PATH,
+            )
+        )
+    prefect_deploy(*deployments, work_pool_name=pool, build=False, push=False, print_next_steps_message=False)
+    return [
+        Deployed(f"{tune.name}/{d.name}", pool, str(workdir), tuple(s.schedule.cron for s in d.schedules or []))
+        for d in deployments
+    ]
