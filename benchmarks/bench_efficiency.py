@@ -3,7 +3,7 @@
 1. Runs the real ``tune`` flow: XGBoost on bank-marketing, Hyperband (r=1, R=27, η=3), random
    sampler, concurrency auto (``os.cpu_count()`` trials at once, 1 thread each on this machine),
    baseline off, registration off, MLflow to a fresh sqlite store, on a temporary Prefect server.
-2. Reads the job's bracket state files (``<job_dir>/brackets/s*.json``) and replays every
+2. Reads the job's state file (``<job_dir>/state.json``) and replays every
    trial-rung it trained with ``XGBoostTrainer`` directly, in one process, one after another:
    bracket by bracket, rung by rung, each promoted trial resuming from the checkpoint the replay
    wrote at its previous rung (as the job does), then evaluating on the validation set. The
@@ -33,14 +33,10 @@ import _common as common  # noqa: E402
 
 
 def read_job(job_dir: str | Path) -> list[dict[str, Any]]:
-    """Every trial-rung of the job's bracket files, with its trial's config: [{trial_id, bracket, rung, resource, config, score, ...}]."""
-    out = []
-    for path in sorted(Path(job_dir, "brackets").glob("s*.json")):
-        raw = json.loads(path.read_text())
-        trials = raw["state"]["trials"]
-        for row in raw["rows"]:
-            out.append({**row, "config": trials[row["trial_id"]]["config"]})
-    return out
+    """Every trial-rung of the job's state file, with its trial's config: [{trial_id, bracket, rung, resource, config, score, ...}]."""
+    raw = json.loads(Path(job_dir, "state.json").read_text())
+    trials = {t: v for b in raw["scheduler"]["brackets"].values() for t, v in b["trials"].items()}
+    return [{**row, "config": trials[row["trial_id"]]["config"]} for row in raw["rows"]]
 
 
 def replay(rows: list[dict[str, Any]], seed: int, min_r: int, max_r: int, eta: int, out: Path,

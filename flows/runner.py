@@ -1,36 +1,27 @@
-"""One trial-rung as a small DAG of tasks (train → evaluate → log), and what came of it."""
+"""One trial-rung: train → evaluate as Prefect tasks called with values, then its metrics to MLflow.
+
+Runs in a worker thread of the driver (``flows.driver``), inside the job flow's context, so both
+tasks show up under the job's flow run. A trainer's failure is the trial's (an ``Outcome`` with an
+error); an error of the orchestration itself (the Prefect API, say) propagates, and the driver
+runs the trial-rung again.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from prefect.futures import PrefectFuture
 
 from prefect_hyperband.hyperband.accounting import TrialRung
+from prefect_hyperband.hyperband.scheduler import TrialJob
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import log_result
+from prefect_hyperband.tasks.record import log_trial_rung, start_trial_run
 from prefect_hyperband.tasks.trials import Evaluation, evaluate_trial, train_trial
 from prefect_hyperband.trainers.base import TrainResult
 
 
-@dataclass
-class Submitted:
-    trial_id: str
-    bracket: int
-    rung: int
-    resource: int
-    train: PrefectFuture
-    evaluate: PrefectFuture
-    log: PrefectFuture
-
-
 @dataclass(frozen=True)
 class Outcome:
-    trial_id: str
-    bracket: int
-    rung: int
-    resource: int
+    job: TrialJob
+    run_id: str | None
     trained: TrainResult | None
     evaluated: Evaluation | None
     error: str | None
@@ -39,38 +30,37 @@ class Outcome:
     def score(self) -> float | None:
         return self.evaluated.score if self.evaluated is not None else None
 
+    @property
+    def checkpoint(self) -> str | None:
+        return self.trained.checkpoint if self.trained is not None and self.evaluated is not None else None
+
     def row(self) -> TrialRung:
-        t, e = self.trained, self.evaluated
+        j, t, e = self.job, self.trained, self.evaluated
         return TrialRung(
-            trial_id=self.trial_id, bracket=self.bracket, rung=self.rung, resource=self.resource,
+            trial_id=j.trial_id, bracket=j.bracket, rung=j.rung, resource=j.resource,
             resource_trained=t.resource_trained if t else 0, train_seconds=t.seconds if t else 0.0,
             eval_seconds=e.seconds if e else 0.0, workers=t.workers if t else 1, score=self.score,
         )
 
 
-def submit(job: Job, trial_id: str, run_id: str, bracket: int, rung: int, config: dict[str, Any],
-           resource: int, checkpoint: str | None) -> Submitted:
-    """Submit train → evaluate → log for one trial at one rung; returns at once.
-
-    Wait on ``.log``: it settles last, also when an upstream step failed (it is then NotReady).
-    """
-    trained = train_trial.submit(job, trial_id, config, resource, checkpoint)
-    evaluated = evaluate_trial.submit(job, trial_id, resource, trained)
-    logged = log_result.submit(job, run_id, trial_id, resource, trained, evaluated)
-    return Submitted(trial_id, bracket, rung, resource, trained, evaluated, logged)
-
-
-def outcome(sub: Submitted) -> Outcome:
-    """What a finished trial-rung gave: a score, or the error of the step that failed (never raises)."""
-    trained = sub.train.result(raise_on_failure=False)
-    if isinstance(trained, BaseException):
-        return Outcome(sub.trial_id, sub.bracket, sub.rung, sub.resource, None, None, _describe(trained))
-    evaluated = sub.evaluate.result(raise_on_failure=False)
-    if isinstance(evaluated, BaseException):
-        return Outcome(sub.trial_id, sub.bracket, sub.rung, sub.resource, trained, None, _describe(evaluated))
-    return Outcome(sub.trial_id, sub.bracket, sub.rung, sub.resource, trained, evaluated, None)
+def run_trial_rung(job: Job, tj: TrialJob, run_id: str | None) -> Outcome:
+    """Train ``tj`` (resuming its checkpoint), evaluate it, log it; never raises for the trainer's errors."""
+    if run_id is None:
+        run_id = start_trial_run(job, tj.trial_id, tj.bracket, tj.config)
+    trained_state = train_trial(job, tj.trial_id, tj.config, tj.resource, tj.checkpoint, return_state=True)
+    trained = trained_state.result(raise_on_failure=False)
+    if isinstance(trained, BaseException) or not trained_state.is_completed():
+        return Outcome(tj, run_id, None, None, _describe(trained, trained_state))
+    evaluated_state = evaluate_trial(job, tj.trial_id, tj.resource, trained, return_state=True)
+    evaluated = evaluated_state.result(raise_on_failure=False)
+    if isinstance(evaluated, BaseException) or not evaluated_state.is_completed():
+        return Outcome(tj, run_id, trained, None, _describe(evaluated, evaluated_state))
+    log_trial_rung(job, run_id, tj.resource, trained, evaluated.score)
+    return Outcome(tj, run_id, trained, evaluated, None)
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+def _describe(value: object, state: object) -> str:
+    if isinstance(value, BaseException):
+        text = str(value).strip()
+        return f"{type(value).__name__}: {text}" if text else type(value).__name__
+    return f"ended {getattr(state, 'type', state)}: {getattr(state, 'message', '')}"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prefect_hyperband.hyperband.asha import AshaState
-from prefect_hyperband.hyperband.bracket import BracketState
+from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
+from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, Sampler, Scheduler
+from prefect_hyperband.hyperband.space import parse
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers.base import write_json_atomic
 
@@ -25,26 +27,40 @@ def load_job_record(job_dir: str | Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def save_bracket(job: Job, state: BracketState, rows: list[dict[str, Any]]) -> None:
-    write_json_atomic(job.bracket_path(state.s), {"state": state.to_json(), "rows": rows})
+def state_path(job: Job) -> Path:
+    return Path(job.job_dir) / "state.json"
 
 
-def load_bracket(job: Job, s: int) -> tuple[BracketState, list[dict[str, Any]]] | None:
-    path = job.bracket_path(s)
-    if not path.is_file():
-        return None
-    raw = json.loads(path.read_text())
-    return BracketState.from_json(raw["state"]), raw["rows"]
+def save_state(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], elapsed: float) -> None:
+    """The scheduler (with its sampler), every finished trial-rung and the seconds spent so far; atomic."""
+    write_json_atomic(state_path(job), {"scheduler": scheduler.to_json(), "rows": rows, "elapsed": elapsed})
 
 
-def asha_path(job: Job) -> Path:
-    return Path(job.job_dir) / "asha.json"
-
-
-def save_asha(job: Job, state: AshaState, sampler: dict[str, Any], rows: list[dict[str, Any]], elapsed: float) -> None:
-    write_json_atomic(asha_path(job), {"state": state.to_json(), "sampler": sampler, "rows": rows, "elapsed": elapsed})
-
-
-def load_asha(job: Job) -> dict[str, Any] | None:
-    path = asha_path(job)
+def load_state(job: Job) -> dict[str, Any] | None:
+    path = state_path(job)
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def make_sampler(job: Job, saved: dict[str, Any] | None = None) -> Sampler:
+    space = parse(job.space)
+    if job.sampler == "tpe":
+        return TPESampler.from_json(space, saved) if saved else TPESampler(space, job.seed, job.direction)  # type: ignore[arg-type]
+    return RandomSampler.from_json(space, saved) if saved else RandomSampler(space, job.seed)
+
+
+def make_scheduler(job: Job, max_trials: int, time_budget: float | None, clock: Callable[[], float],
+                   saved: dict[str, Any] | None = None) -> Scheduler:
+    """The job's scheduler, new or as saved: ASHA, or Hyperband's brackets (in turn when TPE proposes configs)."""
+    space = parse(job.space)
+    if job.mode == "asha":
+        if saved:
+            return AshaScheduler(AshaState.from_json(saved["state"]), make_sampler(job, saved["sampler"]),
+                                 saved["max_trials"], saved["time_budget"], clock)
+        state = AshaState.create(job.min_resource, job.max_resource, job.eta, job.direction)  # type: ignore[arg-type]
+        return AshaScheduler(state, make_sampler(job), max_trials, time_budget, clock)
+    tpe = job.sampler == "tpe"
+    if saved:
+        sampler = make_sampler(job, saved["sampler"]) if saved.get("sampler") else None
+        return HyperbandScheduler.from_json(saved, space, sampler)
+    return HyperbandScheduler(job.min_resource, job.max_resource, job.eta, job.direction, space, job.seed,  # type: ignore[arg-type]
+                              make_sampler(job) if tpe else None, sequential=tpe)

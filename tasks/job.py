@@ -37,6 +37,3 @@ class Job:
         path = Path(self.job_dir) / "checkpoints" / trial_id / f"r{resource}{suffix}"
         path.parent.mkdir(parents=True, exist_ok=True)
         return str(path)
-
-    def bracket_path(self, s: int) -> Path:
-        return Path(self.job_dir) / "brackets" / f"s{s}.json"

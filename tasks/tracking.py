@@ -141,6 +141,18 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int =
 
 
 @_one_writer
+def log_result(uri: str, run_id: str, history: Iterable[Mapping[str, float]], metrics: Mapping[str, float], step: int) -> None:
+    """A trial-rung in one write: the per-unit ``history`` (each row at its own step) and ``metrics`` at ``step``."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, int(row["step"])) for row in history for k, v in row.items() if k != "step"]
+    items += [Metric(k, float(v), now, int(step)) for k, v in metrics.items() if v is not None]
+    for i in range(0, len(items), 1000):  # MLflow's log_batch takes at most 1000 metrics
+        client(uri).log_batch(run_id, metrics=items[i : i + 1000])
+
+
+@_one_writer
 def log_history(uri: str, run_id: str, history: Iterable[Mapping[str, float]]) -> None:
     """Per-unit metrics recorded while training (e.g. per epoch), each at its own step."""
     from mlflow.entities import Metric

@@ -9,9 +9,8 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from prefect_hyperband.hyperband.bracket import BracketState
+from prefect_hyperband.hyperband.scheduler import Promotion, Scheduler
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.slots import slot
 from prefect_hyperband.trainers import factory
 from prefect_hyperband.trainers.base import TrainResult
 
@@ -26,8 +25,7 @@ class Evaluation:
 def train_trial(job: Job, trial_id: str, config: dict[str, Any], resource: int, checkpoint: str | None) -> TrainResult:
     """Train one config to ``resource`` units, resuming from its checkpoint."""
     trainer = factory.get(job.settings)
-    with slot(job.job_id, job.concurrency):
-        return trainer.train(config, resource, checkpoint, job.checkpoint_path(trial_id, resource))
+    return trainer.train(config, resource, checkpoint, job.checkpoint_path(trial_id, resource))
 
 
 @task(name="evaluate", task_run_name="evaluate {trial_id} at r={resource}", cache_policy=NO_CACHE)
@@ -39,17 +37,14 @@ def evaluate_trial(job: Job, trial_id: str, resource: int, trained: TrainResult)
 
 
 @task(name="promote", task_run_name="promote bracket s={s} rung {rung}", cache_policy=NO_CACHE)
-def promote_rung(job: Job, s: int, rung: int, state: dict[str, Any]) -> dict[str, Any]:
-    """Close a rung: the top ⌊n_i/η⌋ go up."""
-    bracket = BracketState.from_json(state)
-    bracket.advance()
-    return bracket.to_json()
+def promote_rung(scheduler: Scheduler, s: int, rung: int) -> Promotion:
+    """Close a rung of bracket s: the top ⌊n_i/η⌋ go up, the rest stop."""
+    return scheduler.close(s)
 
 
 @task(name="train default config", cache_policy=NO_CACHE)
 def train_default(job: Job) -> float:
     """XGBoost's (or the model's) default config trained to R: the quality baseline of the summary."""
     trainer = factory.get(job.settings)
-    with slot(job.job_id, job.concurrency):
-        result = trainer.train(job.default_config, job.max_resource, None, job.checkpoint_path("default", job.max_resource))
+    result = trainer.train(job.default_config, job.max_resource, None, job.checkpoint_path("default", job.max_resource))
     return trainer.evaluate(result.checkpoint)

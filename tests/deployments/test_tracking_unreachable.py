@@ -76,7 +76,7 @@ def test_every_tracking_task_retries():
     from prefect_hyperband.tasks import record
 
     found = {name: t for name, t in vars(record).items() if isinstance(t, Task)}
-    assert {"start_job_run", "start_trial_runs", "finish_job_run", "register_champion"} <= set(found)
+    assert {"start_job_run", "finish_job_run", "register_champion"} <= set(found)
     assert {name: t.retries for name, t in found.items()} == {name: 3 for name in found}
 
 
@@ -110,3 +110,31 @@ def test_a_transient_tracking_error_is_retried(prefect_harness, tracking_uri, mo
 
     run = MlflowClient(tracking_uri).get_run(run_id)
     assert run.data.params == {"eta": "3"} and run.data.tags["hyperband.job_id"] == "retry-test"
+
+
+def test_per_trial_writes_are_retried(monkeypatch):
+    """Trial runs are written from the driver's threads without a task run per write; a blip is retried."""
+    from prefect_hyperband.tasks import record
+
+    calls = []
+
+    def flaky(x):
+        calls.append(x)
+        if len(calls) < 3:
+            raise ConnectionError("tracking server blipped")
+        return x * 2
+
+    assert record.retrying(flaky, 21, delays=(0, 0, 0)) == 42 and len(calls) == 3
+
+    def down():
+        calls.append(None)
+        raise ConnectionError("down")
+
+    calls.clear()
+    try:
+        record.retrying(down, delays=(0, 0))
+    except ConnectionError:
+        pass
+    else:
+        raise AssertionError("the last failure must propagate")
+    assert len(calls) == 3

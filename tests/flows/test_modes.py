@@ -38,8 +38,9 @@ def test_asha_runs_to_max_trials_and_records_every_trial(tracking_uri, tmp_path)
     statuses = {r.data.tags["hyperband.status"] for r in runs}
     assert statuses <= {"completed", "stopped"} and all(r.info.status == "FINISHED" for r in runs)
     # every promotion resumed: units trained equal the sum over trials of the resource each reached
-    state = json.loads((Path(result["job_dir"]) / "asha.json").read_text())
-    reached = sum(t["resource"] for t in state["state"]["trials"].values())
+    state = json.loads((Path(result["job_dir"]) / "state.json").read_text())
+    assert state["scheduler"]["kind"] == "asha" and len(state["rows"]) == summary["trial_rungs"]
+    reached = sum(t["resource"] for t in state["scheduler"]["state"]["trials"].values())
     assert summary["resource_used"] == reached
     assert result["best"]["score"] < 0.2
 
@@ -74,10 +75,10 @@ def test_killed_job_resumes_without_retraining_or_duplicate_runs(tmp_path):
     uninterrupted = json.loads(out.strip().splitlines()[-1])
 
     killed = run_cli([*common, "--job-id", "cut"], tmp_path, env)
-    brackets = tmp_path / "jobs" / "cut" / "brackets"
+    state = tmp_path / "jobs" / "cut" / "state.json"
     deadline = time.time() + 300
     while time.time() < deadline:  # wait until some, not all, trial-rungs are recorded
-        recorded = sum(len(json.loads(p.read_text())["rows"]) for p in brackets.glob("*.json")) if brackets.exists() else 0
+        recorded = len(json.loads(state.read_text())["rows"]) if state.exists() else 0
         if recorded >= 8:
             break
         time.sleep(0.2)
@@ -100,25 +101,42 @@ def test_killed_job_resumes_without_retraining_or_duplicate_runs(tmp_path):
     assert all(r.info.status == "FINISHED" for r in runs)
 
 
-def test_a_bracket_interrupted_by_an_orchestration_error_is_retried_and_resumes(tracking_uri, tmp_path, monkeypatch):
-    """An API error mid-bracket (e.g. a 503 under load) fails the bracket's task; its retry resumes the saved state."""
-    from prefect_hyperband.flows import bracket
+def test_a_trial_rung_whose_orchestration_fails_is_run_again_not_failed(tracking_uri, tmp_path, monkeypatch):
+    """An API error around a trial-rung (e.g. a 503 under load) is not the trial's fault: the driver runs it again."""
+    from prefect_hyperband.flows import driver
     from prefect_hyperband.flows.tune import tune
 
-    real, calls = bracket.runner.submit, {"n": 0}
+    real, calls = driver.runner.run_trial_rung, {"n": 0}
 
     def flaky(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 4:
+        if calls["n"] in (4, 5):
             raise RuntimeError("simulated: Prefect API answered 503")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(bracket.runner, "submit", flaky)
-    monkeypatch.setattr(bracket.run_bracket, "retry_delay_seconds", 0)
+    monkeypatch.setattr(driver.runner, "run_trial_rung", flaky)
     result = tune(TuneParams(model="synthetic", max_resource=9, eta=3, concurrency=1, seed=2,
                              job_dir=str(tmp_path), experiment="retry", baseline=False))
     summary = result["summary"]
-    assert calls["n"] > 22  # one submission failed and the bracket ran again
+    assert calls["n"] == 24  # 22 trial-rungs, one of them tried three times
     assert summary["trial_rungs"] == 22 and summary["resource_used"] == 69 and summary["configs"] == 17
+    assert summary["failed_trials"] == 0
     runs = children(tracking_uri, "retry", result["parent_run_id"])
     assert len(runs) == 17 and all(r.info.status == "FINISHED" for r in runs)
+
+
+def test_orchestration_failing_past_its_retries_fails_the_trial_only(tracking_uri, tmp_path, monkeypatch):
+    from prefect_hyperband.flows import driver
+    from prefect_hyperband.flows.tune import tune
+
+    real = driver.runner.run_trial_rung
+
+    def broken_for_one(job, todo, run_id):
+        if todo.trial_id == "s1-000":
+            raise RuntimeError("simulated: API down for this trial")
+        return real(job, todo, run_id)
+
+    monkeypatch.setattr(driver.runner, "run_trial_rung", broken_for_one)
+    result = tune(TuneParams(model="synthetic", max_resource=3, eta=3, concurrency=2, seed=2,
+                             job_dir=str(tmp_path), experiment="broken", baseline=False))
+    assert result["summary"]["failed_trials"] == 1 and result["summary"]["configs"] == 5

@@ -1,0 +1,184 @@
+"""The one driver loop, for synchronous brackets and ASHA alike.
+
+Submit while slots are free, report each result as it arrives, close the rungs that are complete
+(a ``promote`` task), save the state, close the MLflow runs of trials whose fate is decided.
+Trial-rungs run in a bounded pool of ``concurrency`` threads inside the job flow's context,
+so their ``train`` and ``evaluate`` task runs belong to the job's flow run, called with values
+(no futures for Prefect to resolve).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from prefect import get_run_logger
+
+from prefect_hyperband.flows import runner
+from prefect_hyperband.flows.state import save_state
+from prefect_hyperband.hyperband.promotion import sort_key
+from prefect_hyperband.hyperband.scheduler import Promotion, Scheduler, TrialJob, TrialRecord
+from prefect_hyperband.tasks import report
+from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.record import close_trial_runs
+from prefect_hyperband.tasks.trials import promote_rung, train_default
+
+#: a trial-rung whose orchestration (not its trainer) failed is run again this many times
+ORCHESTRATION_RETRIES = 2
+#: seconds between progress-artifact updates: one API write per interval, not per result
+PROGRESS_INTERVAL = 2.0
+_BASELINE = "default"
+
+
+@dataclass
+class Drive:
+    """What the loop leaves: every finished trial-rung (``TrialRung`` fields) and the baseline's score."""
+
+    rows: list[dict[str, Any]]
+    default_score: float | None
+    elapsed: float
+
+
+def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool) -> Drive:
+    """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every result."""
+    logger = get_run_logger()
+    began = time.perf_counter()
+    attempts: Counter[tuple[str, int]] = Counter()
+    retry: list[TrialJob] = []
+    running: dict[Future, TrialJob | str] = {}
+    default_score: float | None = None
+    progress = _Progress(job.job_id)
+
+    def elapsed() -> float:
+        return spent + time.perf_counter() - began
+
+    pool = ThreadPoolExecutor(max_workers=job.concurrency, thread_name_prefix="trial")
+
+    def submit(fn, *args, **kwargs) -> Future:
+        ctx = contextvars.copy_context()  # the flow run's context: task runs land under it
+        return pool.submit(ctx.run, functools.partial(fn, *args, **kwargs))
+
+    try:
+        if baseline:
+            running[submit(train_default, job, return_state=True)] = _BASELINE
+        while True:
+            while len(running) < job.concurrency:
+                todo = retry.pop(0) if retry else scheduler.next_job()
+                if todo is None:
+                    break
+                running[submit(runner.run_trial_rung, job, todo, scheduler.run_id(todo.trial_id))] = todo
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            ended: list[str] = []
+            for future in done:
+                todo = running.pop(future)
+                if todo == _BASELINE:
+                    default_score = _baseline(future, logger)
+                    continue
+                assert isinstance(todo, TrialJob)
+                try:
+                    out = future.result()
+                except Exception as exc:  # the orchestration failed, not the trainer: run it again
+                    key = (todo.trial_id, todo.resource)
+                    attempts[key] += 1
+                    if attempts[key] <= ORCHESTRATION_RETRIES:
+                        logger.warning("trial %s at r=%d: %s: %s; running it again", todo.trial_id, todo.resource, type(exc).__name__, exc)
+                        retry.append(todo)
+                        continue
+                    out = runner.Outcome(todo, scheduler.run_id(todo.trial_id), None, None, f"{type(exc).__name__}: {exc}")
+                if out.run_id is not None:
+                    scheduler.set_run_id(todo.trial_id, out.run_id)
+                ended += scheduler.report(todo.trial_id, todo.resource, out.score, out.checkpoint, out.error)
+                rows.append(asdict(out.row()))
+                progress.advance()
+                if out.error:
+                    logger.warning("trial %s failed at r=%d: %s", todo.trial_id, todo.resource, out.error)
+                for s, rung in scheduler.closable():
+                    promotion = promote_rung(scheduler, s, rung)
+                    ended += promotion.ended
+                    _log_rung(logger, job, scheduler, promotion)
+                if job.mode == "asha":
+                    _log_asha(logger, job, scheduler, out, len(rows))
+            save_state(job, scheduler, rows, elapsed())
+            _close(job, scheduler, ended)
+        _close(job, scheduler, scheduler.finish())
+        save_state(job, scheduler, rows, elapsed())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        progress.flush()
+    return Drive(rows, default_score, elapsed())
+
+
+def close_decided(job: Job, scheduler: Scheduler) -> None:
+    """On resume: end again the runs of trials already decided (a kill may have come before their closing)."""
+    _close(job, scheduler, [t.trial_id for t in scheduler.records() if t.status != "running"])
+
+
+def _close(job: Job, scheduler: Scheduler, trial_ids: list[str]) -> None:
+    if trial_ids:
+        by_id = {t.trial_id: t for t in scheduler.records()}
+        close_trial_runs(job, [by_id[t] for t in trial_ids])
+
+
+def _baseline(future: Future, logger) -> float | None:
+    try:
+        value = future.result().result(raise_on_failure=False)
+    except Exception as exc:  # the orchestration failed: the job goes on without its baseline
+        value = exc
+    if isinstance(value, BaseException):
+        logger.warning("default config failed: %s", value)
+        return None
+    return float(value)
+
+
+class _Progress:
+    """The progress artifact, moved at most every ``PROGRESS_INTERVAL`` seconds."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id, self.pending, self.last = job_id, 0, time.monotonic()
+
+    def advance(self) -> None:
+        self.pending += 1
+        if time.monotonic() - self.last >= PROGRESS_INTERVAL:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            report.advance_progress(self.job_id, self.pending)
+            self.pending, self.last = 0, time.monotonic()
+
+
+def _log_rung(logger, job: Job, scheduler: Scheduler, p: Promotion) -> None:
+    records = {t.trial_id: t for t in scheduler.records() if t.bracket == p.bracket}
+    scores = {t: r.scores.get(p.resource) for t, r in records.items() if p.resource in r.scores}
+    ranked = sorted(scores, key=lambda t: sort_key(t, scores[t], job.direction))  # type: ignore[arg-type]
+    top = ranked[0] if ranked else None
+    failed = sum(v is None for v in scores.values())
+    logger.info(
+        "bracket s=%d rung %d/%d: %d trials at r=%d, best val_%s %s (%s)%s; %s",
+        p.bracket, p.rung + 1, p.n_rungs, len(scores), p.resource, job.metric,
+        "n/a" if top is None or scores[top] is None else f"{scores[top]:.4f}", top,
+        f", {failed} failed" if failed else "",
+        f"promoted {len(p.promoted)}" if p.promoted else "bracket done",
+    )
+
+
+def _log_asha(logger, job: Job, scheduler: Scheduler, out: runner.Outcome, n: int) -> None:
+    from prefect_hyperband.hyperband.scheduler import best_of
+
+    best = best_of(scheduler.records(), job.direction)  # type: ignore[arg-type]
+    logger.info(
+        "asha: %s s=%d r=%d val_%s %s; %d results, best %s",
+        out.job.trial_id, out.job.bracket, out.job.resource, job.metric,
+        "failed" if out.score is None else f"{out.score:.4f}", n,
+        "n/a" if best is None else f"{best[2]:.4f} ({best[0].trial_id} at r={best[1]})",
+    )
+
+
+__all__ = ["Drive", "TrialRecord", "close_decided", "drive"]

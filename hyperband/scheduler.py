@@ -1,0 +1,279 @@
+"""One scheduler interface for synchronous Hyperband and ASHA (Syne Tune's third layer).
+
+A driver keeps its slots busy with ``next_job()``, hands each result to ``report()``, closes
+the rungs ``closable()`` names with ``close(s)`` (synchronous brackets only: ASHA never closes a
+rung), and stops when ``done``. ``finish()`` ends the trials still waiting. Both schedulers
+speak ids and numbers, hold their sampler, and round-trip through JSON so a killed job resumes:
+jobs that were in flight when the state was saved are offered again first.
+
+* ``HyperbandScheduler``: the brackets of ``schedule.brackets(r, R, η)`` side by side (or one
+  after another, ``sequential=True``: BOHB's order, each bracket sampling from what the earlier
+  ones taught the sampler). Bracket s's configs come from a generator seeded by (seed, s) when
+  the sampler is random, so the same seed gives the same configs in any order of execution.
+* ``AshaScheduler``: ``asha.AshaState`` with its stopping rules (``max_trials``, a time budget
+  measured by a clock passed in).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping, Protocol
+
+from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.bracket import BracketState, Status
+from prefect_hyperband.hyperband.promotion import Direction, sort_key
+from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
+from prefect_hyperband.hyperband.space import Space
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """Train ``trial_id`` to ``resource`` units (rung ``rung`` of bracket ``bracket``), resuming ``checkpoint``."""
+
+    trial_id: str
+    bracket: int
+    rung: int
+    resource: int
+    config: dict[str, Any]
+    checkpoint: str | None
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """A trial as the job reports it, whatever scheduler ran it."""
+
+    trial_id: str
+    bracket: int
+    config: dict[str, Any]
+    status: Status
+    rung: int  # highest rung reached
+    resource: int  # units its checkpoint holds
+    scores: dict[int, float | None]  # resource -> metric (None: failed there)
+    error: str | None = None
+    run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """What closing a rung decided: who goes up, whose trial ended (stopped or completed)."""
+
+    bracket: int
+    rung: int  # index of the rung closed
+    n_rungs: int
+    resource: int
+    promoted: list[str]
+    ended: list[str]
+
+
+class Sampler(Protocol):
+    def ask(self) -> dict[str, Any]: ...
+    def tell(self, config: Mapping[str, Any], resource: int, score: float | None) -> None: ...
+    def to_json(self) -> dict[str, Any]: ...
+
+
+class Scheduler(Protocol):
+    def next_job(self) -> TrialJob | None: ...
+    def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None, error: str | None = None) -> list[str]: ...
+    def closable(self) -> list[tuple[int, int]]: ...
+    def close(self, s: int) -> Promotion: ...
+    def finish(self) -> list[str]: ...
+    @property
+    def done(self) -> bool: ...
+    def records(self) -> list[TrialRecord]: ...
+    def set_run_id(self, trial_id: str, run_id: str) -> None: ...
+    def run_id(self, trial_id: str) -> str | None: ...
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def _failed(score: float | None) -> bool:
+    return score is None or (isinstance(score, float) and math.isnan(score))
+
+
+def best_of(records: list[TrialRecord], direction: Direction) -> tuple[TrialRecord, int, float] | None:
+    """The best (trial, resource, score) seen at any rung, as the paper returns; ranked by ``promotion.sort_key``."""
+    seen = [(t, r, v) for t in records for r, v in t.scores.items() if v is not None]
+    if not seen:
+        return None
+    return min(seen, key=lambda c: sort_key(f"{c[0].trial_id}@{c[1]:06d}", c[2], direction))
+
+
+# --------------------------------------------------------------------------------- synchronous
+
+
+@dataclass
+class HyperbandScheduler:
+    """Synchronous successive halving in every bracket of the (r, R, η) schedule (Li et al., JMLR 2018)."""
+
+    min_resource: int
+    max_resource: int
+    eta: int
+    direction: Direction
+    space: Space
+    seed: int
+    sampler: Sampler | None = None  # None: each bracket draws from its own (seed, s) generator
+    sequential: bool = False
+    states: dict[int, BracketState] = field(default_factory=dict)
+    in_flight: set[str] = field(default_factory=set)
+    _plan: list[Bracket] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._plan = list(schedule_brackets(self.min_resource, self.max_resource, self.eta))
+        if not self.states and not self.sequential:
+            for b in self._plan:
+                self._start(b)
+        self.in_flight = set()  # a loaded state's in-flight jobs are pending again
+
+    def _start(self, b: Bracket) -> BracketState:
+        ask = self.sampler.ask if self.sampler is not None and self.sequential else None
+        state = BracketState.start(b, self.eta, self.space, self.seed, self.direction, ask)
+        self.states[b.s] = state
+        return state
+
+    def _open(self) -> list[BracketState]:
+        """Brackets that may run now: all side by side, or the first unfinished one (starting it) in sequence."""
+        if not self.sequential:
+            return [self.states[b.s] for b in self._plan]
+        for b in self._plan:
+            state = self.states.get(b.s) or self._start(b)
+            if not state.done:
+                return [state]
+        return []
+
+    def next_job(self) -> TrialJob | None:
+        for state in self._open():
+            for t in state.pending():
+                if t not in self.in_flight:
+                    self.in_flight.add(t)
+                    trial = state.trials[t]
+                    return TrialJob(t, state.s, state.rung_index, state.current.resource, dict(trial.config), trial.checkpoint)
+        return None
+
+    def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None, error: str | None = None) -> list[str]:
+        state = self.states[_bracket_of(trial_id)]
+        if trial_id not in self.in_flight:
+            raise ValueError(f"trial {trial_id} has no job in flight; report each job once")
+        state.record(trial_id, resource, score, checkpoint, error)
+        self.in_flight.discard(trial_id)
+        if self.sampler is not None:
+            self.sampler.tell(state.trials[trial_id].config, resource, None if _failed(score) else score)
+        return [trial_id] if state.trials[trial_id].status == "failed" else []
+
+    def closable(self) -> list[tuple[int, int]]:
+        """(s, rung index) of every bracket whose current rung has all its results."""
+        return [(s, st.rung_index) for s, st in self.states.items() if not st.done and not st.pending()]
+
+    def close(self, s: int) -> Promotion:
+        state = self.states[s]
+        i, resource, before = state.rung_index, state.current.resource, list(state.active)
+        up = state.advance()
+        ended = [t for t in before if t not in up and state.trials[t].status in ("stopped", "completed")]
+        return Promotion(s, i, len(state.rungs), resource, up, ended)
+
+    def finish(self) -> list[str]:
+        if self.in_flight:
+            raise ValueError(f"cannot finish with jobs in flight: report {', '.join(sorted(self.in_flight))} first")
+        return []
+
+    @property
+    def done(self) -> bool:
+        return len(self.states) == len(self._plan) and all(st.done for st in self.states.values())
+
+    def records(self) -> list[TrialRecord]:
+        return [
+            TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, dict(t.scores), t.error, t.run_id)
+            for b in self._plan if b.s in self.states for t in self.states[b.s].trials.values()
+        ]
+
+    def set_run_id(self, trial_id: str, run_id: str) -> None:
+        self.states[_bracket_of(trial_id)].trials[trial_id].run_id = run_id
+
+    def run_id(self, trial_id: str) -> str | None:
+        return self.states[_bracket_of(trial_id)].trials[trial_id].run_id
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "hyperband",
+            "min_resource": self.min_resource, "max_resource": self.max_resource, "eta": self.eta,
+            "direction": self.direction, "seed": self.seed, "sequential": self.sequential,
+            "brackets": {str(s): st.to_json() for s, st in self.states.items()},
+            "sampler": self.sampler.to_json() if self.sampler is not None else None,
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], space: Space, sampler: Sampler | None) -> "HyperbandScheduler":
+        states = {int(s): BracketState.from_json(st) for s, st in raw["brackets"].items()}
+        return cls(raw["min_resource"], raw["max_resource"], raw["eta"], raw["direction"], space, raw["seed"],
+                   sampler, raw["sequential"], states)
+
+
+def _bracket_of(trial_id: str) -> int:
+    """Trial ids are ``s{s}-{j}``."""
+    return int(trial_id[1:].split("-", 1)[0])
+
+
+# --------------------------------------------------------------------------------- asynchronous
+
+
+@dataclass
+class AshaScheduler:
+    """ASHA (Li et al., MLSys 2020, Algorithm 2) with its stopping rules: ``max_trials`` configs, ``time_budget`` seconds."""
+
+    state: AshaState
+    sampler: Sampler
+    max_trials: int
+    time_budget: float | None = None
+    clock: Callable[[], float] = lambda: 0.0  # seconds since the job began, across resumes
+    backlog: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.backlog = self.state.in_flight()  # a loaded state's in-flight jobs go first
+
+    def _can_start(self) -> bool:
+        return self.state.configs_started < self.max_trials and (self.time_budget is None or self.clock() < self.time_budget)
+
+    def next_job(self) -> TrialJob | None:
+        if self.backlog:
+            t = self.state.trials[self.backlog.pop(0)]
+            resource = self.state.plan(t.bracket).rungs[t.rung].resource
+            return TrialJob(t.trial_id, t.bracket, t.rung, resource, dict(t.config), t.checkpoint)
+        job = self.state.next_job(self.sampler.ask, self._can_start())
+        return None if job is None else TrialJob(**asdict(job))
+
+    def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None, error: str | None = None) -> list[str]:
+        self.state.report(trial_id, resource, score, checkpoint if not _failed(score) else None, error)
+        trial = self.state.trials[trial_id]
+        self.sampler.tell(trial.config, resource, None if _failed(score) else score)
+        return [trial_id] if trial.status in ("failed", "completed") else []
+
+    def closable(self) -> list[tuple[int, int]]:
+        return []
+
+    def close(self, s: int) -> Promotion:
+        raise ValueError("ASHA never closes a rung: promotions happen in next_job")
+
+    def finish(self) -> list[str]:
+        return self.state.finish()
+
+    @property
+    def done(self) -> bool:
+        return not self.backlog and self.state.done(self._can_start())
+
+    def records(self) -> list[TrialRecord]:
+        scores: dict[str, dict[int, float | None]] = {t: {} for t in self.state.trials}
+        for r in self.state.rows():
+            scores[r["trial_id"]][r["resource"]] = r["score"]
+        return [
+            TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, scores[t.trial_id], t.error, t.run_id)
+            for t in self.state.trials.values()
+        ]
+
+    def set_run_id(self, trial_id: str, run_id: str) -> None:
+        self.state.trials[trial_id].run_id = run_id
+
+    def run_id(self, trial_id: str) -> str | None:
+        return self.state.trials[trial_id].run_id
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "asha", "state": self.state.to_json(), "sampler": self.sampler.to_json(),
+                "max_trials": self.max_trials, "time_budget": self.time_budget}

@@ -1,0 +1,139 @@
+"""One scheduler interface: synchronous Hyperband and ASHA driven by the same loop, with literal scores."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.sampler import RandomSampler
+from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, TrialRecord, best_of
+from prefect_hyperband.hyperband.space import parse
+
+SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}})
+
+
+def score(config, resource):
+    """Lower is better; a learning curve that improves with resource."""
+    return config["x"] + 1.0 / resource
+
+
+def run(scheduler, concurrency=2, stop_after=None):
+    """The driver's loop, in plain Python: returns every job handed out."""
+    jobs, flying = [], []
+    while True:
+        while len(flying) < concurrency:
+            job = scheduler.next_job()
+            if job is None:
+                break
+            jobs.append(job)
+            flying.append(job)
+        if not flying or (stop_after is not None and len(jobs) >= stop_after):
+            return jobs
+        job = flying.pop(0)
+        scheduler.report(job.trial_id, job.resource, score(job.config, job.resource), f"ck/{job.trial_id}/{job.resource}")
+        for s, _ in scheduler.closable():
+            scheduler.close(s)
+
+
+def test_hyperband_81_3_hands_out_table_1_and_resumes_every_promotion():
+    sched = HyperbandScheduler(1, 81, 3, "min", SPACE, seed=0)
+    jobs = run(sched)
+    assert sched.done and sched.finish() == []
+    assert len(jobs) == 206 and len({j.trial_id for j in jobs}) == 143
+    per_rung = Counter((j.bracket, j.resource) for j in jobs)
+    assert [per_rung[(4, r)] for r in (1, 3, 9, 27, 81)] == [81, 27, 9, 3, 1]
+    assert [per_rung[(0, 81)]] == [5]
+    for j in jobs:  # a promoted trial continues from the checkpoint of its previous rung, never from scratch
+        assert (j.checkpoint is None) == (j.rung == 0)
+        if j.checkpoint:
+            assert j.checkpoint.startswith(f"ck/{j.trial_id}/")
+    statuses = Counter(t.status for t in sched.records())
+    assert statuses == {"stopped": 143 - 10, "completed": 10}
+
+
+def test_hyperband_state_round_trips_mid_run_and_reoffers_in_flight_jobs():
+    whole = HyperbandScheduler(1, 27, 3, "min", SPACE, seed=4)
+    run(whole)
+    cut = HyperbandScheduler(1, 27, 3, "min", SPACE, seed=4)
+    first = run(cut, stop_after=30)
+    in_flight = {j.trial_id for j in first} & cut.in_flight
+    assert in_flight
+    again = HyperbandScheduler.from_json(json.loads(json.dumps(cut.to_json())), SPACE, None)
+    rest = run(again)
+    assert in_flight <= {j.trial_id for j in rest}
+    assert best_of(again.records(), "min")[1:] == best_of(whole.records(), "min")[1:]
+    assert [t.scores for t in again.records()] == [t.scores for t in whole.records()]
+
+
+def test_sequential_brackets_start_one_after_another_with_configs_asked_then():
+    asked = []
+
+    class Recording(RandomSampler):
+        def ask(self):
+            asked.append(len(asked))
+            return super().ask()
+
+        def tell(self, config, resource, value):
+            told.append(resource)
+
+    told: list[int] = []
+    sched = HyperbandScheduler(1, 9, 3, "min", SPACE, seed=0, sampler=Recording(SPACE, 0), sequential=True)
+    first = sched.next_job()
+    assert first.bracket == 2 and len(asked) == 9  # only bracket s=2 has sampled
+    sched.report(first.trial_id, first.resource, score(first.config, 1), "ck")
+    jobs = [first] + run(sched, concurrency=50)
+    order = [j.bracket for j in jobs]
+    assert order == sorted(order, reverse=True)  # no job of s=1 before s=2 is done
+    assert len(asked) == 9 + 5 + 3 and len(told) == 22
+
+
+def test_a_failed_trial_ends_at_its_report_and_is_never_promoted():
+    sched = HyperbandScheduler(1, 3, 3, "min", SPACE, seed=0)
+    jobs = [sched.next_job() for _ in range(3)]
+    assert [j.bracket for j in jobs] == [1, 1, 1]
+    assert sched.report(jobs[0].trial_id, 1, None, None, "boom") == [jobs[0].trial_id]
+    for j in jobs[1:]:
+        assert sched.report(j.trial_id, 1, score(j.config, 1), "ck") == []
+    ((s, rung),) = sched.closable()
+    promotion = sched.close(s)
+    assert (promotion.bracket, promotion.rung, promotion.n_rungs) == (1, 0, 2)
+    assert jobs[0].trial_id not in promotion.promoted and len(promotion.promoted) == 1
+    with pytest.raises(ValueError, match="report each job once"):
+        sched.report(jobs[1].trial_id, 1, 0.5, "ck")
+
+
+def test_asha_scheduler_stops_at_max_trials_and_resumes_its_backlog():
+    clock = lambda: 0.0  # noqa: E731
+    sched = AshaScheduler(AshaState.create(1, 9, 3, "min"), RandomSampler(SPACE, 1), max_trials=20, clock=clock)
+    jobs = run(sched, concurrency=3, stop_after=12)
+    saved = json.loads(json.dumps(sched.to_json()))
+    resumed = AshaScheduler(AshaState.from_json(saved["state"]), RandomSampler.from_json(SPACE, saved["sampler"]),
+                            saved["max_trials"], saved["time_budget"], clock)
+    assert resumed.backlog and set(resumed.backlog) <= {j.trial_id for j in jobs}
+    run(resumed, concurrency=3)
+    assert resumed.done and resumed.state.configs_started == 20
+    resumed.finish()
+    assert all(t.status in ("stopped", "completed") for t in resumed.records())
+
+
+def test_asha_time_budget_reads_the_clock_passed_in():
+    now = {"t": 0.0}
+    sched = AshaScheduler(AshaState.create(1, 9, 3, "min"), RandomSampler(SPACE, 1), max_trials=1000,
+                          time_budget=10.0, clock=lambda: now["t"])
+    assert sched.next_job() is not None
+    now["t"] = 11.0
+    assert sched.next_job() is None or sched.state.configs_started == 1
+
+
+def test_best_of_ranks_with_the_promotion_key():
+    records = [
+        TrialRecord("s0-001", 0, {}, "completed", 0, 9, {9: 0.5}),
+        TrialRecord("s0-000", 0, {}, "completed", 0, 9, {9: 0.5, 3: None}),
+        TrialRecord("s1-000", 1, {}, "failed", 0, 0, {1: None}),
+    ]
+    assert best_of(records, "min")[0].trial_id == "s0-000"
+    assert best_of(records, "max")[0].trial_id == "s0-000"
+    assert best_of(records[2:], "max") is None
