@@ -12,9 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -34,120 +31,7 @@ RUN_TIMEOUT = 360
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _exe(name: str) -> str:
-    path = BIN / name
-    return str(path) if path.exists() else name
-
-
-class Stack:
-    """Background processes with their logs; each in its own session (process group)."""
-
-    def __init__(self, tmp: Path, env: dict[str, str]):
-        self.tmp, self.env = tmp, env
-        self.procs: list[tuple[str, subprocess.Popen, Path]] = []
-
-    def start(self, name: str, argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
-        log = self.tmp / f"{name}.log"
-        out = log.open("wb")
-        proc = subprocess.Popen(argv, cwd=cwd or self.tmp, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        out.close()
-        self.procs.append((name, proc, log))
-        return proc
-
-    def run(self, name: str, argv: list[str], cwd: Path | None = None, timeout: float = 180) -> str:
-        log = self.tmp / f"{name}.log"
-        proc = subprocess.run(argv, cwd=cwd or self.tmp, env=self.env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-        log.write_text(f"$ {' '.join(argv)}\n{proc.stdout}\n{proc.stderr}")
-        if proc.returncode != 0:
-            raise AssertionError(f"{name} failed (exit {proc.returncode}):\n{_tail(proc.stdout + proc.stderr, 60)}")
-        return proc.stdout
-
-    def check_alive(self) -> None:
-        for name, proc, _ in self.procs:
-            if proc.poll() is not None:
-                raise AssertionError(f"{name} exited early with code {proc.returncode}")
-
-    def dump_logs(self, lines: int = 60) -> None:
-        for log in sorted(self.tmp.glob("*.log")):
-            text = log.read_text(errors="replace")
-            print(f"\n===== {log.name} (last {lines} lines) =====\n{_tail(text, lines)}", file=sys.stderr)
-
-    def stop(self) -> None:
-        import psutil
-
-        doomed: list[psutil.Process] = []
-        for _, proc, _ in reversed(self.procs):  # worker first, servers last
-            try:
-                parent = psutil.Process(proc.pid)
-                doomed += [parent, *parent.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                pass
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for p in doomed:  # children that left the group (e.g. a flow run in its own session)
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(doomed, timeout=15)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5)
-        for _, proc, _ in self.procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait(timeout=10)
-        self.left = [p.pid for p in doomed if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-
-
-def _tail(text: str, lines: int) -> str:
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _http(method: str, url: str, body: dict | None = None, timeout: float = 10) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        text = response.read().decode()
-    return json.loads(text) if text else {}
-
-
-def _wait_http(url: str, stack: Stack, what: str, timeout: float = 150) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stack.check_alive()
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.5)
-    raise AssertionError(f"{what} did not answer at {url} within {timeout:.0f}s")
-
-
-def _wait_log(stack: Stack, name: str, pattern: str, count: int, timeout: float = 90) -> None:
-    log = stack.tmp / f"{name}.log"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stack.check_alive()
-        if log.exists() and len(re.findall(pattern, log.read_text(errors="replace"))) >= count:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{name}: {pattern!r} not seen {count}x within {timeout:.0f}s")
+from stack import Stack, _exe, _free_port, _http, _wait_http, _wait_log  # noqa: E402  (tests/deployments)
 
 
 @pytest.fixture
