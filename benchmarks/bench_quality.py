@@ -56,13 +56,14 @@ ROUNDS_PER_UNIT = 10
 class Problem:
     """The XGBoost problem of one seed: its split, a shared training matrix, and the booster parameters."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, rounds_per_unit: int = ROUNDS_PER_UNIT):
         import xgboost as xgb
 
         from prefect_hyperband.trainers import data as datasets
         from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
 
-        self.trainer = XGBoostTrainer(datasets.DataSpec(seed=seed), workers=1, seed=seed, rounds_per_unit=ROUNDS_PER_UNIT,
+        self.rounds_per_unit = rounds_per_unit
+        self.trainer = XGBoostTrainer(datasets.DataSpec(seed=seed), workers=1, seed=seed, rounds_per_unit=rounds_per_unit,
                                       nthread=os.cpu_count())
         self.data = self.trainer.data
         self.dtrain = xgb.QuantileDMatrix(self.data.X_train, self.data.y_train, nthread=os.cpu_count())
@@ -72,7 +73,7 @@ class Problem:
         import xgboost as xgb
 
         params = {**self.trainer.params(config), "seed": seed}
-        return xgb.train(params, self.dtrain, num_boost_round=units * ROUNDS_PER_UNIT, xgb_model=booster)
+        return xgb.train(params, self.dtrain, num_boost_round=units * self.rounds_per_unit, xgb_model=booster)
 
     def auc(self, booster) -> float:
         from prefect_hyperband.trainers.data import score

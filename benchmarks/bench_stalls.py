@@ -8,7 +8,8 @@ Per run it prints:
 * **flow wall**: the job's ``wall_seconds`` (the flow, from its first line to the summary);
 * **trial-rung s**: the summed train + evaluate seconds of its trial-rungs;
 * **longest gap**: the longest stretch, between the first training start and the last training end,
-  in which no trial-rung was training anywhere (from the start/end stamps each row carries);
+  in which no trial-rung was training anywhere (the summary's ``longest_idle_seconds``, from the
+  start/end stamps of every trial-rung);
 * **API p50/max**: while the job runs, the latency of the Prefect API that the UI reads
   (``POST /api/flow_runs/filter``), polled every 0.5 s: does the UI stay responsive?
 
@@ -37,18 +38,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
-
-
-def longest_gap(rows: list[dict[str, Any]]) -> float:
-    """Longest time inside [first start, last end] covered by no [started, ended] interval."""
-    spans = sorted((r["started"], r["ended"]) for r in rows if r.get("started") is not None)
-    if not spans:
-        return float("nan")
-    gap, reach = 0.0, spans[0][1]
-    for start, end in spans[1:]:
-        gap = max(gap, start - reach)
-        reach = max(reach, end)
-    return max(gap, 0.0)
 
 
 class ApiProbe:
@@ -91,7 +80,7 @@ def run_once(tmp: Path, concurrency: int, extra: list[str]) -> dict[str, Any]:
     def read_err() -> None:
         assert proc.stderr is not None
         for line in proc.stderr:
-            found = re.search(r"Starting temporary server on (http://\S+)", line)
+            found = re.search(r"Starting temporary server on (http://[0-9.]+:[0-9]+)", line)
             if found:
                 probe.url = found.group(1)
             if "ERROR" in line or "Error flushing" in line:
@@ -107,15 +96,14 @@ def run_once(tmp: Path, concurrency: int, extra: list[str]) -> dict[str, Any]:
     if proc.returncode != 0:
         raise SystemExit(f"hyperband tune exited {proc.returncode}; errors: {errors[-5:]}")
     result = json.loads(out.strip().splitlines()[-1])
-    state = json.loads((Path(result["job_dir"]) / "state.json").read_text())
-    rows = state["rows"]
+    rows = json.loads((Path(result["job_dir"]) / "state.json").read_text())["rows"]
     lat = sorted(probe.latencies) or [float("nan")]
     return {
         "concurrency": concurrency,
         "flow_wall": result["summary"]["wall_seconds"],
         "end_to_end": end_to_end,
         "trial_rung_s": sum(r["train_seconds"] + r["eval_seconds"] for r in rows),
-        "longest_gap": longest_gap(rows),
+        "longest_gap": result["summary"]["longest_idle_seconds"],
         "api_p50": lat[len(lat) // 2],
         "api_max": lat[-1],
         "best": result["summary"]["best_score"],

@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--no-register", action="store_true", help="do not register the best model")
     tune.add_argument("--no-baseline", action="store_true", help="skip training the default config to R")
     tune.add_argument("--json", action="store_true", help="print the result as JSON")
+    tune.add_argument("--verbose", action="store_true", help="also print Prefect's line per task run (always in the Prefect UI)")
     return parser
 
 
@@ -165,8 +166,7 @@ def render_plan(plan: dict[str, Any]) -> str:
 def _tune(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    # the temporary server's SQLite under load: wait for the database, and retry the API (503s) longer
-    os.environ.setdefault("PREFECT_SERVER_DATABASE_TIMEOUT", "60")
+    # the client retries an API call the server answers 503 (a busy SQLite) a few more times than its default
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
     from pydantic import ValidationError
 
@@ -207,6 +207,8 @@ def _run(params, args: argparse.Namespace) -> int:
     print(f"hyperband: job {params.job_id} in {params.job_dir}/{params.job_id} (resume with --resume {params.job_id})", file=sys.stderr)
     from prefect_hyperband.flows.tune import tune
 
+    if not args.verbose:
+        quiet_terminal()
     state = tune(params, return_state=True)
     if not state.is_completed():
         print(f"hyperband: job failed: {state.message}", file=sys.stderr)
@@ -220,6 +222,27 @@ def _run(params, args: argparse.Namespace) -> int:
         if result.get("champion_version"):
             print(f"champion: models:/{params.experiment}@champion (version {result['champion_version']})")
     return 0
+
+
+class _TerminalFilter:
+    """The terminal shows the job's own lines; each task run's lines stay in the Prefect UI (``--verbose``: both)."""
+
+    def filter(self, record) -> bool:
+        if record.name.startswith("prefect.task_runs") and record.levelno < 30:  # below WARNING
+            return False
+        return getattr(record, "hyperband_terminal", True)  # the summary: printed by the CLI itself
+
+
+def quiet_terminal() -> None:
+    import logging
+
+    from prefect.logging.configuration import setup_logging
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    setup_logging()  # idempotent: Prefect's handlers exist before the filter goes on them
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler) and not any(isinstance(f, _TerminalFilter) for f in handler.filters):
+            handler.addFilter(_TerminalFilter())
 
 
 def preflight(params) -> str | None:

@@ -1,19 +1,19 @@
-"""One trial-rung: train → evaluate as Prefect tasks called with values, then its metrics to MLflow.
+"""One trial-rung: train → evaluate as Prefect tasks called with values.
 
 Runs in a worker thread of the driver (``flows.driver``), inside the job flow's context, so both
 tasks show up under the job's flow run. A trainer's failure is the trial's (an ``Outcome`` with an
 error); an error of the orchestration itself (the Prefect API, say) propagates, and the driver
-runs the trial-rung again.
+runs the trial-rung again. MLflow writes are the driver's (one writer thread, off the slots).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from prefect_hyperband.hyperband.accounting import TrialRung
 from prefect_hyperband.hyperband.scheduler import TrialJob
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import log_trial_rung, start_trial_run
 from prefect_hyperband.tasks.trials import Evaluation, evaluate_trial, train_trial
 from prefect_hyperband.trainers.base import TrainResult
 
@@ -21,10 +21,11 @@ from prefect_hyperband.trainers.base import TrainResult
 @dataclass(frozen=True)
 class Outcome:
     job: TrialJob
-    run_id: str | None
     trained: TrainResult | None
     evaluated: Evaluation | None
     error: str | None
+    started: float | None = None  # epoch seconds: training began, evaluation ended
+    ended: float | None = None
 
     @property
     def score(self) -> float | None:
@@ -40,23 +41,23 @@ class Outcome:
             trial_id=j.trial_id, bracket=j.bracket, rung=j.rung, resource=j.resource,
             resource_trained=t.resource_trained if t else 0, train_seconds=t.seconds if t else 0.0,
             eval_seconds=e.seconds if e else 0.0, workers=t.workers if t else 1, score=self.score,
+            started=self.started, ended=self.ended,
         )
 
 
-def run_trial_rung(job: Job, tj: TrialJob, run_id: str | None) -> Outcome:
-    """Train ``tj`` (resuming its checkpoint), evaluate it, log it; never raises for the trainer's errors."""
-    if run_id is None:
-        run_id = start_trial_run(job, tj.trial_id, tj.bracket, tj.config)
+def run_trial_rung(job: Job, tj: TrialJob) -> Outcome:
+    """Train ``tj`` (resuming its checkpoint) and evaluate it; never raises for the trainer's errors."""
     trained_state = train_trial(job, tj.trial_id, tj.config, tj.resource, tj.checkpoint, return_state=True)
     trained = trained_state.result(raise_on_failure=False)
     if isinstance(trained, BaseException) or not trained_state.is_completed():
-        return Outcome(tj, run_id, None, None, _describe(trained, trained_state))
+        return Outcome(tj, None, None, _describe(trained, trained_state))
     evaluated_state = evaluate_trial(job, tj.trial_id, tj.resource, trained, return_state=True)
     evaluated = evaluated_state.result(raise_on_failure=False)
     if isinstance(evaluated, BaseException) or not evaluated_state.is_completed():
-        return Outcome(tj, run_id, trained, None, _describe(evaluated, evaluated_state))
-    log_trial_rung(job, run_id, tj.resource, trained, evaluated.score)
-    return Outcome(tj, run_id, trained, evaluated, None)
+        return Outcome(tj, trained, None, _describe(evaluated, evaluated_state))
+    ended = time.time()
+    started = ended - evaluated.seconds - trained.seconds  # the work itself, without the task runs around it
+    return Outcome(tj, trained, evaluated, None, started, ended)
 
 
 def _describe(value: object, state: object) -> str:

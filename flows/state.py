@@ -33,7 +33,7 @@ def state_path(job: Job) -> Path:
 
 def save_state(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], elapsed: float) -> None:
     """The scheduler (with its sampler), every finished trial-rung and the seconds spent so far; atomic."""
-    write_json_atomic(state_path(job), {"scheduler": scheduler.to_json(), "rows": rows, "elapsed": elapsed})
+    write_json_atomic(state_path(job), {"scheduler": scheduler.to_json(), "rows": rows, "elapsed": elapsed}, indent=None)
 
 
 def load_state(job: Job) -> dict[str, Any] | None:

@@ -83,7 +83,7 @@ def tune(params: TuneParams) -> dict[str, Any]:
             extra={"MLflow parent run": job.parent_run_id, "champion version": version}, job_id=job.job_id,
         )
         finish_job_run(job, metrics, best_config, summary.to_json(), table(summary))
-        logger.info("summary\n%s", table(summary))
+        logger.info("summary\n%s", table(summary), extra={"hyperband_terminal": False})  # the CLI prints it once
         return {
             "job_id": job.job_id,
             "job_dir": job.job_dir,
@@ -125,6 +125,7 @@ def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]],
         best=(best["trial_id"], best["resource"], best["score"]) if best else None,
         default_score=default_score,
         wall_seconds=wall,
+        concurrency=job.concurrency,
     )
     return summary, best
 

@@ -19,6 +19,8 @@ class TrialRung:
     eval_seconds: float
     workers: int
     score: float | None
+    started: float | None = None  # epoch seconds the training began and the evaluation ended (None: unknown)
+    ended: float | None = None
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,13 @@ class Summary:
     resource_without_early_stopping: int
     worker_seconds: float
     worker_seconds_without_early_stopping: float  # estimated at the measured seconds per unit
-    wall_seconds: float
-    sequential_seconds: float  # the same trial-rungs run one after another
+    wall_seconds: float  # measured: the job's own wall time (across resumes)
+    sequential_seconds: float  # measured: the trial-rungs' summed train + evaluate seconds
+    concurrency: int = 1
+    #: estimated: every config trained to R at the job's concurrency (worker-seconds estimate / concurrency)
+    wall_seconds_without_early_stopping: float = 0.0
+    #: measured: the longest stretch with no trial-rung training anywhere (orchestration stalls)
+    longest_idle_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +62,7 @@ def summarise(
     best: tuple[str, int, float] | None,
     default_score: float | None,
     wall_seconds: float,
+    concurrency: int = 1,
 ) -> Summary:
     rows = list(rows)
     used = sum(r.resource_trained for r in rows)
@@ -82,7 +90,20 @@ def summarise(
         worker_seconds_without_early_stopping=estimated,
         wall_seconds=wall_seconds,
         sequential_seconds=sum(r.train_seconds + r.eval_seconds for r in rows),
+        concurrency=concurrency,
+        wall_seconds_without_early_stopping=estimated / max(1, concurrency),
+        longest_idle_seconds=longest_idle(rows),
     )
+
+
+def longest_idle(rows: Iterable[TrialRung]) -> float:
+    """The longest time between the first trial-rung's start and the last one's end with none running."""
+    spans = sorted((r.started, r.ended) for r in rows if r.started is not None and r.ended is not None)
+    gap, reach = 0.0, spans[0][1] if spans else 0.0
+    for start, end in spans[1:]:
+        gap = max(gap, start - reach)
+        reach = max(reach, end)
+    return gap
 
 
 def table(s: Summary) -> str:
@@ -113,9 +134,9 @@ def table(s: Summary) -> str:
         ),
         (
             "wall time (s)",
-            f"{num(s.sequential_seconds, ',.1f')} same trials one after another",
+            f"{num(s.wall_seconds_without_early_stopping, ',.1f')} every config to R, {s.concurrency} at once (est.)",
             f"{num(s.wall_seconds, ',.1f')}",
-            ratio(s.wall_seconds, s.sequential_seconds, "faster", "slower"),
+            ratio(s.wall_seconds, s.wall_seconds_without_early_stopping, "faster", "slower"),
         ),
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -123,6 +144,7 @@ def table(s: Summary) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     footer = (
         f"{s.configs} configs, {s.trial_rungs} trial-rungs, {s.reached_max_resource} reached R={s.max_resource}, "
-        f"{s.failed_trials} failed; best {s.best_trial} at r={s.best_resource}"
+        f"{s.failed_trials} failed; best {s.best_trial} at r={s.best_resource}; "
+        f"training {s.sequential_seconds:,.1f} s of the wall, longest idle stretch {s.longest_idle_seconds:.1f} s"
     )
     return "\n".join([*lines, footer])

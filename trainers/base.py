@@ -46,13 +46,17 @@ class Trainer(Protocol):
         """Release what the trainer started (clusters, process groups)."""
 
 
-def write_json_atomic(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> None:
-    """Write JSON so that a reader never sees half a file (a killed job leaves the old or the new one)."""
+def write_json_atomic(path: str | os.PathLike[str], payload: Mapping[str, Any], indent: int | None = 2) -> None:
+    """Write JSON so that a reader never sees half a file (a killed job leaves the old or the new one).
+
+    ``indent=None`` for files rewritten often: ``json.dumps`` then runs in C, ~10x faster than indented.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(payload, indent=indent, sort_keys=True, default=str)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as fh:
-        json.dump(payload, fh, indent=2, sort_keys=True, default=str)
+        fh.write(text)
     os.replace(tmp, path)
 
 

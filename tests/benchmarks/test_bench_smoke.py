@@ -19,7 +19,7 @@ def _load(name: str):
     return module
 
 
-@pytest.mark.parametrize("name", ["bench_overhead", "bench_efficiency", "bench_quality", "bench_scaling"])
+@pytest.mark.parametrize("name", ["bench_overhead", "bench_efficiency", "bench_quality", "bench_scaling", "bench_stalls", "bench_vs_optuna"])
 def test_imports_and_has_main(name):
     module = _load(name)
     assert callable(module.main)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_hyperband.hyperband.accounting import TrialRung, summarise, table
+from prefect_hyperband.hyperband.accounting import TrialRung, longest_idle, summarise, table
 
 
 def test_summary_counts_units_and_worker_seconds():
@@ -19,6 +19,29 @@ def test_summary_counts_units_and_worker_seconds():
     # 1 worker-second per unit (24 / 12) times 18 units, plus 2 evaluations at 0.1 s
     assert s.worker_seconds_without_early_stopping == pytest.approx(36.2)
     assert s.sequential_seconds == pytest.approx(12.3)
+    # wall baseline: the estimate of every config to R, at the job's concurrency (1 here), labelled est.
+    assert s.wall_seconds_without_early_stopping == pytest.approx(36.2)
     text = table(s)
     assert "0.7500 default config" in text and "0.9000 tuned" in text
-    assert "1.5x fewer" in text and "1.5x faster" in text
+    assert "1.5x fewer" in text and "4.5x faster" in text
+    assert "every config to R, 1 at once (est.)" in text and "same trials one after another" not in text
+
+
+def test_wall_baseline_divides_by_the_concurrency():
+    rows = [TrialRung("a", 0, 0, 9, 9, 9.0, 0.0, 1, 0.5)]
+    s = summarise(rows, metric="auc", configs=4, max_resource=9, reached_max_resource=1, failed_trials=0,
+                  best=("a", 9, 0.5), default_score=None, wall_seconds=10.0, concurrency=2)
+    assert s.worker_seconds_without_early_stopping == pytest.approx(36.0)
+    assert s.wall_seconds_without_early_stopping == pytest.approx(18.0)
+
+
+def test_longest_idle_is_the_largest_hole_in_the_union_of_trial_rungs():
+    def row(started, ended):
+        return TrialRung("t", 0, 0, 1, 1, ended - started, 0.0, 1, 0.5, started=started, ended=ended)
+
+    # two slots: [0, 4] and [1, 2] overlap; idle 4 -> 6; [6, 7]; idle 7 -> 7.5; [7.5, 9]
+    rows = [row(0, 4), row(1, 2), row(6, 7), row(7.5, 9)]
+    assert longest_idle(rows) == pytest.approx(2.0)
+    assert longest_idle([]) == 0.0 and longest_idle([row(0, 1)]) == 0.0
+    unstamped = TrialRung("t", 0, 0, 1, 1, 1.0, 0.0, 1, 0.5)
+    assert longest_idle([unstamped, row(0, 1), row(5, 6)]) == pytest.approx(4.0)

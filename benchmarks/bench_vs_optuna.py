@@ -1,0 +1,118 @@
+"""The default job against Optuna on the same work: wall time and best AUC, several seeds.
+
+XGBoost on bank-marketing, one unit = 1 boosting round (``--rounds-per-unit 1``), (r=1, R=81, η=3),
+the default XGBoost search space, the seed's split for every method. Per seed:
+
+* ``optuna random+HB``, ``optuna TPE+HB``: Optuna with ``HyperbandPruner(1, R, 3)``, in this process,
+  one trial at a time, all cores (``nthread = os.cpu_count()``); each trial trains round by round,
+  reports the validation AUC after each and stops when pruned. No budget: Optuna stops when its
+  number of trials reaches Hyperband's 143 configs.
+* ``hyperband, concurrency c``: the real ``tune`` flow (Prefect with a temporary server, MLflow to a
+  fresh sqlite store, baseline and registration off); wall = the flow's own ``wall_seconds``.
+
+Printed per method: mean best AUC, mean rounds trained, mean wall, and wall / wall(optuna random+HB)
+measured in the same run. Run from the repository root::
+
+    python benchmarks/bench_vs_optuna.py                  # 3 seeds (~6 min on 2 cores)
+    python benchmarks/bench_vs_optuna.py --seeds 0 --max-resource 27
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common  # noqa: E402
+import bench_quality as quality  # noqa: E402
+
+
+def run_optuna(problem: quality.Problem, sampler_name: str, max_r: int, eta: int, n_trials: int, seed: int) -> dict[str, Any]:
+    import optuna
+
+    from prefect_hyperband.trainers.xgboost_trainer import DEFAULT_SPACE
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = optuna.samplers.TPESampler(seed=seed) if sampler_name == "tpe" else optuna.samplers.RandomSampler(seed=seed)
+    pruner = optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max_r, reduction_factor=eta)
+    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
+    spent = {"units": 0, "best": -math.inf}
+
+    def objective(trial) -> float:
+        config = quality.suggest(trial, DEFAULT_SPACE)
+        booster, value = None, -math.inf
+        for unit in range(1, max_r + 1):
+            booster = problem.train_units(config, booster, 1, seed)
+            spent["units"] += 1
+            value = problem.auc(booster)
+            spent["best"] = max(spent["best"], value)
+            trial.report(value, unit)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+        return value
+
+    began = time.perf_counter()
+    study.optimize(objective, n_trials=n_trials)
+    return {"best": spent["best"], "units": spent["units"], "wall": time.perf_counter() - began}
+
+
+def run_flow(tmp: Path, seed: int, max_r: int, eta: int, concurrency: int) -> dict[str, Any]:
+    from prefect_hyperband.tasks import tracking
+
+    uri = f"sqlite:///{tmp}/mlflow-{seed}-{concurrency}.db"
+    tracking.check_reachable(uri)
+    result, _ = common.run_tune(
+        model="xgboost", data="bank-marketing", min_resource=1, max_resource=max_r, eta=eta, seed=seed,
+        concurrency=concurrency, rounds_per_unit=1, job_dir=str(tmp / "jobs"), job_id=f"c{concurrency}-{seed}",
+        tracking_uri=uri, experiment="bench-vs-optuna", register_model=False, baseline=False,
+    )
+    s = result["summary"]
+    return {"best": s["best_score"], "units": s["resource_used"], "wall": s["wall_seconds"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--max-resource", type=int, default=81)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2])
+    args = parser.parse_args(argv)
+    max_r, eta = args.max_resource, 3
+    from prefect_hyperband.hyperband import schedule
+
+    configs = schedule.plan_summary(1, max_r, eta)["configs"]
+    common.header(f"bench_vs_optuna: XGBoost on bank-marketing, (1, {max_r}, 3), 1 round per unit, seeds {args.seeds}")
+    results: dict[str, list[dict[str, Any]]] = {}
+    with common.workdir("vs-optuna") as tmp, common.prefect_server():
+        common.run_tune(model="synthetic", max_resource=3, job_dir=str(tmp / "warm"), tracking_uri=f"sqlite:///{tmp}/warm.db",
+                        register_model=False, baseline=False)  # imports and first flow registration, not timed
+        for seed in args.seeds:
+            problem = quality.Problem(seed, rounds_per_unit=1)
+            for label, sampler in (("optuna random+HB", "random"), ("optuna TPE+HB", "tpe")):
+                r = run_optuna(problem, sampler, max_r, eta, configs, seed)
+                results.setdefault(label, []).append(r)
+                print(f"   seed {seed} {label}: AUC {r['best']:.4f}, {r['units']} rounds, {r['wall']:.1f} s", flush=True)
+            for c in args.concurrency:
+                label = f"hyperband, concurrency {c}"
+                r = run_flow(tmp, seed, max_r, eta, c)
+                results.setdefault(label, []).append(r)
+                print(f"   seed {seed} {label}: AUC {r['best']:.4f}, {r['units']} rounds, {r['wall']:.1f} s", flush=True)
+    base = statistics.mean(r["wall"] for r in results["optuna random+HB"])
+    rows = [
+        (label, f"{statistics.mean(r['best'] for r in rs):.4f}", round(statistics.mean(r["units"] for r in rs)),
+         statistics.mean(r["wall"] for r in rs), statistics.mean(r["wall"] for r in rs) / base)
+        for label, rs in results.items()
+    ]
+    print()
+    print(common.table(rows, ["method", "mean best AUC", "rounds", "mean wall s", "x optuna random+HB"]))
+    print(json.dumps({"bench": "vs_optuna", "max_resource": max_r, "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
