@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune = sub.add_parser("tune", help="run a tuning job")
     _schedule_flags(tune)
     tune.add_argument("--model", default="xgboost", help="xgboost, torch or synthetic")
+    tune.add_argument("--trainer", help="your training function: path/to/file.py:function or package.module:function")
+    tune.add_argument("--direction", choices=["minimize", "maximize"], help="with --trainer: is the metric better smaller or larger")
     tune.add_argument("--mode", default="hyperband", choices=["hyperband", "asha"], help="synchronous brackets or ASHA")
     tune.add_argument("--sampler", default="random", choices=["random", "tpe"], help="how configs are proposed")
     tune.add_argument("--max-trials", type=_positive("--max-trials"), help="asha: configs to start (default: as Hyperband)")
@@ -174,7 +176,7 @@ def _tune(args: argparse.Namespace) -> int:
 
     from prefect_hyperband.trainers.factory import MODELS
 
-    if args.model not in MODELS:
+    if args.model not in MODELS and not args.trainer:
         return _fail(f"unknown model {args.model!r}; choose {', '.join(MODELS[:-1])} or {MODELS[-1]}")
     if args.resume:
         from prefect_hyperband.flows.job import resume_params
@@ -186,7 +188,7 @@ def _tune(args: argparse.Namespace) -> int:
             return _fail(_one_line(exc) if isinstance(exc, ValidationError) else str(exc))
     try:
         params = TuneParams(
-            model=args.model, data=args.data, target=args.target, metric=args.metric, space=args.space,
+            model="function" if args.trainer else args.model, trainer=args.trainer, direction=args.direction, data=args.data, target=args.target, metric=args.metric, space=args.space,
             min_resource=args.min_resource, max_resource=args.max_resource, eta=args.eta, seed=args.seed,
             workers=args.workers, concurrency=args.concurrency, dask_address=args.dask_address,
             rounds_per_unit=args.rounds_per_unit, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,

@@ -210,8 +210,8 @@ def _log_rung(logger, job: Job, scheduler: Scheduler, p: Promotion) -> None:
     top = ranked[0] if ranked else None
     failed = sum(v is None for v in scores.values())
     logger.info(
-        "bracket s=%d rung %d/%d: %d trials at r=%d, best val_%s %s (%s)%s; %s",
-        p.bracket, p.rung + 1, p.n_rungs, len(scores), p.resource, job.metric,
+        "bracket s=%d rung %d/%d: %d trials at r=%d, best %s %s (%s)%s; %s",
+        p.bracket, p.rung + 1, p.n_rungs, len(scores), p.resource, job.metric_key,
         "n/a" if top is None or scores[top] is None else f"{scores[top]:.4f}", top,
         f", {failed} failed" if failed else "",
         f"promoted {len(p.promoted)}" if p.promoted else "bracket done",
@@ -223,8 +223,8 @@ def _log_asha(logger, job: Job, scheduler: Scheduler, out: runner.Outcome, n: in
 
     best = best_of(scheduler.records(), job.direction)  # type: ignore[arg-type]
     logger.info(
-        "asha: %s s=%d r=%d val_%s %s; %d results, best %s",
-        out.job.trial_id, out.job.bracket, out.job.resource, job.metric,
+        "asha: %s s=%d r=%d %s %s; %d results, best %s",
+        out.job.trial_id, out.job.bracket, out.job.resource, job.metric_key,
         "failed" if out.score is None else f"{out.score:.4f}", n,
         "n/a" if best is None else f"{best[2]:.4f} ({best[0].trial_id} at r={best[1]})",
     )

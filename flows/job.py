@@ -34,26 +34,34 @@ def prepare(params: TuneParams) -> Job:
     """Validate the schedule, the search space, the data, the metric and the tracking store."""
     schedule.validate(params.min_resource, params.max_resource, params.eta)
     default_space, known, default_config = model_space(params.model)
-    space = (
-        spaces.load(params.space, known, params.model)
-        if params.space
-        else spaces.parse(default_space, known, params.model)
-    )
+    if isinstance(params.space, dict):
+        space = spaces.parse(params.space, known, params.model)
+    elif params.space:
+        space = spaces.load(params.space, known, params.model)
+    else:
+        space = spaces.parse(default_space, known, params.model)
     spec = datasets.DataSpec(
         data=params.data,
         target=params.target,
         validation_fraction=params.validation_fraction,
         seed=params.seed,
     )
-    if params.model == "synthetic":
+    if params.model == "function":  # the user's code reads its own data; the metric is theirs
+        from prefect_hyperband.trainers.function import load as load_trainer
+
+        load_trainer(params.trainer or "")  # a missing file, an import error, a wrong signature: fail now
+        metric = params.metric or ""
+        direction: Direction = "min" if params.direction == "minimize" else "max"
+    elif params.model == "synthetic":
         from prefect_hyperband.trainers.synthetic import SyntheticTrainer
 
         metric = SyntheticTrainer.metric
+        direction = datasets.metric_direction(metric)
     else:
         dataset = datasets.load(spec)
         metric = params.metric or dataset.default_metric
         datasets.check_metric(dataset, metric)
-    direction: Direction = datasets.metric_direction(metric)
+        direction = datasets.metric_direction(metric)
     uri = tracking_uri(params.tracking_uri)
     check_reachable(uri)
     concurrency = params.trial_concurrency()
@@ -69,6 +77,7 @@ def prepare(params: TuneParams) -> Job:
         rounds_per_unit=params.rounds_per_unit,
         nnodes=params.nnodes,
         rdzv_endpoint=params.rdzv_endpoint,
+        trainer=params.trainer,
         extra=(("seconds_per_unit", params.unit_seconds),) if params.model == "synthetic" else (),
     )
     job_id = params.job_id or new_job_id()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -13,7 +13,15 @@ class TuneParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: Literal["xgboost", "torch", "synthetic"] = Field("xgboost", description="Model family to tune.")
+    model: Literal["xgboost", "torch", "synthetic", "function"] = Field(
+        "xgboost", description="Model family to tune; function: your own training function (set trainer)."
+    )
+    trainer: Optional[str] = Field(
+        None, description="Your training function: path/to/file.py:function or package.module:function (sets model=function)."
+    )
+    direction: Optional[Literal["minimize", "maximize"]] = Field(
+        None, description="Whether the metric is better smaller or larger; required with your own trainer."
+    )
     mode: Literal["hyperband", "asha"] = Field(
         "hyperband", description="hyperband: synchronous brackets (Li et al. 2018); asha: asynchronous (Li et al. 2020)."
     )
@@ -26,7 +34,9 @@ class TuneParams(BaseModel):
     )
     target: Optional[str] = Field(None, description="Target column of a CSV file.")
     metric: Optional[str] = Field(None, description="auc, accuracy, rmse or logloss; default from the target.")
-    space: Optional[str] = Field(None, description="YAML search space file; default: the model's own.")
+    space: Optional[Union[str, dict[str, dict[str, Any]]]] = Field(
+        None, description="YAML search space file, or the space itself; default: the model's own."
+    )
     min_resource: int = Field(1, ge=1, description="r: resource of the smallest rung.")
     max_resource: int = Field(81, ge=1, description="R: resource of a trial trained to the end.")
     eta: int = Field(3, ge=2, description="η: keep the best 1/η of each rung.")
@@ -60,6 +70,13 @@ class TuneParams(BaseModel):
             raise ValueError(f"min_resource must be <= max_resource, got {self.min_resource} > {self.max_resource}")
         if self.resume and not self.job_id:
             raise ValueError("resume needs the job_id of the job to continue")
+        if self.trainer:
+            self.model = "function"
+        if self.model == "function":
+            missing = [f for f in ("trainer", "metric", "direction", "space") if not getattr(self, f)]
+            if missing:
+                raise ValueError(f"your own trainer needs {', '.join(missing)} (e.g. --trainer my.py:train "
+                                 "--metric val_loss --direction minimize --space space.yaml)")
         return self
 
     def trial_concurrency(self) -> int:

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
 
 from prefect_hyperband.flows.driver import close_decided, drive
 from prefect_hyperband.flows.job import prepare
@@ -16,13 +17,21 @@ from prefect_hyperband.hyperband.accounting import Summary, TrialRung, summarise
 from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
 from prefect_hyperband.tasks import report, tracking
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import finish_job_run, register_champion, start_job_run
+from prefect_hyperband.tasks.record import finish_job_run, keep_best_checkpoint, register_champion, start_job_run
 from prefect_hyperband.trainers import factory
 
 FLAVOURED = ("xgboost", "torch")  # models with an MLflow flavour to register
 
 
-@flow(name="hyperband-tune", flow_run_name="hyperband {params.model} on {params.data}")
+def _run_name() -> str:
+    params = flow_run.parameters.get("params")
+    params = params if isinstance(params, TuneParams) else TuneParams.model_validate(params or {})
+    if params.model == "function":
+        return f"hyperband {params.trainer}"
+    return f"hyperband {params.model} on {params.data}"
+
+
+@flow(name="hyperband-tune", flow_run_name=_run_name)
 def tune(params: TuneParams) -> dict[str, Any]:
     """Hyperband (Li et al., JMLR 2018) or ASHA (Li et al., MLSys 2020) over ``params``, tracked in MLflow."""
     logger = get_run_logger()
@@ -50,7 +59,7 @@ def tune(params: TuneParams) -> dict[str, Any]:
     report.report_start(plan["trial_rungs"], job.job_id)
     factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
-        run = drive(job, scheduler, rows, spent, baseline=params.baseline)
+        run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config))
         records = scheduler.records()
         summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed)
         version = None
@@ -60,9 +69,13 @@ def tune(params: TuneParams) -> dict[str, Any]:
                 version = registered.result()
             else:  # the results stand without a registered model: say so, keep the job
                 logger.error("could not register the champion model: %s", registered.message)
+        elif best is not None and job.settings.model == "function":
+            keep_best_checkpoint(job, best["checkpoint"])
+            logger.info("no model registered (your trainer has no MLflow flavour); the best checkpoint "
+                        "is on the parent run under best_checkpoint/")
         metrics = {
-            f"best_val_{job.metric}": summary.best_score,
-            f"default_val_{job.metric}": summary.default_score,
+            f"best_{job.metric_key}": summary.best_score,
+            f"default_{job.metric_key}": summary.default_score,
             "configs": summary.configs,
             "resource_used": summary.resource_used,
             "resource_without_early_stopping": summary.resource_without_early_stopping,
@@ -73,7 +86,7 @@ def tune(params: TuneParams) -> dict[str, Any]:
             "failed_trials": summary.failed_trials,
         }
         best_config = (
-            {"trial_id": best["trial_id"], "resource": best["resource"], f"val_{job.metric}": best["score"], "config": best["config"]}
+            {"trial_id": best["trial_id"], "resource": best["resource"], job.metric_key: best["score"], "config": best["config"]}
             if best
             else {}
         )

@@ -2,16 +2,42 @@
 
 The one import package of the distribution. In the repository its subpackages live at the
 root (``flows/``, ``tasks/``, ``hyperband/``, ``trainers/``, ``data/``, ``deployments/``) and
-are mapped under this name by ``pyproject.toml``; importing this module imports nothing heavy.
+are mapped under this name by ``pyproject.toml``. Importing this module imports nothing heavy;
+``tune``, ``Trial``, ``report`` and ``JobResult`` load on first use::
+
+    import prefect_hyperband as hb
+
+    def train(trial: hb.Trial) -> dict[str, float]:
+        ...  # trial.config, trial.resource, trial.start, trial.checkpoint, trial.checkpoint_dir
+        return {"val_loss": 0.12}
+
+    result = hb.tune(train, space="space.yaml", metric="val_loss", direction="minimize", max_resource=27)
 """
 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 try:
     __version__ = version("prefect-hyperband")
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__"]
+_LAZY = {
+    "tune": ("prefect_hyperband.flows.api", "tune"),
+    "JobResult": ("prefect_hyperband.flows.api", "JobResult"),
+    "Trial": ("prefect_hyperband.trainers.function", "Trial"),
+    "report": ("prefect_hyperband.trainers.function", "report"),
+}
+
+__all__ = ["JobResult", "Trial", "__version__", "report", "tune"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'prefect_hyperband' has no attribute {name!r}")

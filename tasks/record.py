@@ -52,7 +52,7 @@ def start_trial_run(job: Job, trial_id: str, bracket: int, config: dict[str, Any
 
 def log_trial_rung(job: Job, run_id: str, resource: int, trained: TrainResult, score: float) -> None:
     """A trial-rung's metric at step = cumulative resource, with what the trainer recorded on the way, in one batch."""
-    metric = f"val_{job.metric}"
+    metric = job.metric_key
     metrics = {"train_seconds": trained.seconds, "worker_seconds": trained.seconds * trained.workers}
     if not any(row.get("step") == resource and metric in row for row in trained.history):
         metrics[metric] = score  # unless the per-unit history already holds it at this step
@@ -82,6 +82,18 @@ def finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, A
     tracking.log_json(uri, run_id, summary, "summary.json")
     tracking.log_text(uri, run_id, table + "\n", "summary.txt")
     tracking.end_run(uri, run_id, "FINISHED")
+
+
+@task(name="keep best checkpoint", **RETRY)
+def keep_best_checkpoint(job: Job, checkpoint: str) -> None:
+    """A user trainer's best checkpoint directory (and its metrics file) as artifacts of the parent run."""
+    from pathlib import Path
+
+    assert job.parent_run_id is not None
+    directory = Path(checkpoint).with_suffix("")
+    if directory.is_dir():
+        tracking.log_artifacts(job.tracking_uri, job.parent_run_id, str(directory), "best_checkpoint")
+    tracking.log_artifacts(job.tracking_uri, job.parent_run_id, checkpoint, "best_checkpoint")
 
 
 @task(name="register champion", **RETRY)

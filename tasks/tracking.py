@@ -181,6 +181,15 @@ def log_json(uri: str, run_id: str, payload: Any, artifact_file: str) -> None:
 
 
 @_one_writer
+def log_artifacts(uri: str, run_id: str, path: str, artifact_path: str) -> None:
+    """A file or a directory's files, under ``artifact_path`` on the run."""
+    if os.path.isdir(path):
+        client(uri).log_artifacts(run_id, path, artifact_path)
+    else:
+        client(uri).log_artifact(run_id, path, artifact_path)
+
+
+@_one_writer
 def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:
     client(uri).log_text(run_id, text, artifact_file)
 

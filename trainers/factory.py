@@ -10,7 +10,7 @@ from prefect_hyperband.trainers.base import Trainer
 from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.trainers.errors import InputError
 
-MODELS = ("xgboost", "torch", "synthetic")
+MODELS = ("xgboost", "torch", "synthetic")  # built in; "function" is the user's own (``trainer`` names it)
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,11 @@ class TrainerSettings:
     rounds_per_unit: int = 10  # xgboost
     nnodes: int = 1  # torch
     rdzv_endpoint: str | None = None  # torch
+    trainer: str | None = None  # function: path/to/file.py:function or package.module:function
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
 
-def model_space(model: str) -> tuple[dict[str, dict[str, Any]], frozenset[str], dict[str, Any]]:
+def model_space(model: str) -> tuple[dict[str, dict[str, Any]], frozenset[str] | None, dict[str, Any]]:
     """(default search space, accepted parameter names, default config) of a model."""
     if model == "xgboost":
         from prefect_hyperband.trainers import xgboost_trainer as m
@@ -39,6 +40,8 @@ def model_space(model: str) -> tuple[dict[str, dict[str, Any]], frozenset[str], 
         from prefect_hyperband.trainers import torch_ddp as m  # type: ignore[no-redef]
     elif model == "synthetic":
         from prefect_hyperband.trainers import synthetic as m  # type: ignore[no-redef]
+    elif model == "function":  # the user's space names the parameters; there is no default config
+        return {}, None, {}  # type: ignore[return-value]
     else:
         raise InputError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
     return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
@@ -77,6 +80,11 @@ def build(settings: TrainerSettings) -> Trainer:
         from prefect_hyperband.trainers.synthetic import SyntheticTrainer
 
         return SyntheticTrainer(seed=settings.seed, workers=settings.workers, **dict(settings.extra))
+    if settings.model == "function":
+        from prefect_hyperband.trainers.function import FunctionTrainer
+
+        assert settings.trainer and settings.metric
+        return FunctionTrainer(settings.trainer, settings.metric, workers=settings.workers)
     raise InputError(f"unknown model {settings.model!r}; choose one of {', '.join(MODELS)}")
 
 

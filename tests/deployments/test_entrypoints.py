@@ -35,7 +35,7 @@ def test_prefect_yaml_validates_with_prefects_own_model():
 
     raw = _config()
     model = PrefectYamlModel.model_validate(raw)  # prefect deploy skips a file that fails this, with a warning
-    assert [d.name for d in model.deployments] == ["xgboost-bank-marketing", "torch-digits"]
+    assert [d.name for d in model.deployments] == ["xgboost-bank-marketing", "torch-digits", "sklearn-digits-example"]
     assert len({d.name for d in model.deployments}) == len(model.deployments)
     for d in model.deployments:
         assert d.work_pool is not None and d.work_pool.name == "hyperband-process"
@@ -118,7 +118,8 @@ def test_hyperband_deploy_rejects_an_unknown_deployment_in_one_line(capsys, monk
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
     assert cli.main(["deploy", "--name", "nosuch"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "hyperband: error: unknown deployment 'nosuch'; choose from xgboost-bank-marketing, torch-digits"
+    assert err == ("hyperband: error: unknown deployment 'nosuch'; "
+                   "choose from xgboost-bank-marketing, torch-digits, sklearn-digits-example")
 
 
 def test_hyperband_deploy_needs_a_server(capsys, monkeypatch):
@@ -127,3 +128,12 @@ def test_hyperband_deploy_needs_a_server(capsys, monkeypatch):
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     assert cli.main(["deploy"]) == 2
     assert "set PREFECT_API_URL" in capsys.readouterr().err
+
+
+def test_the_user_code_deployment_validates_and_its_trainer_loads():
+    from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.trainers.function import load
+
+    params = TuneParams.model_validate(next(d for d in _deployments() if d["name"] == "sklearn-digits-example")["parameters"]["params"])
+    assert params.model == "function" and isinstance(params.space, dict)
+    assert callable(load(params.trainer))  # importable from the installed package, wherever the worker runs

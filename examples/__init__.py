@@ -1,0 +1,1 @@
+"""Examples of tuning your own code, installed as ``prefect_hyperband.examples`` (runnable as files too)."""

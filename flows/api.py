@@ -1,0 +1,54 @@
+"""``prefect_hyperband.tune``: the job from Python (a script, a notebook), as a Prefect flow run."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from prefect_hyperband.flows.params import TuneParams
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What a job found: the best config and score (any rung, as the paper returns), where it is recorded."""
+
+    best_config: dict[str, Any]
+    best_score: float | None
+    best_trial: str | None
+    best_resource: int | None
+    parent_run_id: str
+    job_id: str
+    job_dir: str
+    summary: dict[str, Any]
+
+
+def tune(
+    train: Callable[..., Mapping[str, Any]] | str,
+    space: Mapping[str, Mapping[str, Any]] | str,
+    metric: str,
+    direction: str,
+    max_resource: int = 81,
+    eta: int = 3,
+    min_resource: int = 1,
+    **options: Any,
+) -> JobResult:
+    """Tune ``train(trial) -> {metric: value}`` over ``space`` with Hyperband; any ``TuneParams`` field in ``options``.
+
+    ``train`` is a function (importable, or defined right here: then a killed job resumes only in
+    this process) or its entry string, ``path/to/file.py:function`` / ``package.module:function``.
+    """
+    from prefect_hyperband.flows.tune import tune as tune_flow
+    from prefect_hyperband.trainers.function import entry_of
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    entry = train if isinstance(train, str) else entry_of(train)
+    params = TuneParams(trainer=entry, space=dict(space) if isinstance(space, Mapping) else space, metric=metric,
+                        direction=direction, max_resource=max_resource, eta=eta, min_resource=min_resource, **options)
+    result = tune_flow(params)
+    best = result.get("best") or {}
+    return JobResult(
+        best_config=dict(best.get("config") or {}), best_score=best.get("score"), best_trial=best.get("trial_id"),
+        best_resource=best.get("resource"), parent_run_id=result["parent_run_id"], job_id=result["job_id"],
+        job_dir=result["job_dir"], summary=result["summary"],
+    )

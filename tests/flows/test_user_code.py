@@ -1,0 +1,101 @@
+"""Tuning the user's own code: the scikit-learn example through the CLI and through ``hb.tune``, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = f"{ROOT / 'examples' / 'sklearn_sgd.py'}:train"
+SPACE = str(ROOT / "examples" / "sklearn_space.yaml")
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def runs_of(uri: str, experiment: str, parent_run_id: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parent = next(r for r in runs if r.info.run_id == parent_run_id)
+    return client, parent, [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent_run_id]
+
+
+def test_the_sklearn_example_from_the_cli_trains_exactly_69_epochs(tracking_uri, tmp_path, capsys):
+    from prefect_hyperband.flows import cli
+
+    code = cli.main(["tune", "--trainer", EXAMPLE, "--space", SPACE, "--metric", "val_loss", "--direction", "minimize",
+                     "--min-resource", "1", "--max-resource", "9", "--eta", "3", "--seed", "4",
+                     "--job-dir", str(tmp_path / "jobs"), "--experiment", "sk", "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    summary = result["summary"]
+    assert summary["configs"] == 17 and summary["reached_max_resource"] == 5 and summary["resource_used"] == 69
+
+    client, parent, children = runs_of(tracking_uri, "sk", result["parent_run_id"])
+    assert len(children) == 17 and all(c.info.status == "FINISHED" for c in children)
+    # every epoch the user's code trained reported once: resumes trained only the missing epochs
+    epochs = sum(len(client.get_metric_history(c.info.run_id, "val_accuracy")) for c in children)
+    assert epochs == 69
+    winner = next(c for c in children if c.data.tags["hyperband.trial_id"] == result["best"]["trial_id"])
+    steps = [m.step for m in client.get_metric_history(winner.info.run_id, "val_loss")]
+    assert steps == list(range(1, result["best"]["resource"] + 1))  # under the user's name, not val_val_loss
+    assert parent.data.metrics["best_val_loss"] == pytest.approx(result["best"]["score"])
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "best_checkpoint")}
+    assert "best_checkpoint/model.pkl" in artifacts
+    assert set(json.loads(Path(client.download_artifacts(parent.info.run_id, "best_config.json", str(tmp_path))).read_text())["config"]) == {
+        "alpha", "eta0", "learning_rate"}
+
+    import prefect_hyperband as hb
+
+    again = hb.tune(EXAMPLE, space=SPACE, metric="val_loss", direction="minimize", max_resource=9, eta=3, seed=4,
+                    job_dir=str(tmp_path / "jobs"), experiment="sk-python")
+    assert again.best_config == result["best"]["config"] and again.best_score == pytest.approx(result["best"]["score"])
+    assert again.best_trial == result["best"]["trial_id"] and again.parent_run_id != result["parent_run_id"]
+
+
+def test_a_failing_user_trainer_fails_its_trials_only(tracking_uri, tmp_path):
+    import prefect_hyperband as hb
+
+    def train(trial: hb.Trial) -> dict[str, float]:
+        if trial.config["x"] > 0.5:
+            raise ValueError("x too large for this model")
+        for step in range(trial.start + 1, trial.resource + 1):
+            trial.report(step, loss=trial.config["x"] / step)
+        return {"loss": trial.config["x"] / trial.resource}
+
+    result = hb.tune(train, space={"x": {"type": "float", "low": 0.0, "high": 1.0}}, metric="loss", direction="minimize",
+                     max_resource=3, eta=3, job_dir=str(tmp_path / "jobs"), experiment="failing", seed=1)
+    assert result.best_score is not None and result.best_config["x"] <= 0.5
+    _, _, children = runs_of(tracking_uri, "failing", result.parent_run_id)
+    failed = [c for c in children if c.data.tags["hyperband.status"] == "failed"]
+    assert failed and result.summary["failed_trials"] == len(failed)
+    assert all("x too large" in c.data.tags["hyperband.error"] and c.info.status == "FAILED" for c in failed)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--trainer", "nosuch.py:train", "--metric", "loss", "--direction", "minimize", "--space", SPACE],
+         "trainer file 'nosuch.py' not found"),
+        (["--trainer", EXAMPLE.replace(":train", ":fit"), "--metric", "loss", "--direction", "minimize", "--space", SPACE],
+         "has no function 'fit'"),
+        (["--trainer", EXAMPLE, "--direction", "minimize", "--space", SPACE], "your own trainer needs metric"),
+        (["--trainer", EXAMPLE, "--metric", "val_loss", "--space", SPACE], "your own trainer needs direction"),
+        (["--trainer", EXAMPLE, "--metric", "val_loss", "--direction", "minimize"], "your own trainer needs space"),
+        (["--trainer", EXAMPLE, "--metric", "val_loss", "--direction", "down", "--space", SPACE], "invalid choice: 'down'"),
+    ],
+)
+def test_bad_user_code_input_is_one_line_and_exit_2(tracking_uri, tmp_path, capsys, extra, message):
+    from prefect_hyperband.flows import cli
+
+    try:
+        code = cli.main(["tune", "--job-dir", str(tmp_path / "jobs"), *extra])
+    except SystemExit as exc:  # argparse's own errors (a bad choice) exit from the parser
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("hyperband: error: "), err
+    assert message in err

@@ -1,0 +1,101 @@
+"""The user's own training function: loading it, the Trial it gets, what it must return (plain Python)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.function import FunctionTrainer, Trial, entry_of, load, report
+
+
+def write(tmp_path, body: str, name: str = "user_train.py"):
+    path = tmp_path / name
+    path.write_text(body)
+    return path
+
+
+COUNTING = """
+import json, os
+from pathlib import Path
+
+def train(trial):
+    done = Path(trial.checkpoint) / "epochs.json" if trial.checkpoint else None
+    epochs = json.loads(done.read_text()) if done else []
+    for e in range(trial.start + 1, trial.resource + 1):
+        epochs.append(e)
+        trial.report(e, loss=1.0 / e)
+    (Path(trial.checkpoint_dir) / "epochs.json").write_text(json.dumps(epochs))
+    return {"loss": 1.0 / trial.resource + trial.config["x"], "epochs": len(epochs)}
+"""
+
+
+def test_a_trial_resumes_from_its_checkpoint_and_trains_only_the_missing_units(tmp_path):
+    trainer = FunctionTrainer(f"{write(tmp_path, COUNTING)}:train", "loss")
+    first = trainer.train({"x": 0.5}, 3, None, str(tmp_path / "ck" / "t" / "r3.json"))
+    assert first.resource_trained == 3 and [h["step"] for h in first.history] == [1, 2, 3]
+    assert trainer.evaluate(first.checkpoint) == pytest.approx(1 / 3 + 0.5)
+    second = trainer.train({"x": 0.5}, 9, first.checkpoint, str(tmp_path / "ck" / "t" / "r9.json"))
+    assert second.resource_trained == 6 and [h["step"] for h in second.history] == [4, 5, 6, 7, 8, 9]
+    assert json.loads((tmp_path / "ck" / "t" / "r9" / "epochs.json").read_text()) == list(range(1, 10))
+    assert json.loads((tmp_path / "ck" / "t" / "r9.json").read_text())["metrics"]["epochs"] == 9
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("def train(trial):\n    return {'other': 1.0}\n", "returned no 'loss'"),
+        ("def train(trial):\n    return {'loss': float('nan')}\n", "'loss' is nan"),
+        ("def train(trial):\n    return {'loss': 'low'}\n", "must be a number"),
+        ("def train(trial):\n    return 0.5\n", "must return a dict"),
+        ("def train(trial):\n    raise RuntimeError('diverged')\n", "diverged"),
+    ],
+)
+def test_what_a_trainer_returns_is_checked(tmp_path, body, message):
+    trainer = FunctionTrainer(f"{write(tmp_path, body)}:train", "loss")
+    with pytest.raises(Exception, match=message):
+        trainer.train({}, 1, None, str(tmp_path / "r1.json"))
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ("nosuch.py:train", "trainer file 'nosuch.py' not found"),
+        ("no_colon.py", "must be path/to/file.py:function or package.module:function"),
+        ("no_such_package_xyz.mod:train", "does not import: ModuleNotFoundError"),
+        ("{bad}:train", "does not import: ModuleNotFoundError: No module named .no_such_module_xyz."),
+        ("{missing}:train", "has no function 'train'"),
+        ("{two_args}:train", "must take one argument, the trial"),
+    ],
+)
+def test_bad_trainers_are_one_clear_error(tmp_path, entry, message):
+    files = {
+        "bad": write(tmp_path, "import no_such_module_xyz\n", "bad.py"),
+        "missing": write(tmp_path, "def other(trial):\n    return {}\n", "missing.py"),
+        "two_args": write(tmp_path, "def train(trial, extra):\n    return {}\n", "two_args.py"),
+    }
+    entry = entry.format(**{k: str(v) for k, v in files.items()})
+    with pytest.raises(InputError, match=message):
+        load(entry)
+
+
+def test_module_entries_and_local_functions_load():
+    assert load("json:dumps") is json.dumps
+
+    def local(trial):
+        return {"loss": 0.0}
+
+    assert load(entry_of(local)) is local
+    assert entry_of(math.sqrt).startswith("<local>:") or entry_of(math.sqrt) == "math:sqrt"
+
+
+def test_report_outside_a_trial_says_so_and_inside_lands_on_the_trial(tmp_path):
+    with pytest.raises(RuntimeError, match="outside a trial"):
+        report(1, loss=0.5)
+    body = "import prefect_hyperband as hb\ndef train(trial):\n    hb.report(1, loss=0.25)\n    return {'loss': 0.25}\n"
+    result = FunctionTrainer(f"{write(tmp_path, body)}:train", "loss").train({}, 1, None, str(tmp_path / "r1.json"))
+    assert result.history == [{"step": 1, "loss": 0.25}]
+    with pytest.raises(TypeError, match="must be a number"):
+        Trial({}, 1, 0, None, str(tmp_path)).report(1, loss="x")

@@ -1,0 +1,192 @@
+"""The user's own training function as a trainer: ``train(trial) -> {metric: value}``.
+
+The function receives a ``Trial``: its ``config``, the ``resource`` (units) this call must reach,
+``start`` (units its checkpoint already holds; 0 when fresh), ``checkpoint`` (a directory to resume
+from, or None) and ``checkpoint_dir`` (an empty directory to save this call's checkpoint into). It
+may call ``trial.report(step, **metrics)`` once per unit; those land on the trial's MLflow run at
+their steps. It returns the metrics at ``resource``, which must hold the job's metric as a number.
+
+A checkpoint here is a directory (the user's files) beside a small JSON file (``<dir>.json``: the
+units it holds and the metrics returned), which is what the scheduler passes around.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import math
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from prefect_hyperband.trainers.base import TrainResult, write_json_atomic
+from prefect_hyperband.trainers.errors import InputError
+
+#: callables handed to ``prefect_hyperband.tune`` in this process that have no importable name
+_LOCAL: dict[str, Callable[..., Any]] = {}
+_LOCAL_LOCK = threading.Lock()
+_REPORTS = threading.local()  # the trial whose thread calls ``prefect_hyperband.report``
+
+
+@dataclass
+class Trial:
+    """One call of the user's training function: train ``config`` from ``start`` to ``resource`` units."""
+
+    config: dict[str, Any]
+    resource: int
+    start: int
+    checkpoint: str | None
+    checkpoint_dir: str
+    trial_id: str = ""
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def report(self, step: int, **metrics: float) -> None:
+        """Metrics at ``step`` (a unit, 1..resource), logged to the trial's MLflow run at that step."""
+        row: dict[str, float] = {"step": int(step)}
+        for name, value in metrics.items():
+            try:
+                row[name] = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"trial.report: metric {name!r} must be a number, got {value!r}") from None
+        self.history.append(row)
+
+
+def report(step: int, **metrics: float) -> None:
+    """``trial.report`` for code that does not hold the ``Trial`` (the trial of the calling thread)."""
+    trial = getattr(_REPORTS, "trial", None)
+    if trial is None:
+        raise RuntimeError("prefect_hyperband.report() called outside a trial")
+    trial.report(step, **metrics)
+
+
+def register_local(fn: Callable[..., Any]) -> str:
+    """An entry for a callable with no importable name (defined in ``__main__``, a notebook, a closure)."""
+    key = f"<local>:{getattr(fn, '__qualname__', 'train')}:{id(fn)}"
+    with _LOCAL_LOCK:
+        _LOCAL[key] = fn
+    return key
+
+
+def entry_of(fn: Callable[..., Any]) -> str:
+    """``module:function`` for an importable function, else a process-local entry."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module and module != "__main__" and "<" not in name and "." not in name:
+        try:
+            if getattr(importlib.import_module(module), name, None) is fn:
+                return f"{module}:{name}"
+        except Exception:
+            pass
+    return register_local(fn)
+
+
+def load(entry: str) -> Callable[[Trial], Mapping[str, Any]]:
+    """The function named by ``path/to/file.py:function`` or ``package.module:function``; ``InputError`` otherwise."""
+    if entry.startswith("<local>:"):
+        with _LOCAL_LOCK:
+            fn = _LOCAL.get(entry)
+        if fn is None:
+            raise InputError(f"trainer {entry} was defined in another process; pass it as module:function to resume")
+        return _check_signature(fn, entry)
+    target, sep, name = entry.rpartition(":")
+    if not sep or not target or not name:
+        raise InputError(f"--trainer must be path/to/file.py:function or package.module:function, got {entry!r}")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise InputError(f"trainer file {target!r} not found")
+        module_name = f"_hyperband_user_{path.stem}_{abs(hash(str(path.resolve())))}"
+        module = sys.modules.get(module_name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            if spec is None or spec.loader is None:
+                raise InputError(f"trainer file {target!r} cannot be loaded as Python")
+            module = importlib.util.module_from_spec(spec)
+            sys.path.insert(0, str(path.resolve().parent))  # its own sibling modules import
+            try:
+                sys.modules[module_name] = module
+                spec.loader.exec_module(module)
+            except Exception as exc:
+                sys.modules.pop(module_name, None)
+                raise InputError(f"trainer file {target!r} does not import: {type(exc).__name__}: {exc}") from None
+            finally:
+                sys.path.remove(str(path.resolve().parent))
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as exc:
+            raise InputError(f"trainer module {target!r} does not import: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise InputError(f"trainer {entry!r}: {target} has no function {name!r}")
+    return _check_signature(fn, entry)
+
+
+def _check_signature(fn: Any, entry: str) -> Callable[[Trial], Mapping[str, Any]]:
+    if not callable(fn):
+        raise InputError(f"trainer {entry!r} is not callable")
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        raise InputError(f"trainer {entry!r} must take one argument, the trial: def train(trial) -> dict") from None
+    except ValueError:  # builtins without a signature: let the call tell
+        pass
+    return fn
+
+
+class FunctionTrainer:
+    """The Trainer protocol over a user function; ``evaluate`` reads the metric the function returned."""
+
+    model = "function"
+
+    def __init__(self, entry: str, metric: str, workers: int = 1) -> None:
+        self.entry, self.metric, self.workers = entry, metric, workers
+        self.fn = load(entry)
+
+    def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:
+        start = _held(checkpoint)
+        directory = Path(out).with_suffix("")
+        directory.mkdir(parents=True, exist_ok=True)
+        trial = Trial(dict(config), resource, start, str(Path(checkpoint).with_suffix("")) if checkpoint else None,
+                      str(directory), trial_id=directory.parent.name)
+        began = time.perf_counter()
+        _REPORTS.trial = trial
+        try:
+            returned = self.fn(trial)
+        finally:
+            _REPORTS.trial = None
+        seconds = time.perf_counter() - began
+        metrics = _metrics(returned, self.metric)
+        write_json_atomic(out, {"resource": resource, "metrics": metrics})
+        return TrainResult(str(out), resource, resource - start, seconds, self.workers, history=trial.history)
+
+    def evaluate(self, checkpoint: str) -> float:
+        return float(json.loads(Path(checkpoint).read_text())["metrics"][self.metric])
+
+    def close(self) -> None:
+        """Nothing to release: the function runs in the job's own threads."""
+
+
+def _held(checkpoint: str | None) -> int:
+    return int(json.loads(Path(checkpoint).read_text())["resource"]) if checkpoint else 0
+
+
+def _metrics(returned: Any, metric: str) -> dict[str, float]:
+    """The returned mapping as numbers; the job's metric must be there and finite."""
+    if not isinstance(returned, Mapping):
+        raise ValueError(f"the trainer must return a dict of metrics holding {metric!r}, got {type(returned).__name__}")
+    if metric not in returned:
+        raise ValueError(f"the trainer returned no {metric!r} (got {', '.join(map(str, returned)) or 'nothing'})")
+    out: dict[str, float] = {}
+    for name, value in returned.items():
+        try:
+            out[str(name)] = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"metric {name!r} must be a number, got {value!r}") from None
+    if not math.isfinite(out[metric]):
+        raise ValueError(f"metric {metric!r} is {out[metric]}")
+    return out
