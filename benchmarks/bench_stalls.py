@@ -65,7 +65,8 @@ class ApiProbe:
 
 def run_once(tmp: Path, concurrency: int, extra: list[str]) -> dict[str, Any]:
     job_dir = tmp / f"jobs-c{concurrency}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_URL", "MLFLOW_"))}
+    # the job as a user runs it: none of _common's in-process settings (log level, database timeout)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONUNBUFFERED="1",
                MLFLOW_TRACKING_URI=f"sqlite:///{tmp / f'mlflow-{time.time_ns()}.db'}")
     exe = Path(sys.executable).parent / "hyperband"
@@ -108,6 +109,7 @@ def run_once(tmp: Path, concurrency: int, extra: list[str]) -> dict[str, Any]:
         "api_max": lat[-1],
         "best": result["summary"]["best_score"],
         "errors": len(errors),
+        "error_lines": errors[:3],
     }
 
 
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   c={c} run {i + 1}: flow {r['flow_wall']:.1f} s, trial-rungs {r['trial_rung_s']:.1f} s, "
                       f"longest gap {r['longest_gap']:.2f} s, API p50 {r['api_p50'] * 1000:.0f} ms max {r['api_max'] * 1000:.0f} ms, "
                       f"{r['errors']} error lines", flush=True)
+                for line in r["error_lines"]:
+                    print(f"      {line}", flush=True)
     print()
     table = [(r["concurrency"], r["flow_wall"], r["end_to_end"], r["trial_rung_s"], r["longest_gap"],
               1000 * r["api_p50"], 1000 * r["api_max"], f"{r['best']:.4f}", r["errors"]) for r in results]

@@ -183,7 +183,7 @@ def _tune(args: argparse.Namespace) -> int:
         from prefect_hyperband.trainers.errors import InputError
 
         try:
-            return _run(resume_params(args.job_dir, args.resume), args)
+            return _run(resume_params(args.job_dir, args.resume, _explicit(args)), args)
         except (InputError, ValidationError) as exc:
             return _fail(_one_line(exc) if isinstance(exc, ValidationError) else str(exc))
     try:
@@ -199,6 +199,33 @@ def _tune(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         return _fail(_one_line(exc))
     return _run(params, args)
+
+
+#: tune flags whose names differ from their TuneParams field (or are not one)
+_FLAG_FIELDS = {"no_register": "register_model", "no_baseline": "baseline"}
+_NOT_PARAMS = {"command", "resume", "json", "verbose", "job_dir"}
+
+
+def _explicit(args: argparse.Namespace) -> dict[str, Any]:
+    """The tune flags given on the command line (values that differ from the parser's defaults), as TuneParams fields."""
+    defaults = {a.dest: a.default for a in _tune_parser()._actions}
+    out: dict[str, Any] = {}
+    for dest, value in vars(args).items():
+        if dest in _NOT_PARAMS or dest not in defaults or value == defaults[dest]:
+            continue
+        if dest in _FLAG_FIELDS:
+            out[_FLAG_FIELDS[dest]] = not value
+        elif dest == "trainer":
+            out.update(trainer=value, model="function")
+        else:
+            out[dest] = value
+    return out
+
+
+def _tune_parser() -> argparse.ArgumentParser:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["tune"]
 
 
 def _run(params, args: argparse.Namespace) -> int:

@@ -6,9 +6,10 @@ import os
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 from prefect_hyperband.flows.params import TuneParams
-from prefect_hyperband.flows.state import load_job_record
+from prefect_hyperband.flows.state import check_free, load_job_record
 from prefect_hyperband.hyperband import schedule, space as spaces
 from prefect_hyperband.hyperband.promotion import Direction
 from prefect_hyperband.tasks.job import Job
@@ -22,17 +23,46 @@ def new_job_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
-def resume_params(job_dir: str, job_id: str) -> TuneParams:
-    """The parameters a job was started with, for ``--resume``: same seed, same configs."""
+#: what a resumed job may change; everything else would mix two grids or two searches
+MAY_CHANGE_ON_RESUME = frozenset({"concurrency", "tracking_uri", "time_budget", "job_dir", "job_id", "resume",
+                                  "register_model", "dask_address"})
+
+
+def resume_params(job_dir: str, job_id: str, given: dict[str, Any] | None = None) -> TuneParams:
+    """The parameters a job was started with, for a resume: same seed, same configs.
+
+    ``given`` are the parameters passed explicitly with the resume (flags, a deployment's or a Python
+    call's); one that differs from the saved job is refused, naming both values, unless it is one a
+    resume may change (``MAY_CHANGE_ON_RESUME``).
+    """
     record = load_job_record(Path(job_dir).resolve() / job_id)
     if record is None:
         raise InputError(f"no job {job_id!r} to resume under {job_dir} (expected {job_id}/job.json)")
-    return TuneParams(**{**record["params"], "job_dir": job_dir, "job_id": job_id, "resume": True})
+    saved = record["params"]
+    given = dict(given or {})
+    for name, value in given.items():
+        if name in MAY_CHANGE_ON_RESUME or name not in saved or value == saved[name]:
+            continue
+        raise InputError(f"job {job_id!r} was started with {name}={saved[name]!r}; resuming it with "
+                         f"{name}={value!r} would mix two jobs: drop the flag, or start a new job")
+    return TuneParams(**{**saved, **given, "job_dir": job_dir, "job_id": job_id, "resume": True})
+
+
+def resolve(params: TuneParams) -> TuneParams:
+    """A resume's full parameters: the saved job's, with what the caller set explicitly checked against them."""
+    if not params.resume or not params.job_id:
+        return params
+    return resume_params(params.job_dir, params.job_id, params.model_dump(mode="json", include=params.model_fields_set))
 
 
 def prepare(params: TuneParams) -> Job:
     """Validate the schedule, the search space, the data, the metric and the tracking store."""
     schedule.validate(params.min_resource, params.max_resource, params.eta)
+    schedule.check_size(params.min_resource, params.max_resource, params.eta)
+    cores = os.cpu_count() or 1
+    if params.model in ("xgboost", "torch") and params.workers > cores and not params.dask_address and params.nnodes == 1:
+        raise InputError(f"--workers {params.workers} starts {params.workers} local worker processes per trial on a "
+                         f"machine of {cores} cores; use at most {cores}, or --dask-address for a cluster")
     default_space, known, default_config = model_space(params.model)
     if isinstance(params.space, dict):
         space = spaces.parse(params.space, known, params.model)
@@ -88,6 +118,11 @@ def prepare(params: TuneParams) -> Job:
         if record is None:
             raise InputError(f"no job {job_id!r} to resume under {params.job_dir}")
         parent_run_id = record.get("parent_run_id")
+    elif load_job_record(job_dir) is not None:
+        raise InputError(f"job {job_id!r} already exists under {params.job_dir}; continue it with --resume {job_id} "
+                         "or choose another --job-id")
+    if job_dir.is_dir():
+        check_free(job_dir, job_id)
     job_dir.mkdir(parents=True, exist_ok=True)
     return Job(
         job_id=job_id,

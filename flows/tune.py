@@ -9,9 +9,9 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from prefect_hyperband.flows.driver import close_decided, drive
-from prefect_hyperband.flows.job import prepare
+from prefect_hyperband.flows.job import prepare, resolve
 from prefect_hyperband.flows.params import TuneParams
-from prefect_hyperband.flows.state import load_state, make_scheduler, save_job_record
+from prefect_hyperband.flows.state import job_lock, load_state, make_scheduler, save_job_record
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.accounting import Summary, TrialRung, summarise, table
 from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
@@ -36,7 +36,13 @@ def tune(params: TuneParams) -> dict[str, Any]:
     """Hyperband (Li et al., JMLR 2018) or ASHA (Li et al., MLSys 2020) over ``params``, tracked in MLflow."""
     logger = get_run_logger()
     began = time.perf_counter()
+    params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
     job = prepare(params)
+    with job_lock(job.job_dir, job.job_id):  # one process per job: a second run or resume is refused
+        return _run_job(params, job, logger, began)
+
+
+def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, Any]:
     plan = schedule.plan_summary(job.min_resource, job.max_resource, job.eta)
     logger.info(
         "job %s (%s, %s sampler, %d slots): %d brackets, %d configs, %d trial-rungs, %d units "

@@ -62,6 +62,22 @@ def validate(min_resource: int, max_resource: int, eta: int) -> None:
         raise ValueError(f"min_resource must be <= max_resource, got {min_resource} > {max_resource}")
 
 
+#: the largest plan a job accepts: its trials' state lives in memory and in one JSON file
+MAX_TRIAL_RUNGS = 100_000
+
+
+def check_size(min_resource: int, max_resource: int, eta: int) -> None:
+    """Raise ``ValueError`` for a plan above ``MAX_TRIAL_RUNGS`` trial-rungs, with its figures."""
+    plan = brackets(min_resource, max_resource, eta)
+    trial_rungs = sum(r.n_configs for b in plan for r in b.rungs)
+    if trial_rungs > MAX_TRIAL_RUNGS:
+        configs = sum(b.n_configs for b in plan)
+        raise ValueError(
+            f"the plan (r={min_resource}, R={max_resource}, eta={eta}) has {trial_rungs:,} trial-rungs and {configs:,} "
+            f"configs; the largest a job accepts is {MAX_TRIAL_RUNGS:,} trial-rungs: raise eta or min_resource, or lower max_resource"
+        )
+
+
 def s_max(min_resource: int, max_resource: int, eta: int) -> int:
     """The largest s with min_resource·η^s ≤ max_resource (integer loop, exact at powers)."""
     validate(min_resource, max_resource, eta)

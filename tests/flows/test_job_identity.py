@@ -1,0 +1,91 @@
+"""Job identity and bounds: an id is never silently reused, a resume never mixes two jobs, one process per job,
+no flag takes the machine down."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+SMALL = ["--model", "synthetic", "--max-resource", "3", "--eta", "3", "--no-baseline"]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    from prefect_hyperband.flows import cli
+
+    try:
+        code = cli.main(["tune", *argv])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err.strip()
+
+
+def one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("hyperband: error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_a_used_job_id_is_refused_naming_resume(tracking_uri, tmp_path, capsys):
+    jobs = str(tmp_path / "jobs")
+    assert run(capsys, *SMALL, "--job-dir", jobs, "--job-id", "once")[0] == 0
+    code, _, err = run(capsys, *SMALL, "--job-dir", jobs, "--job-id", "once")
+    assert code == 2
+    assert "job 'once' already exists" in one_line(err) and "--resume once" in err
+
+
+def test_a_conflicting_resume_is_refused_naming_both_values_and_a_plain_one_takes_the_saved_job(tracking_uri, tmp_path, capsys):
+    jobs = str(tmp_path / "jobs")
+    assert run(capsys, *SMALL, "--job-dir", jobs, "--job-id", "r3")[0] == 0
+    code, _, err = run(capsys, "--resume", "r3", "--job-dir", jobs, "--max-resource", "27")
+    assert code == 2
+    assert "started with max_resource=3; resuming it with max_resource=27" in one_line(err)
+    # what a resume may change is accepted; the saved job runs (nothing left to train: it finished)
+    code, out, _ = run(capsys, "--resume", "r3", "--job-dir", jobs, "--concurrency", "1", "--json")
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["summary"]["trial_rungs"] == 6
+
+    from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.flows.tune import tune
+
+    state = tune(TuneParams(job_dir=jobs, job_id="r3", resume=True, eta=4), return_state=True)
+    assert state.is_failed() and "started with eta=3; resuming it with eta=4" in state.message
+    result = tune(TuneParams(job_dir=jobs, job_id="r3", resume=True))  # Python: the saved parameters
+    assert result["summary"]["max_resource"] == 3 and result["summary"]["trial_rungs"] == 6
+
+
+def test_one_process_per_job_and_a_stale_lock_is_taken_over(tracking_uri, tmp_path, capsys):
+    jobs = tmp_path / "jobs"
+    (jobs / "held").mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (jobs / "held" / "lock").write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid}))
+        code, _, err = run(capsys, *SMALL, "--job-dir", str(jobs), "--job-id", "held")
+        assert code == 2 and f"pid {holder.pid}" in one_line(err) and "already running" in err
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: its lock is stale, the job runs and leaves no lock behind
+    code, _, err = run(capsys, *SMALL, "--job-dir", str(jobs), "--job-id", "held")
+    assert code == 0, err
+    assert not (jobs / "held" / "lock").exists()
+
+
+def test_local_workers_above_the_cores_are_refused(tracking_uri, tmp_path, capsys):
+    cores = os.cpu_count() or 1
+    code, _, err = run(capsys, "--workers", str(cores + 1), "--max-resource", "3", "--job-dir", str(tmp_path))
+    assert code == 2
+    assert f"machine of {cores} cores" in one_line(err) and "--dask-address" in err
+
+
+def test_a_plan_above_the_bound_is_refused_before_any_work(tracking_uri, tmp_path, capsys):
+    code, _, err = run(capsys, *SMALL[:2], "--max-resource", "1000000", "--eta", "2", "--job-dir", str(tmp_path))
+    assert code == 2
+    line = one_line(err)
+    assert "trial-rungs" in line and "the largest a job accepts is 100,000 trial-rungs" in line
+    assert not any(tmp_path.iterdir())  # nothing created
