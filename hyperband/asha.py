@@ -36,23 +36,12 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 
 from prefect_hyperband.hyperband.promotion import Direction, promote, sign, sort_key
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
+from prefect_hyperband.hyperband.trial import TrialJob
 
 Status = Literal["running", "stopped", "failed", "completed"]
 
 
-@dataclass(frozen=True)
-class AshaJob:
-    """Train ``trial_id`` to ``resource`` (rung ``rung`` of bracket ``bracket``), resuming ``checkpoint``."""
-
-    trial_id: str
-    bracket: int
-    rung: int
-    resource: int
-    config: dict[str, Any]
-    checkpoint: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+AshaJob = TrialJob  # ASHA's jobs are the schedulers' common message
 
 
 @dataclass

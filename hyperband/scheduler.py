@@ -17,7 +17,7 @@ jobs that were in flight when the state was saved are offered again first.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
 from prefect_hyperband.hyperband.asha import AshaState
@@ -25,18 +25,7 @@ from prefect_hyperband.hyperband.bracket import BracketState, Status
 from prefect_hyperband.hyperband.promotion import Direction, sort_key
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 from prefect_hyperband.hyperband.space import Space
-
-
-@dataclass(frozen=True)
-class TrialJob:
-    """Train ``trial_id`` to ``resource`` units (rung ``rung`` of bracket ``bracket``), resuming ``checkpoint``."""
-
-    trial_id: str
-    bracket: int
-    rung: int
-    resource: int
-    config: dict[str, Any]
-    checkpoint: str | None
+from prefect_hyperband.hyperband.trial import TrialJob
 
 
 @dataclass(frozen=True)
@@ -237,8 +226,7 @@ class AshaScheduler:
             t = self.state.trials[self.backlog.pop(0)]
             resource = self.state.plan(t.bracket).rungs[t.rung].resource
             return TrialJob(t.trial_id, t.bracket, t.rung, resource, dict(t.config), t.checkpoint)
-        job = self.state.next_job(self.sampler.ask, self._can_start())
-        return None if job is None else TrialJob(**asdict(job))
+        return self.state.next_job(self.sampler.ask, self._can_start())
 
     def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None, error: str | None = None) -> list[str]:
         self.state.report(trial_id, resource, score, checkpoint if not _failed(score) else None, error)

@@ -1,0 +1,21 @@
+"""The message a scheduler hands its driver: train this trial to this resource."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """Train ``trial_id`` to ``resource`` units (rung ``rung`` of bracket ``bracket``), resuming ``checkpoint``."""
+
+    trial_id: str
+    bracket: int
+    rung: int
+    resource: int
+    config: dict[str, Any]
+    checkpoint: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
