@@ -19,6 +19,8 @@ Run from the repository root::
 
     python benchmarks/bench_stalls.py                 # 5 runs at concurrency 1 and 2 (~5 min on 2 cores)
     python benchmarks/bench_stalls.py --runs 2 --concurrency 2
+    python benchmarks/bench_stalls.py --api-url http://127.0.0.1:4200/api --tracking-uri http://127.0.0.1:5000
+        # against running servers, e.g. Prefect and MLflow on PostgreSQL (README, Operations 1b)
 """
 
 from __future__ import annotations
@@ -63,16 +65,20 @@ class ApiProbe:
             self.latencies.append(time.perf_counter() - began)
 
 
-def run_once(tmp: Path, concurrency: int, extra: list[str]) -> dict[str, Any]:
+def run_once(tmp: Path, concurrency: int, extra: list[str], api_url: str | None = None,
+             tracking_uri: str | None = None) -> dict[str, Any]:
     job_dir = tmp / f"jobs-c{concurrency}"
     # the job as a user runs it: none of _common's in-process settings (log level, database timeout)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONUNBUFFERED="1",
-               MLFLOW_TRACKING_URI=f"sqlite:///{tmp / f'mlflow-{time.time_ns()}.db'}")
+               MLFLOW_TRACKING_URI=tracking_uri or f"sqlite:///{tmp / f'mlflow-{time.time_ns()}.db'}")
+    if api_url:  # a running server (e.g. on PostgreSQL) instead of the job's temporary one
+        env["PREFECT_API_URL"] = api_url
     exe = Path(sys.executable).parent / "hyperband"
     argv = [str(exe) if exe.exists() else "hyperband", "tune", "--rounds-per-unit", "1", "--concurrency", str(concurrency),
             "--no-baseline", "--no-register", "--json", "--job-dir", str(job_dir), *extra]
     probe = ApiProbe()
+    probe.url = api_url[: -len("/api")] if api_url and api_url.endswith("/api") else api_url
     probe.thread.start()
     began = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -118,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--max-resource", type=int, default=81)
+    parser.add_argument("--api-url", help="a running Prefect server's API (default: each job's temporary server)")
+    parser.add_argument("--tracking-uri", help="an MLflow tracking server (default: a fresh sqlite store per run)")
     args = parser.parse_args(argv)
     common.header(f"bench_stalls: hyperband tune, XGBoost on bank-marketing, (1, {args.max_resource}, 3), "
                   f"--rounds-per-unit 1, {args.runs} runs per concurrency")
@@ -125,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     with common.workdir("stalls") as tmp:
         for c in args.concurrency:
             for i in range(args.runs):
-                r = run_once(tmp, c, ["--max-resource", str(args.max_resource), "--job-id", f"c{c}-{i}"])
+                r = run_once(tmp, c, ["--max-resource", str(args.max_resource), "--job-id", f"c{c}-{i}-{time.time_ns()}"],
+                             args.api_url, args.tracking_uri)
                 results.append(r)
                 print(f"   c={c} run {i + 1}: flow {r['flow_wall']:.1f} s, trial-rungs {r['trial_rung_s']:.1f} s, "
                       f"longest gap {r['longest_gap']:.2f} s, API p50 {r['api_p50'] * 1000:.0f} ms max {r['api_max'] * 1000:.0f} ms, "

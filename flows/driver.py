@@ -4,9 +4,9 @@ Submit while slots are free, report each result as it arrives, close the rungs t
 (a ``promote`` task), save the state, close the MLflow runs of trials whose fate is decided.
 Trial-rungs run in a bounded pool of ``concurrency`` threads inside the job flow's context,
 so their ``train`` and ``evaluate`` task runs belong to the job's flow run, called with values
-(no futures for Prefect to resolve). MLflow writes (a child run per trial, one batch per
-trial-rung, the closing tags) go through one writer thread, in order, so a slot never waits on
-the tracking store.
+(no futures for Prefect to resolve). A trial-rung's own MLflow writes happen in its thread,
+before its result enters the state; closing the runs of decided trials goes through one writer
+thread, so the driver never waits on the tracking store (a resume closes them again).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import functools
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from prefect import get_run_logger
@@ -27,7 +27,7 @@ from prefect_hyperband.hyperband.promotion import sort_key
 from prefect_hyperband.hyperband.scheduler import Promotion, Scheduler, TrialJob, TrialRecord
 from prefect_hyperband.tasks import report
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import close_trial_runs, log_trial_rung, start_trial_run
+from prefect_hyperband.tasks.record import close_trial_runs
 from prefect_hyperband.tasks.trials import promote_rung, train_default
 
 #: a trial-rung whose orchestration (not its trainer) failed is run again this many times
@@ -74,7 +74,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
                 todo = retry.pop(0) if retry else scheduler.next_job()
                 if todo is None:
                     break
-                running[submit(runner.run_trial_rung, job, todo)] = todo
+                running[submit(runner.run_trial_rung, job, todo, scheduler.run_id(todo.trial_id))] = todo
             if not running:
                 break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -94,8 +94,9 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
                         logger.warning("trial %s at r=%d: %s: %s; running it again", todo.trial_id, todo.resource, type(exc).__name__, exc)
                         retry.append(todo)
                         continue
-                    out = runner.Outcome(todo, None, None, f"{type(exc).__name__}: {exc}")
-                tracker.record(out)
+                    out = runner.Outcome(todo, scheduler.run_id(todo.trial_id), None, None, f"{type(exc).__name__}: {exc}")
+                if out.run_id is not None:
+                    scheduler.set_run_id(todo.trial_id, out.run_id)
                 ended += scheduler.report(todo.trial_id, todo.resource, out.score, out.checkpoint, out.error)
                 rows.append(asdict(out.row()))
                 progress.advance()
@@ -107,48 +108,23 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
                     _log_rung(logger, job, scheduler, promotion)
                 if job.mode == "asha":
                     _log_asha(logger, job, scheduler, out, len(rows))
-            tracker.adopt_run_ids()
             save_state(job, scheduler, rows, elapsed())
             tracker.close(ended)
         tracker.close(scheduler.finish())
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-        tracker.drain()  # every write done before the summary reads run ids and registers the champion
-        tracker.adopt_run_ids()
+        tracker.drain()  # every run closed before the summary and the champion
         save_state(job, scheduler, rows, elapsed())
         progress.flush()
     return Drive(rows, default_score, elapsed())
 
 
 class _Tracker:
-    """MLflow writes of the trials, in order, on one thread; run ids flow back into the scheduler's state."""
+    """Closing the runs of decided trials, in order, on one writer thread."""
 
     def __init__(self, job: Job, scheduler: Scheduler, logger) -> None:
         self.job, self.scheduler, self.logger = job, scheduler, logger
-        self.run_ids = {t.trial_id: t.run_id for t in scheduler.records() if t.run_id}
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
-
-    def _run_id(self, tj: TrialJob) -> str:
-        if tj.trial_id not in self.run_ids:
-            self.run_ids[tj.trial_id] = start_trial_run(self.job, tj.trial_id, tj.bracket, tj.config)
-        return self.run_ids[tj.trial_id]
-
-    def _guarded(self, what: str, fn, *args) -> None:
-        def write() -> None:
-            try:
-                fn(*args)
-            except Exception as exc:  # the results stand in the job's state; the tracking store missed one write
-                self.logger.warning("MLflow %s failed after retries: %s: %s", what, type(exc).__name__, exc)
-
-        self.writer.submit(write)
-
-    def record(self, out: runner.Outcome) -> None:
-        def write() -> None:
-            run_id = self._run_id(out.job)
-            if out.trained is not None and out.evaluated is not None:
-                log_trial_rung(self.job, run_id, out.job.resource, out.trained, out.evaluated.score)
-
-        self._guarded(f"log of {out.job.trial_id} at r={out.job.resource}", write)
 
     def close(self, trial_ids: list[str]) -> None:
         if not trial_ids:
@@ -157,14 +133,13 @@ class _Tracker:
         records = [by_id[t] for t in trial_ids]
 
         def write() -> None:
-            close_trial_runs(self.job, [replace(r, run_id=self.run_ids.get(r.trial_id, r.run_id)) for r in records])
+            try:
+                close_trial_runs(self.job, records)
+            except Exception as exc:  # the results stand in the job's state; a resume closes them again
+                self.logger.warning("MLflow: closing %d trial runs failed after retries: %s: %s",
+                                    len(records), type(exc).__name__, exc)
 
-        self._guarded(f"closing of {len(records)} trial runs", write)
-
-    def adopt_run_ids(self) -> None:
-        for trial_id, run_id in list(self.run_ids.items()):
-            if self.scheduler.run_id(trial_id) != run_id:
-                self.scheduler.set_run_id(trial_id, run_id)
+        self.writer.submit(write)
 
     def drain(self) -> None:
         self.writer.shutdown(wait=True)

@@ -3,7 +3,10 @@
 Runs in a worker thread of the driver (``flows.driver``), inside the job flow's context, so both
 tasks show up under the job's flow run. A trainer's failure is the trial's (an ``Outcome`` with an
 error); an error of the orchestration itself (the Prefect API, say) propagates, and the driver
-runs the trial-rung again. MLflow writes are the driver's (one writer thread, off the slots).
+runs the trial-rung again. Its MLflow writes (the trial's child run when it has none, the
+trial-rung's metrics in one batch) happen here, before the driver records the result in the job's
+state: a job killed in between trains that trial-rung again, but never leaves a recorded result
+without its run.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from prefect_hyperband.hyperband.accounting import TrialRung
 from prefect_hyperband.hyperband.scheduler import TrialJob
 from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.record import log_trial_rung, start_trial_run
 from prefect_hyperband.tasks.trials import Evaluation, evaluate_trial, train_trial
 from prefect_hyperband.trainers.base import TrainResult
 
@@ -21,6 +25,7 @@ from prefect_hyperband.trainers.base import TrainResult
 @dataclass(frozen=True)
 class Outcome:
     job: TrialJob
+    run_id: str | None
     trained: TrainResult | None
     evaluated: Evaluation | None
     error: str | None
@@ -45,19 +50,22 @@ class Outcome:
         )
 
 
-def run_trial_rung(job: Job, tj: TrialJob) -> Outcome:
-    """Train ``tj`` (resuming its checkpoint) and evaluate it; never raises for the trainer's errors."""
+def run_trial_rung(job: Job, tj: TrialJob, run_id: str | None) -> Outcome:
+    """Train ``tj`` (resuming its checkpoint), evaluate it, log it; never raises for the trainer's errors."""
+    if run_id is None:
+        run_id = start_trial_run(job, tj.trial_id, tj.bracket, tj.config)
     trained_state = train_trial(job, tj.trial_id, tj.config, tj.resource, tj.checkpoint, return_state=True)
     trained = trained_state.result(raise_on_failure=False)
     if isinstance(trained, BaseException) or not trained_state.is_completed():
-        return Outcome(tj, None, None, _describe(trained, trained_state))
+        return Outcome(tj, run_id, None, None, _describe(trained, trained_state))
     evaluated_state = evaluate_trial(job, tj.trial_id, tj.resource, trained, return_state=True)
     evaluated = evaluated_state.result(raise_on_failure=False)
     if isinstance(evaluated, BaseException) or not evaluated_state.is_completed():
-        return Outcome(tj, trained, None, _describe(evaluated, evaluated_state))
+        return Outcome(tj, run_id, trained, None, _describe(evaluated, evaluated_state))
     ended = time.time()
     started = ended - evaluated.seconds - trained.seconds  # the work itself, without the task runs around it
-    return Outcome(tj, trained, evaluated, None, started, ended)
+    log_trial_rung(job, run_id, tj.resource, trained, evaluated.score)
+    return Outcome(tj, run_id, trained, evaluated, None, started, ended)
 
 
 def _describe(value: object, state: object) -> str:

@@ -131,10 +131,10 @@ def test_orchestration_failing_past_its_retries_fails_the_trial_only(tracking_ur
 
     real = driver.runner.run_trial_rung
 
-    def broken_for_one(job, todo):
+    def broken_for_one(job, todo, run_id):
         if todo.trial_id == "s1-000":
             raise RuntimeError("simulated: API down for this trial")
-        return real(job, todo)
+        return real(job, todo, run_id)
 
     monkeypatch.setattr(driver.runner, "run_trial_rung", broken_for_one)
     result = tune(TuneParams(model="synthetic", max_resource=3, eta=3, concurrency=2, seed=2,
