@@ -276,16 +276,6 @@ def log_plots(tracking_uri: str, run_id: str, rows: Iterable[Row], metric: str, 
     return logged
 
 
-def configs_from_results(results: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """trial id -> config from what the bracket and ASHA subflows return (``result["state"]["trials"]``)."""
-    return {str(tid): dict(t.get("config") or {}) for res in results for tid, t in res["state"]["trials"].items()}
-
-
-def rows_from_results(results: Iterable[Mapping[str, Any]]) -> list[TrialRung]:
-    """The ``TrialRung`` rows of those results, in completion order within each."""
-    return _rows(r for res in results for r in res["rows"])
-
-
 # ---------------------------------------------------------------- progress shared by concurrent subflows
 
 _PROGRESS: dict[str, list[Any]] = {}  # job id -> [artifact id, done, total]

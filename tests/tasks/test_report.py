@@ -72,16 +72,8 @@ def test_best_so_far_in_completion_order():
     assert len(ax.collections[0].get_offsets()) == 5  # one dot per evaluated trial-rung
 
 
-def test_rows_and_configs_from_subflow_results():
-    """The dict form the bracket and ASHA subflows return."""
-    results = [
-        {"state": {"trials": {t: {"trial_id": t, "config": CONFIGS[t]} for t in ("s1-a", "s1-b", "s1-c")}},
-         "rows": [r.__dict__ for r in ROWS[:4]]},
-        {"state": {"trials": {t: {"trial_id": t, "config": CONFIGS[t]} for t in ("s0-d", "s0-e")}, "asha": {}},
-         "rows": [r.__dict__ for r in ROWS[4:]]},
-    ]
-    assert report.rows_from_results(results) == ROWS
-    assert report.configs_from_results(results) == CONFIGS
+def test_leaderboard_takes_rows_as_dicts_or_trial_rungs():
+    """The state file holds rows as dicts; the summary holds ``TrialRung``s: both rank the same."""
     board = report.leaderboard([r.__dict__ for r in ROWS], CONFIGS, "auc", "max")
     assert board == report.leaderboard(ROWS, CONFIGS, "auc", "max")
 
