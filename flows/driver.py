@@ -24,7 +24,7 @@ from prefect import get_run_logger
 from prefect_hyperband.flows import runner
 from prefect_hyperband.flows.state import save_state
 from prefect_hyperband.hyperband.promotion import sort_key
-from prefect_hyperband.hyperband.scheduler import Promotion, Scheduler, TrialJob, TrialRecord
+from prefect_hyperband.hyperband.scheduler import Promotion, Scheduler, TrialJob
 from prefect_hyperband.tasks import report
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import close_trial_runs
@@ -205,4 +205,4 @@ def _log_asha(logger, job: Job, scheduler: Scheduler, out: runner.Outcome, n: in
     )
 
 
-__all__ = ["Drive", "TrialRecord", "close_decided", "drive"]
+__all__ = ["Drive", "close_decided", "drive"]

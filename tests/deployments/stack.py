@@ -98,6 +98,21 @@ class Stack:
         self.left = [p.pid for p in doomed if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+def server_env(tmp: Path, database_url: str, prefect_port: int, **extra: str) -> dict[str, str]:
+    """The environment of a test's own servers and CLIs: none of the caller's Prefect or MLflow settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env.update(
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        PREFECT_HOME=str(tmp / "prefect-home"),
+        PREFECT_API_DATABASE_CONNECTION_URL=database_url,
+        PREFECT_API_URL=f"http://127.0.0.1:{prefect_port}/api",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
 def _tail(text: str, lines: int) -> str:
     return "\n".join(text.splitlines()[-lines:])
 

@@ -10,7 +10,6 @@ on failure the tail of every server and worker log is printed.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
@@ -22,7 +21,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 POOL = "hyperband-process"
 DEPLOYMENT = "hyperband-tune/xgboost-bank-marketing"
 EXPERIMENT = "e2e-hyperband"
@@ -31,23 +29,17 @@ RUN_TIMEOUT = 360
 pytestmark = pytest.mark.slow
 
 
-from stack import Stack, _exe, _free_port, _http, _wait_http, _wait_log  # noqa: E402  (tests/deployments)
+from stack import Stack, _exe, _free_port, _http, _wait_http, _wait_log, server_env  # noqa: E402  (tests/deployments)
 
 
 @pytest.fixture
 def stack(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     prefect_port, mlflow_port, dask_port = _free_port(), _free_port(), _free_port()
-    env.update(
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        PREFECT_HOME=str(tmp_path / "prefect-home"),
-        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}",
-        PREFECT_API_URL=f"http://127.0.0.1:{prefect_port}/api",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    env = server_env(
+        tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}", prefect_port,
         PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false",  # no nightly runs from the example cron schedule
         PREFECT_CLI_PROMPT="false",
         PREFECT_WORKER_QUERY_SECONDS="2",
-        PYTHONUNBUFFERED="1",
     )
     s = Stack(tmp_path, env)
     s.prefect_url = f"http://127.0.0.1:{prefect_port}"

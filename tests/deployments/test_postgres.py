@@ -13,14 +13,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from stack import Stack, _exe, _free_port, _http, _wait_http, _wait_log  # noqa: E402  (tests/deployments)
+from stack import Stack, _exe, _free_port, _http, _wait_http, _wait_log, server_env  # noqa: E402  (tests/deployments)
 
 pytestmark = pytest.mark.slow
 EXPERIMENT = "pg-hyperband"
@@ -44,15 +43,7 @@ def postgres_stack(tmp_path):
     data = Path(tempfile.mkdtemp(prefix="hb-pg-"))  # outside pytest's 0700 tmp tree: the postgres user must reach it
     if os.geteuid() == 0:
         shutil.chown(data, "postgres", "postgres")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
-    env.update(
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        PREFECT_HOME=str(tmp_path / "prefect-home"),
-        PREFECT_API_DATABASE_CONNECTION_URL=f"postgresql+asyncpg://hyperband@127.0.0.1:{pg_port}/prefect",
-        PREFECT_API_URL=f"http://127.0.0.1:{prefect_port}/api",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PYTHONUNBUFFERED="1",
-    )
+    env = server_env(tmp_path, f"postgresql+asyncpg://hyperband@127.0.0.1:{pg_port}/prefect", prefect_port)
     s = Stack(tmp_path, env)
     s.pg_port, s.prefect_port, s.mlflow_port = pg_port, prefect_port, mlflow_port
     s.pg_bin, s.pg_data = pg_bin, data
