@@ -89,9 +89,6 @@ def loop_with_mlflow(min_r: int, max_r: int, eta: int, seed: int, out: Path, uri
 
     def on_rung(event: str, state, before=None) -> None:
         if event == "start":
-            for t, trial in state.trials.items():
-                params = {**trial.config, "workers": 1, "trial_id": t, "bracket": state.s}
-                run_ids[t] = tracking.start_child(uri, parent, t, params, {"hyperband.status": "running"})
             return
         for t in before:
             trial = state.trials[t]
@@ -100,9 +97,13 @@ def loop_with_mlflow(min_r: int, max_r: int, eta: int, seed: int, out: Path, uri
                 tracking.end_run(uri, run_ids[t], "FINISHED")
 
     def on_trial_rung(state, t, resource, trained, score) -> None:
-        if trained.history:
-            tracking.log_history(uri, run_ids[t], trained.history)
-        tracking.log_metrics(uri, run_ids[t], {"train_seconds": trained.seconds, "worker_seconds": trained.seconds}, step=resource)
+        # as the flow does: a trial's child run comes with its first result, params and metrics in one batch
+        params = None
+        if t not in run_ids:
+            run_ids[t] = tracking.create_child(uri, parent, t, {"hyperband.status": "running"}, time.time() - trained.seconds)
+            params = {**state.trials[t].config, "workers": 1, "trial_id": t, "bracket": state.s}
+        metrics = {"train_seconds": trained.seconds, "worker_seconds": trained.seconds, "val_loss": score}
+        tracking.log_result(uri, run_ids[t], trained.history, metrics, resource, params)
 
     result = plain_loop(min_r, max_r, eta, seed, out, on_rung, on_trial_rung, state_files=True)
     tracking.log_metrics(uri, parent, {"best_val_loss": result["best_score"]})

@@ -236,9 +236,20 @@ def _run(params, args: argparse.Namespace) -> int:
     print(f"hyperband: job {params.job_id} in {params.job_dir}/{params.job_id} (resume with --resume {params.job_id})", file=sys.stderr)
     from prefect_hyperband.flows.tune import tune
 
+    live = None
     if not args.verbose:
-        quiet_terminal()
-    state = tune(params, return_state=True)
+        live = _live_display()
+        quiet_terminal(live=live is not None)
+    if live is not None:
+        from prefect_hyperband.flows import progress
+
+        progress.attach(live)
+    try:
+        state = tune(params, return_state=True)
+    finally:
+        if live is not None:
+            live.stop()
+            progress.detach(live)
     if not state.is_completed():
         print(f"hyperband: job failed: {state.message}", file=sys.stderr)
         return 1
@@ -253,16 +264,31 @@ def _run(params, args: argparse.Namespace) -> int:
     return 0
 
 
+def _live_display():
+    """The live progress display when stderr is a terminal (``HYPERBAND_NO_LIVE=1`` turns it off); else None."""
+    if not sys.stderr.isatty() or os.environ.get("HYPERBAND_NO_LIVE") == "1" or os.environ.get("TERM") == "dumb":
+        return None
+    from prefect_hyperband.flows.progress import LiveDisplay
+
+    return LiveDisplay(sys.stderr)
+
+
 class _TerminalFilter:
-    """The terminal shows the job's own lines; each task run's lines stay in the Prefect UI (``--verbose``: both)."""
+    """The terminal shows the job's own lines; each task run's lines stay in the Prefect UI (``--verbose``: both).
+    Under the live display, only warnings and errors: the display shows the progress the info lines tell."""
+
+    def __init__(self, live: bool = False) -> None:
+        self.live = live
 
     def filter(self, record) -> bool:
         if record.name.startswith("prefect.task_runs") and record.levelno < 30:  # below WARNING
             return False
+        if self.live and record.name.startswith("prefect.flow_runs") and record.levelno < 30:
+            return False
         return getattr(record, "hyperband_terminal", True)  # the summary: printed by the CLI itself
 
 
-def quiet_terminal() -> None:
+def quiet_terminal(live: bool = False) -> None:
     import logging
 
     from prefect.logging.configuration import setup_logging
@@ -270,8 +296,10 @@ def quiet_terminal() -> None:
 
     setup_logging()  # idempotent: Prefect's handlers exist before the filter goes on them
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, PrefectConsoleHandler) and not any(isinstance(f, _TerminalFilter) for f in handler.filters):
-            handler.addFilter(_TerminalFilter())
+        if isinstance(handler, PrefectConsoleHandler):
+            for old in [f for f in handler.filters if isinstance(f, _TerminalFilter)]:
+                handler.removeFilter(old)
+            handler.addFilter(_TerminalFilter(live))
 
 
 def preflight(params) -> str | None:

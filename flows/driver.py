@@ -21,10 +21,12 @@ from typing import Any
 
 from prefect import get_run_logger
 
+from prefect_hyperband.flows import progress as display
 from prefect_hyperband.flows import runner
 from prefect_hyperband.flows.state import save_state
+from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.promotion import sort_key
-from prefect_hyperband.hyperband.scheduler import Promotion, Scheduler, TrialJob
+from prefect_hyperband.hyperband.scheduler import Promotion, Scheduler, TrialJob, best_of
 from prefect_hyperband.tasks import report
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import close_trial_runs
@@ -66,6 +68,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
         ctx = contextvars.copy_context()  # the flow run's context: task runs land under it
         return pool.submit(ctx.run, functools.partial(fn, *args, **kwargs))
 
+    _show_start(job, rows)
     try:
         if baseline:
             running[submit(train_default, job, return_state=True)] = _BASELINE
@@ -95,11 +98,16 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
                         retry.append(todo)
                         continue
                     out = runner.Outcome(todo, scheduler.run_id(todo.trial_id), None, None, f"{type(exc).__name__}: {exc}")
+                    try:  # the failed trial gets its child run too, with the error, when MLflow answers
+                        out = runner.record(job, todo, out.run_id, time.time(), out)
+                    except Exception as why:
+                        logger.warning("MLflow: no run for failed trial %s: %s", todo.trial_id, why)
                 if out.run_id is not None:
                     scheduler.set_run_id(todo.trial_id, out.run_id)
                 ended += scheduler.report(todo.trial_id, todo.resource, out.score, out.checkpoint, out.error)
                 rows.append(asdict(out.row()))
                 progress.advance()
+                _show_result(job, scheduler, out)
                 if out.error:
                     logger.warning("trial %s failed at r=%d: %s", todo.trial_id, todo.resource, out.error)
                 for s, rung in scheduler.closable():
@@ -116,6 +124,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
         tracker.drain()  # every run closed before the summary and the champion
         save_state(job, scheduler, rows, elapsed())
         progress.flush()
+        display.stop()
     return Drive(rows, default_score, elapsed())
 
 
@@ -178,6 +187,24 @@ class _Progress:
             self.pending, self.last = 0, time.monotonic()
 
 
+def _show_start(job: Job, rows: list[dict[str, Any]]) -> None:
+    if not display.active():
+        return
+    plan = schedule.plan_summary(job.min_resource, job.max_resource, job.eta)
+    planned = {b["s"]: sum(r["n_configs"] for r in b["rungs"]) for b in plan["brackets"]}
+    done = Counter(int(r["bracket"]) for r in rows)
+    display.start(display.Start(job.job_id, job.mode, job.metric_key, planned, dict(done)))
+
+
+def _show_result(job: Job, scheduler: Scheduler, out: runner.Outcome) -> None:
+    if not display.active():
+        return
+    best = best_of(scheduler.records(), job.direction)  # type: ignore[arg-type]
+    display.result(display.Result(
+        out.job.bracket, out.job.trial_id, out.job.resource, out.score,
+        None if best is None else best[2], None if best is None else best[0].trial_id))
+
+
 def _log_rung(logger, job: Job, scheduler: Scheduler, p: Promotion) -> None:
     records = {t.trial_id: t for t in scheduler.records() if t.bracket == p.bracket}
     scores = {t: r.scores.get(p.resource) for t, r in records.items() if p.resource in r.scores}
@@ -194,10 +221,11 @@ def _log_rung(logger, job: Job, scheduler: Scheduler, p: Promotion) -> None:
 
 
 def _log_asha(logger, job: Job, scheduler: Scheduler, out: runner.Outcome, n: int) -> None:
-    from prefect_hyperband.hyperband.scheduler import best_of
-
+    """A line when the best so far improves (every result would be hundreds of lines); each result at DEBUG."""
     best = best_of(scheduler.records(), job.direction)  # type: ignore[arg-type]
-    logger.info(
+    improved = best is not None and best[0].trial_id == out.job.trial_id and best[1] == out.job.resource
+    logger.log(
+        20 if improved else 10,
         "asha: %s s=%d r=%d %s %s; %d results, best %s",
         out.job.trial_id, out.job.bracket, out.job.resource, job.metric_key,
         "failed" if out.score is None else f"{out.score:.4f}", n,

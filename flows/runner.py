@@ -12,12 +12,12 @@ without its run.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prefect_hyperband.hyperband.accounting import TrialRung
 from prefect_hyperband.hyperband.scheduler import TrialJob
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import log_trial_rung, start_trial_run
+from prefect_hyperband.tasks.record import log_trial_rung, start_trial_run, trial_params
 from prefect_hyperband.tasks.trials import Evaluation, evaluate_trial, train_trial
 from prefect_hyperband.trainers.base import TrainResult
 
@@ -51,21 +51,34 @@ class Outcome:
 
 
 def run_trial_rung(job: Job, tj: TrialJob, run_id: str | None) -> Outcome:
-    """Train ``tj`` (resuming its checkpoint), evaluate it, log it; never raises for the trainer's errors."""
-    if run_id is None:
-        run_id = start_trial_run(job, tj.trial_id, tj.bracket, tj.config)
+    """Train ``tj`` (resuming its checkpoint), evaluate it, log it; never raises for the trainer's errors.
+
+    A trial's child run is created with its first result, started at the time its training began,
+    with its params, metrics and (when it failed) its error in two writes.
+    """
+    began = time.time()
     trained_state = train_trial(job, tj.trial_id, tj.config, tj.resource, tj.checkpoint, return_state=True)
     trained = trained_state.result(raise_on_failure=False)
     if isinstance(trained, BaseException) or not trained_state.is_completed():
-        return Outcome(tj, run_id, None, None, _describe(trained, trained_state))
+        return record(job, tj, run_id, began, Outcome(tj, run_id, None, None, _describe(trained, trained_state)))
     evaluated_state = evaluate_trial(job, tj.trial_id, tj.resource, trained, return_state=True)
     evaluated = evaluated_state.result(raise_on_failure=False)
     if isinstance(evaluated, BaseException) or not evaluated_state.is_completed():
-        return Outcome(tj, run_id, trained, None, _describe(evaluated, evaluated_state))
+        return record(job, tj, run_id, began, Outcome(tj, run_id, trained, None, _describe(evaluated, evaluated_state)))
     ended = time.time()
     started = ended - evaluated.seconds - trained.seconds  # the work itself, without the task runs around it
-    log_trial_rung(job, run_id, tj.resource, trained, evaluated.score)
-    return Outcome(tj, run_id, trained, evaluated, None, started, ended)
+    return record(job, tj, run_id, began, Outcome(tj, run_id, trained, evaluated, None, started, ended))
+
+
+def record(job: Job, tj: TrialJob, run_id: str | None, began: float, out: Outcome) -> Outcome:
+    """The trial-rung's MLflow writes, before its result enters the job's state (the child run first, if new)."""
+    params = None
+    if run_id is None:
+        run_id = start_trial_run(job, tj.trial_id, tj.bracket, out.started or began)
+        params = trial_params(job, tj.trial_id, tj.bracket, tj.config)
+    if out.error is None or params is not None:
+        log_trial_rung(job, run_id, tj.resource, out.trained if out.error is None else None, out.score, params)
+    return replace(out, run_id=run_id)
 
 
 def _describe(value: object, state: object) -> str:

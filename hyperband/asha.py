@@ -31,7 +31,7 @@ Choices the paper leaves open (documented here, tested in ``tests/hyperband/test
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Mapping
 
 from prefect_hyperband.hyperband.promotion import Direction, promote, sign, sort_key
@@ -250,7 +250,7 @@ class AshaState:
             "brackets": list(self.brackets),
             "rungs": {str(s): [dict(r) for r in rungs] for s, rungs in self.rungs.items()},
             "promoted": {str(s): [sorted(p) for p in rungs] for s, rungs in self.promoted.items()},
-            "trials": {t: asdict(v) for t, v in self.trials.items()},
+            "trials": {t: dict(vars(v)) for t, v in self.trials.items()},  # shallow: asdict deep-copies
             "started": {str(s): n for s, n in self.started.items()},
         }
 

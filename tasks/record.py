@@ -39,25 +39,36 @@ def retrying(fn: Callable[..., T], *args: Any, delays: tuple[float, ...] = (1, 5
     raise AssertionError("unreachable")
 
 
-def start_trial_run(job: Job, trial_id: str, bracket: int, config: dict[str, Any]) -> str:
-    """The trial's nested child run, with its config and worker layout as params."""
-    assert job.parent_run_id is not None
+def trial_params(job: Job, trial_id: str, bracket: int, config: dict[str, Any]) -> dict[str, Any]:
+    """A trial's child-run params: its config and worker layout."""
     params = {**config, "workers": job.settings.workers, "trial_id": trial_id, "bracket": bracket}
     if "batch_size" in config:  # data parallel: each replica sees batch_size rows a step
         world = job.settings.workers * job.settings.nnodes
         params.update(per_replica_batch_size=config["batch_size"], global_batch_size=config["batch_size"] * world)
+    return params
+
+
+def start_trial_run(job: Job, trial_id: str, bracket: int, started: float | None = None) -> str:
+    """The trial's nested child run (its params come with its first result: one write fewer)."""
+    assert job.parent_run_id is not None
     tags = {"hyperband.bracket": str(bracket), "hyperband.trial_id": trial_id, "hyperband.status": "running"}
-    return retrying(tracking.start_child, job.tracking_uri, job.parent_run_id, trial_id, params, tags)
+    return retrying(tracking.create_child, job.tracking_uri, job.parent_run_id, trial_id, tags, started)
 
 
-def log_trial_rung(job: Job, run_id: str, resource: int, trained: TrainResult, score: float) -> None:
-    """A trial-rung's metric at step = cumulative resource, with what the trainer recorded on the way, in one batch."""
+def log_trial_rung(job: Job, run_id: str, resource: int, trained: TrainResult | None, score: float | None,
+                   params: dict[str, Any] | None = None) -> None:
+    """A trial-rung's metric at step = cumulative resource, with what the trainer recorded on the way, in one batch
+    (with the run's ``params`` when it is the run's first write)."""
     metric = job.metric_key
-    metrics = {"train_seconds": trained.seconds, "worker_seconds": trained.seconds * trained.workers}
-    if not any(row.get("step") == resource and metric in row for row in trained.history):
+    metrics: dict[str, float] = {}
+    history: list[dict[str, float]] = []
+    if trained is not None:
+        history = trained.history
+        metrics = {"train_seconds": trained.seconds, "worker_seconds": trained.seconds * trained.workers}
+        metrics.update({k: v for k, v in trained.info.items() if isinstance(v, (int, float))})
+    if score is not None and not any(row.get("step") == resource and metric in row for row in history):
         metrics[metric] = score  # unless the per-unit history already holds it at this step
-    metrics.update({k: v for k, v in trained.info.items() if isinstance(v, (int, float))})
-    retrying(tracking.log_result, job.tracking_uri, run_id, trained.history, metrics, resource)
+    retrying(tracking.log_result, job.tracking_uri, run_id, history, metrics, resource, params)
 
 
 def close_trial_runs(job: Job, trials: list[TrialRecord]) -> None:

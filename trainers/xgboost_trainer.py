@@ -207,6 +207,7 @@ class XGBoostTrainer:
                 booster = self._train_dask(seeded, rounds, booster)
         booster.save_model(out)
         write_json_atomic(out + ".json", {"resource": resource, "rounds": booster.num_boosted_rounds()})
+        self._local.last = (out, booster)  # evaluate() of this checkpoint, next in this thread, skips loading it
         seconds = time.perf_counter() - began
         return TrainResult(out, resource, resource - start, seconds, self.workers)
 
@@ -226,7 +227,8 @@ class XGBoostTrainer:
         return xgb.Booster(model_file=checkpoint)
 
     def predict(self, checkpoint: str, X: np.ndarray) -> np.ndarray:
-        booster = self.booster(checkpoint)
+        last = getattr(self._local, "last", None)
+        booster = last[1] if last is not None and last[0] == checkpoint else self.booster(checkpoint)
         booster.set_param({"nthread": self.nthread})
         return booster.inplace_predict(X)
 

@@ -85,3 +85,24 @@ def test_bad_input_never_prints_a_traceback_from_the_installed_command(tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("hyperband: error: data file")
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_tune_printed_to_a_file_is_short_no_task_run_lines_one_summary(tmp_path):
+    """Non-TTY output (CI, logs): the job's own lines and the summary once; Prefect's per-task-run lines stay in its UI."""
+    import os
+
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)  # the CLI starts its own temporary server, as for a user
+    with open(tmp_path / "out.txt", "w") as out:
+        proc = subprocess.run(
+            [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--model", "synthetic", "--max-resource", "9",
+             "--no-register", "--job-dir", str(tmp_path / "jobs"), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, env=env, timeout=300,
+        )
+    text = (tmp_path / "out.txt").read_text()
+    assert proc.returncode == 0, text
+    lines = text.splitlines()
+    assert len(lines) <= 40, text
+    assert not [line for line in lines if "Task run" in line], text
+    assert sum("model quality" in line for line in lines) == 1, text  # the summary table, once
+    assert "━" not in text  # no live display into a file

@@ -140,3 +140,47 @@ def test_orchestration_failing_past_its_retries_fails_the_trial_only(tracking_ur
     result = tune(TuneParams(model="synthetic", max_resource=3, eta=3, concurrency=2, seed=2,
                              job_dir=str(tmp_path), experiment="broken", baseline=False))
     assert result["summary"]["failed_trials"] == 1 and result["summary"]["configs"] == 5
+    runs = {r.data.tags["hyperband.trial_id"]: r for r in children(tracking_uri, "broken", result["parent_run_id"])}
+    assert len(runs) == 5  # the failed trial has its child run too, with the reason
+    assert runs["s1-000"].info.status == "FAILED"
+    assert "API down" in runs["s1-000"].data.tags["hyperband.error"]
+
+
+@pytest.mark.parametrize("mode", ["hyperband", "asha"])
+def test_progress_observers_see_the_plan_and_every_result(mode, tracking_uri, tmp_path):
+    """What the live display draws: trial-rungs per bracket as planned, one event per result, the job's best."""
+    import io
+
+    from prefect_hyperband.flows import progress
+    from prefect_hyperband.flows.tune import tune
+
+    class Recorder:
+        def __init__(self):
+            self.starts, self.results, self.stops = [], [], 0
+
+        def start(self, event):
+            self.starts.append(event)
+
+        def result(self, event):
+            self.results.append(event)
+
+        def stop(self):
+            self.stops += 1
+
+    recorder, live = Recorder(), progress.LiveDisplay(io.StringIO())
+    progress.attach(recorder)
+    progress.attach(live)
+    try:
+        result = tune(TuneParams(model="synthetic", max_resource=9, eta=3, concurrency=2, seed=4, mode=mode,
+                                 job_dir=str(tmp_path), experiment=f"progress-{mode}", baseline=False))
+    finally:
+        progress.detach(recorder)
+        progress.detach(live)
+    (start,) = recorder.starts
+    assert start.planned == {2: 13, 1: 6, 0: 3} and start.done == {}
+    assert len(recorder.results) == result["summary"]["trial_rungs"] and recorder.stops == 1
+    last = recorder.results[-1]
+    assert last.best == pytest.approx(result["summary"]["best_score"])
+    assert live.progress is None  # stopped with the job
+    shown = live.console.file.getvalue()
+    assert f"best val_loss {result['summary']['best_score']:.4f}" in shown

@@ -72,3 +72,18 @@ def test_metric_must_fit_the_target():
     with pytest.raises(InputError, match="unknown metric 'f1'"):
         check_metric(ds, "f1")
     check_metric(ds, "accuracy")
+
+
+def test_auc_equals_sklearn_with_ties_and_float32():
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    from prefect_hyperband.trainers.data import score
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        y = rng.integers(0, 2, 2000)
+        p = np.round(rng.random(2000), int(rng.integers(1, 5))).astype(np.float32)  # many ties
+        assert score("auc", y, p) == pytest.approx(roc_auc_score(y, p), abs=1e-12)
+    two_column = np.stack([1 - p, p], axis=1)
+    assert score("auc", y, two_column) == pytest.approx(roc_auc_score(y, p), abs=1e-12)
