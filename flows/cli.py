@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     _schedule_flags(tune)
     tune.add_argument("--model", default="xgboost", help="xgboost, torch or synthetic")
     tune.add_argument("--trainer", help="your training function: path/to/file.py:function or package.module:function")
-    tune.add_argument("--direction", choices=["minimize", "maximize"], help="with --trainer: is the metric better smaller or larger")
+    tune.add_argument("--script", help="your training script, run as python -m torch.distributed.run --nproc-per-node WORKERS SCRIPT --name value ...")
+    tune.add_argument("--direction", choices=["minimize", "maximize"], help="with --trainer or --script: is the metric better smaller or larger")
     tune.add_argument("--mode", default="hyperband", choices=["hyperband", "asha"], help="synchronous brackets or ASHA")
     tune.add_argument("--sampler", default="random", choices=["random", "tpe"], help="how configs are proposed")
     tune.add_argument("--max-trials", type=_positive("--max-trials"), help="asha: configs to start (default: as Hyperband)")
@@ -176,7 +177,9 @@ def _tune(args: argparse.Namespace) -> int:
 
     from prefect_hyperband.trainers.factory import MODELS
 
-    if args.model not in MODELS and not args.trainer:
+    if args.trainer and args.script:
+        return _fail("--trainer and --script together: give one, a function or a script")
+    if args.model not in MODELS and not args.trainer and not args.script:
         return _fail(f"unknown model {args.model!r}; choose {', '.join(MODELS[:-1])} or {MODELS[-1]}")
     if args.resume:
         from prefect_hyperband.flows.job import resume_params
@@ -188,7 +191,7 @@ def _tune(args: argparse.Namespace) -> int:
             return _fail(_one_line(exc) if isinstance(exc, ValidationError) else str(exc))
     try:
         params = TuneParams(
-            model="function" if args.trainer else args.model, trainer=args.trainer, direction=args.direction, data=args.data, target=args.target, metric=args.metric, space=args.space,
+            model="function" if args.trainer else "script" if args.script else args.model, trainer=args.trainer, script=args.script, direction=args.direction, data=args.data, target=args.target, metric=args.metric, space=args.space,
             min_resource=args.min_resource, max_resource=args.max_resource, eta=args.eta, seed=args.seed,
             workers=args.workers, concurrency=args.concurrency, dask_address=args.dask_address,
             rounds_per_unit=args.rounds_per_unit, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
@@ -217,6 +220,8 @@ def _explicit(args: argparse.Namespace) -> dict[str, Any]:
             out[_FLAG_FIELDS[dest]] = not value
         elif dest == "trainer":
             out.update(trainer=value, model="function")
+        elif dest == "script":
+            out.update(script=value, model="script")
         else:
             out[dest] = value
     return out

@@ -60,7 +60,7 @@ def prepare(params: TuneParams) -> Job:
     schedule.validate(params.min_resource, params.max_resource, params.eta)
     schedule.check_size(params.min_resource, params.max_resource, params.eta)
     cores = os.cpu_count() or 1
-    if params.model in ("xgboost", "torch") and params.workers > cores and not params.dask_address and params.nnodes == 1:
+    if params.model in ("xgboost", "torch", "script") and params.workers > cores and not params.dask_address and params.nnodes == 1:
         raise InputError(f"--workers {params.workers} starts {params.workers} local worker processes per trial on a "
                          f"machine of {cores} cores; use at most {cores}, or --dask-address for a cluster")
     default_space, known, default_config = model_space(params.model)
@@ -76,10 +76,15 @@ def prepare(params: TuneParams) -> Job:
         validation_fraction=params.validation_fraction,
         seed=params.seed,
     )
-    if params.model == "function":  # the user's code reads its own data; the metric is theirs
-        from prefect_hyperband.trainers.function import load as load_trainer
+    if params.model in ("function", "script"):  # the user's code reads its own data; the metric is theirs
+        if params.model == "function":
+            from prefect_hyperband.trainers.function import load as load_trainer
 
-        load_trainer(params.trainer or "")  # a missing file, an import error, a wrong signature: fail now
+            load_trainer(params.trainer or "")  # a missing file, an import error, a wrong signature: fail now
+        else:
+            from prefect_hyperband.trainers.script import ScriptTrainer
+
+            ScriptTrainer(params.script or "", params.metric or "", params.workers)  # not a file: fail now
         metric = params.metric or ""
         direction: Direction = "min" if params.direction == "minimize" else "max"
     elif params.model == "synthetic":
@@ -108,6 +113,7 @@ def prepare(params: TuneParams) -> Job:
         nnodes=params.nnodes,
         rdzv_endpoint=params.rdzv_endpoint,
         trainer=params.trainer,
+        script=os.path.abspath(params.script) if params.script else None,
         extra=(("seconds_per_unit", params.unit_seconds),) if params.model == "synthetic" else (),
     )
     job_id = params.job_id or new_job_id()

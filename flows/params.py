@@ -13,11 +13,15 @@ class TuneParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: Literal["xgboost", "torch", "synthetic", "function"] = Field(
-        "xgboost", description="Model family to tune; function: your own training function (set trainer)."
+    model: Literal["xgboost", "torch", "synthetic", "function", "script"] = Field(
+        "xgboost", description="Model family to tune; function: your own training function (set trainer); "
+        "script: your own training script (set script)."
     )
     trainer: Optional[str] = Field(
         None, description="Your training function: path/to/file.py:function or package.module:function (sets model=function)."
+    )
+    script: Optional[str] = Field(
+        None, description="Your training script, run under torch's launcher with --workers ranks (sets model=script)."
     )
     direction: Optional[Literal["minimize", "maximize"]] = Field(
         None, description="Whether the metric is better smaller or larger; required with your own trainer."
@@ -70,12 +74,18 @@ class TuneParams(BaseModel):
             raise ValueError(f"min_resource must be <= max_resource, got {self.min_resource} > {self.max_resource}")
         if self.resume and not self.job_id:
             raise ValueError("resume needs the job_id of the job to continue")
+        if self.trainer and self.script:
+            raise ValueError("trainer and script together: give one, a function (--trainer) or a script (--script)")
         if self.trainer:
             self.model = "function"
-        if self.model == "function":
-            missing = [f for f in ("trainer", "metric", "direction", "space") if not getattr(self, f)]
+        if self.script:
+            self.model = "script"
+        if self.model in ("function", "script"):
+            code = "trainer" if self.model == "function" else "script"
+            missing = [f for f in (code, "metric", "direction", "space") if not getattr(self, f)]
             if missing:
-                raise ValueError(f"your own trainer needs {', '.join(missing)} (e.g. --trainer my.py:train "
+                example = "--trainer my.py:train" if code == "trainer" else "--script train.py"
+                raise ValueError(f"your own {code} needs {', '.join(missing)} (e.g. {example} "
                                  "--metric val_loss --direction minimize --space space.yaml)")
         return self
 

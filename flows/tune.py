@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -28,6 +29,8 @@ def _run_name() -> str:
     params = params if isinstance(params, TuneParams) else TuneParams.model_validate(params or {})
     if params.model == "function":
         return f"hyperband {params.trainer}"
+    if params.model == "script":
+        return f"hyperband {os.path.basename(params.script or '')}"
     return f"hyperband {params.model} on {params.data}"
 
 
@@ -75,7 +78,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
                 version = registered.result()
             else:  # the results stand without a registered model: say so, keep the job
                 logger.error("could not register the champion model: %s", registered.message)
-        elif best is not None and job.settings.model == "function":
+        elif best is not None and job.settings.model in ("function", "script"):
             keep_best_checkpoint(job, best["checkpoint"])
             logger.info("no model registered (your trainer has no MLflow flavour); the best checkpoint "
                         "is on the parent run under best_checkpoint/")

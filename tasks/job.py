@@ -32,7 +32,7 @@ class Job:
     @property
     def metric_key(self) -> str:
         """The metric's name in MLflow: ``val_<metric>`` for the built-ins, the user's own name for theirs."""
-        return self.metric if self.settings.model == "function" else f"val_{self.metric}"
+        return self.metric if self.settings.model in ("function", "script") else f"val_{self.metric}"
 
     def with_parent(self, run_id: str) -> "Job":
         return replace(self, parent_run_id=run_id)

@@ -29,6 +29,7 @@ class TrainerSettings:
     nnodes: int = 1  # torch
     rdzv_endpoint: str | None = None  # torch
     trainer: str | None = None  # function: path/to/file.py:function or package.module:function
+    script: str | None = None  # script: a training script run under torch's launcher
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
 
@@ -40,7 +41,7 @@ def model_space(model: str) -> tuple[dict[str, dict[str, Any]], frozenset[str] |
         from prefect_hyperband.trainers import torch_ddp as m  # type: ignore[no-redef]
     elif model == "synthetic":
         from prefect_hyperband.trainers import synthetic as m  # type: ignore[no-redef]
-    elif model == "function":  # the user's space names the parameters; there is no default config
+    elif model in ("function", "script"):  # the user's space names the parameters; there is no default config
         return {}, None, {}  # type: ignore[return-value]
     else:
         raise InputError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
@@ -85,6 +86,11 @@ def build(settings: TrainerSettings) -> Trainer:
 
         assert settings.trainer and settings.metric
         return FunctionTrainer(settings.trainer, settings.metric, workers=settings.workers)
+    if settings.model == "script":
+        from prefect_hyperband.trainers.script import ScriptTrainer
+
+        assert settings.script and settings.metric
+        return ScriptTrainer(settings.script, settings.metric, workers=settings.workers, threads=settings.threads)
     raise InputError(f"unknown model {settings.model!r}; choose one of {', '.join(MODELS)}")
 
 

@@ -17,6 +17,7 @@ import importlib.util
 import inspect
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -57,11 +58,21 @@ class Trial:
 
 
 def report(step: int, **metrics: float) -> None:
-    """``trial.report`` for code that does not hold the ``Trial`` (the trial of the calling thread)."""
+    """``trial.report`` for code that does not hold the ``Trial``: the trial of the calling thread, or in a
+    training script (``--script``) the trial-rung that launched it; there only rank 0's reports count."""
     trial = getattr(_REPORTS, "trial", None)
-    if trial is None:
+    if trial is not None:
+        trial.report(step, **metrics)
+        return
+    path = os.environ.get("HYPERBAND_REPORT_FILE")
+    if not path:
         raise RuntimeError("prefect_hyperband.report() called outside a trial")
-    trial.report(step, **metrics)
+    row = Trial({}, 0, 0, None, "")
+    row.report(step, **metrics)  # the same checks: numbers only
+    if os.environ.get("RANK", "0") != "0":
+        return
+    with open(path, "a") as fh:  # one line per report, flushed: a killed script keeps what it reported
+        fh.write(json.dumps(row.history[0]) + "\n")
 
 
 def register_local(fn: Callable[..., Any]) -> str:

@@ -1,0 +1,134 @@
+"""Tuning the user's own training script under torch's launcher: the DDP example, failures, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DDP = str(ROOT / "examples" / "ddp_digits.py")
+DDP_SPACE = str(ROOT / "examples" / "ddp_space.yaml")
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def runs_of(uri: str, experiment: str, parent_run_id: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    return client, [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent_run_id]
+
+
+def launchers() -> list[psutil.Process]:
+    """Processes of torch's launcher or its ranks still alive (children of this test process)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if any("torch.distributed.run" in a or a.endswith(".py") and "ddp" in a for a in p.cmdline()):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_the_ddp_example_with_two_workers_trains_exactly_69_epochs_at_world_size_2(tracking_uri, tmp_path, capsys):
+    from prefect_hyperband.flows import cli
+
+    code = cli.main(["tune", "--script", DDP, "--workers", "2", "--space", DDP_SPACE, "--metric", "val_accuracy",
+                     "--direction", "maximize", "--min-resource", "1", "--max-resource", "9", "--eta", "3",
+                     "--seed", "1", "--job-dir", str(tmp_path / "jobs"), "--experiment", "ddp", "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    summary = result["summary"]
+    assert summary["configs"] == 17 and summary["reached_max_resource"] == 5 and summary["resource_used"] == 69
+    assert summary["failed_trials"] == 0
+
+    client, children = runs_of(tracking_uri, "ddp", result["parent_run_id"])
+    assert len(children) == 17 and all(c.info.status == "FINISHED" for c in children)
+    # rank 0 reported every epoch it trained, once: resumes trained only the missing epochs
+    histories = [client.get_metric_history(c.info.run_id, "val_accuracy") for c in children]
+    assert sum(len(h) for h in histories) == 69
+    world = [m.value for c in children for m in client.get_metric_history(c.info.run_id, "world_size")]
+    assert len(world) == 69 and set(world) == {2.0}  # every trial-rung ran two ranks
+    winner = next(c for c in children if c.data.tags["hyperband.trial_id"] == result["best"]["trial_id"])
+    assert [m.step for m in client.get_metric_history(winner.info.run_id, "val_accuracy")] == list(range(1, 10))
+    assert result["best"]["score"] > 0.9  # digits with a small MLP
+    assert not launchers()  # no launcher or rank left behind
+
+
+def script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "train_script.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_a_failing_script_fails_its_trial_with_the_last_lines_of_its_output(tracking_uri, tmp_path, capsys):
+    """Non-zero exit, a missing report, a NaN: each fails that trial only, with the reason on its child run."""
+    from prefect_hyperband.flows import cli
+
+    path = script(tmp_path, """
+        import argparse, os, sys
+        import prefect_hyperband as hb
+        p = argparse.ArgumentParser(); p.add_argument("--x", type=float); x = p.parse_args().x
+        r = int(os.environ["HYPERBAND_RESOURCE"])
+        if x < 0.25:
+            print("loading the data... out of memory", file=sys.stderr); sys.exit(3)
+        if x < 0.5:
+            hb.report(r - 1, loss=x)  # not at HYPERBAND_RESOURCE
+        elif x < 0.75:
+            hb.report(r, loss=float("nan"))
+        else:
+            hb.report(r, loss=x / r)
+    """)
+    space = tmp_path / "space.yaml"
+    space.write_text("x: {type: float, low: 0.0, high: 1.0}\n")
+    code = cli.main(["tune", "--script", path, "--space", str(space), "--metric", "loss", "--direction", "minimize",
+                     "--max-resource", "3", "--eta", "3", "--seed", "4", "--job-dir", str(tmp_path / "jobs"),
+                     "--experiment", "failing-script", "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    client, children = runs_of(tracking_uri, "failing-script", result["parent_run_id"])
+    by_x = {float(c.data.params["x"]): c for c in children}
+    reasons = {x: c.data.tags.get("hyperband.error", "") for x, c in by_x.items()}
+    bins = {min(int(x * 4), 3) for x in by_x}
+    assert bins == {0, 1, 2, 3}  # seed 4: every kind of failure and a success
+    for x, c in by_x.items():
+        if x < 0.25:
+            assert c.info.status == "FAILED" and "exited with code 3" in reasons[x] and "out of memory" in reasons[x]
+        elif x < 0.5:
+            assert c.info.status == "FAILED" and "reported no 'loss' at step" in reasons[x]
+        elif x < 0.75:
+            assert c.info.status == "FAILED" and "nan" in reasons[x]
+        else:
+            assert c.info.status == "FINISHED" and not reasons[x]
+    assert result["summary"]["failed_trials"] == sum(x < 0.75 for x in by_x)
+    assert result["best"]["config"]["x"] >= 0.75
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--script", "nosuch.py"], "--script 'nosuch.py' is not a file"),
+        (["--script", DDP, "--trainer", f"{ROOT / 'examples' / 'sklearn_sgd.py'}:train"], "--trainer and --script together"),
+        (["--script", DDP, "--metric", "val_accuracy", "--direction", "maximize"], "your own script needs space"),
+        (["--script", DDP, "--space", DDP_SPACE, "--direction", "maximize"], "your own script needs metric"),
+        (["--script", DDP, "--space", DDP_SPACE, "--metric", "val_accuracy", "--direction", "maximize",
+          "--workers", str((os.cpu_count() or 1) + 1)], "local worker processes per trial"),
+    ],
+)
+def test_bad_script_input_is_one_line_and_exit_2(tracking_uri, tmp_path, capsys, extra, message):
+    from prefect_hyperband.flows import cli
+
+    if "nosuch.py" in extra:
+        extra = extra + ["--space", DDP_SPACE, "--metric", "m", "--direction", "minimize"]
+    code = cli.main(["tune", "--job-dir", str(tmp_path / "jobs"), *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("hyperband: error: "), err
+    assert message in err

@@ -1,0 +1,182 @@
+"""The user's own training script as a trainer, run under torch's launcher (the SageMaker / Syne Tune contract).
+
+Each trial-rung runs::
+
+    python -m torch.distributed.run --standalone --nproc-per-node <workers> script.py --<name> <value> ...
+
+one ``--name value`` per hyperparameter (all of them also as JSON in ``HYPERBAND_CONFIG``), with
+``HYPERBAND_RESOURCE`` (units this call must reach), ``HYPERBAND_START`` (units the checkpoint
+holds), ``HYPERBAND_CHECKPOINT`` (a directory to resume from; unset when fresh) and
+``HYPERBAND_CHECKPOINT_DIR`` (an empty directory for this call's checkpoint) in its environment.
+The script reports with ``prefect_hyperband.report(step, **metrics)``; only rank 0's reports count
+(they are appended to ``HYPERBAND_REPORT_FILE``). The trial-rung's score is the job's metric as
+reported at step ``HYPERBAND_RESOURCE``. A non-zero exit, a missing report or a NaN fails the trial
+with the last lines of the script's output; a run past ``timeout`` seconds is killed. Every rank runs
+in the launcher's own process group, which is killed as a whole: nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from prefect_hyperband.trainers.base import TrainResult, write_json_atomic
+from prefect_hyperband.trainers.errors import InputError
+
+#: lines of the script's output kept on a failed trial's run
+TAIL_LINES = 30
+
+
+class ScriptFailed(RuntimeError):
+    """The script exited non-zero, timed out, or did not report the job's metric."""
+
+
+class ScriptTrainer:
+    """The Trainer protocol over a training script; ``evaluate`` reads the metric rank 0 reported."""
+
+    model = "script"
+
+    def __init__(self, script: str, metric: str, workers: int = 1, threads: int | None = None,
+                 timeout: float | None = None) -> None:
+        path = Path(script)
+        if not path.is_file():
+            raise InputError(f"--script {script!r} is not a file")
+        if path.suffix != ".py":
+            raise InputError(f"--script {script!r} must be a Python file (.py)")
+        self.script, self.metric, self.workers = str(path.resolve()), metric, workers
+        self.threads = max(1, (threads or os.cpu_count() or 1) // workers)  # per rank
+        self.timeout = timeout
+        self._running: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+
+    def command(self, config: Mapping[str, Any]) -> list[str]:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                "--nproc-per-node", str(self.workers), self.script]
+        for name, value in config.items():
+            argv += [f"--{name}", json.dumps(value) if isinstance(value, (dict, list, bool)) or value is None else str(value)]
+        return argv
+
+    def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:
+        start = int(json.loads(Path(checkpoint).read_text())["resource"]) if checkpoint else 0
+        directory = Path(out).with_suffix("")
+        directory.mkdir(parents=True, exist_ok=True)
+        reports, log = directory.with_suffix(".reports.jsonl"), directory.with_suffix(".log")
+        reports.unlink(missing_ok=True)  # a retried trial-rung starts its reports afresh
+        env = {
+            **os.environ,
+            "HYPERBAND_CONFIG": json.dumps(dict(config)),
+            "HYPERBAND_RESOURCE": str(resource),
+            "HYPERBAND_START": str(start),
+            "HYPERBAND_CHECKPOINT_DIR": str(directory),
+            "HYPERBAND_REPORT_FILE": str(reports),
+            "HYPERBAND_TRIAL_ID": directory.parent.name,
+            "OMP_NUM_THREADS": str(self.threads),
+            "PYTHONUNBUFFERED": "1",
+        }
+        env.pop("HYPERBAND_CHECKPOINT", None)
+        if checkpoint:
+            env["HYPERBAND_CHECKPOINT"] = str(Path(checkpoint).with_suffix(""))
+        began = time.perf_counter()
+        with open(log, "wb") as sink:
+            proc = subprocess.Popen(self.command(config), stdout=sink, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+            with self._lock:
+                self._running.add(proc)
+            try:
+                code = proc.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                raise ScriptFailed(f"timed out after {self.timeout:g} s; last output:\n{_tail_of(log)}") from None
+            except BaseException:  # the job is stopping (Ctrl-C, cancellation): no rank left behind
+                _kill_group(proc)
+                raise
+            finally:
+                with self._lock:
+                    self._running.discard(proc)
+                _kill_group(proc)  # ranks the launcher left (it exits when rank 0 does)
+        seconds = time.perf_counter() - began
+        if code != 0:
+            raise ScriptFailed(_failure(code, log))
+        history = _read_reports(reports)
+        at_end = [row for row in history if row["step"] == resource and self.metric in row]
+        if not at_end:
+            raise ScriptFailed(f"reported no {self.metric!r} at step {resource} (HYPERBAND_RESOURCE); "
+                               f"reported steps: {sorted({int(r['step']) for r in history}) or 'none'}")
+        metrics = {k: v for k, v in at_end[-1].items() if k != "step"}
+        if not math.isfinite(metrics[self.metric]):
+            raise ScriptFailed(f"metric {self.metric!r} is {metrics[self.metric]} at step {resource}")
+        write_json_atomic(out, {"resource": resource, "metrics": metrics})
+        world = {"world_size": float(self.workers)}
+        return TrainResult(str(out), resource, resource - start, seconds, self.workers, history=history, info=world)
+
+    def evaluate(self, checkpoint: str) -> float:
+        return float(json.loads(Path(checkpoint).read_text())["metrics"][self.metric])
+
+    def close(self) -> None:
+        """Kill every launcher still running (a job stopping), with its ranks."""
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            _kill_group(proc)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _read_reports(path: Path) -> list[dict[str, float]]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append({k: float(v) for k, v in json.loads(line).items()})
+        except (ValueError, TypeError, AttributeError):
+            continue  # a half-written last line of a killed rank
+    return rows
+
+
+#: the launcher's line when a rank fails; what follows it is the launcher's own traceback and report
+_RANK_FAILED = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+
+
+def _failure(code: int, log: Path) -> str:
+    """The failed rank's exit code and the script's last lines, without the launcher's traceback after them."""
+    try:
+        text = log.read_bytes()[-200_000:].decode("utf-8", "replace")
+    except OSError:
+        text = ""
+    found = _RANK_FAILED.search(text)
+    if found is None:
+        return f"exited with code {code}; last output:\n{_tail(text)}"
+    return f"exited with code {found.group(1)} (local rank {found.group(2)}); last output:\n{_tail(text[: found.start()])}"
+
+
+def _tail(text: str, lines: int = TAIL_LINES) -> str:
+    kept = text.splitlines()
+    if kept and "torch/distributed/elastic" in kept[-1]:  # the start of the launcher's failure line
+        kept = kept[:-1]
+    return "\n".join(kept[-lines:]) or "(no output)"
+
+
+def _tail_of(log: Path) -> str:
+    try:
+        return _tail(log.read_bytes()[-20000:].decode("utf-8", "replace"))
+    except OSError:
+        return "(no output)"
