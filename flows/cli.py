@@ -249,12 +249,25 @@ def _run(params, args: argparse.Namespace) -> int:
         from prefect_hyperband.flows import progress
 
         progress.attach(live)
+    _temporary_server()  # stopped at exit, after Prefect's services have sent what they hold
     try:
         state = tune(params, return_state=True)
+    except KeyboardInterrupt:  # Ctrl-C before or after the trials (the driver handles it during them)
+        print(f"hyperband: interrupted; resume with --resume {params.job_id} --job-dir {params.job_dir}", file=sys.stderr)
+        return 130
     finally:
         if live is not None:
             live.stop()
             progress.detach(live)
+    if state.is_cancelled():
+        from prefect_hyperband.trainers import stopping
+
+        import signal
+
+        signum = stopping.signal_number() or signal.SIGINT
+        print(f"hyperband: job {params.job_id} stopped by {signal.Signals(signum).name}; resume with: "
+              f"hyperband tune --resume {params.job_id} --job-dir {params.job_dir}", file=sys.stderr)
+        return 128 + signum
     if not state.is_completed():
         print(f"hyperband: job failed: {state.message}", file=sys.stderr)
         return 1
@@ -267,6 +280,45 @@ def _run(params, args: argparse.Namespace) -> int:
         if result.get("champion_version"):
             print(f"champion: models:/{params.experiment}@champion (version {result['champion_version']})")
     return 0
+
+
+def _temporary_server():
+    """Without ``PREFECT_API_URL``, the temporary Prefect server the job talks to, started here in its own
+    session: a terminal's Ctrl-C reaches the job's process group only, so the server outlives the signal
+    long enough for the job to save its state and end its runs, and is stopped at exit by Prefect's own hook,
+    after its event and log workers have drained (Prefect starts it in the job's group, where the same Ctrl-C
+    killed it first and left those workers retrying forever)."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return None
+    import subprocess
+    from unittest import mock
+
+    from prefect.server.api import server as prefect_server
+
+    instance = prefect_server.SubprocessASGIServer()  # the process's singleton: Prefect's clients find it running
+    real = subprocess.Popen
+
+    def in_own_session(*args: Any, **kwargs: Any):
+        kwargs.setdefault("start_new_session", True)
+        kwargs.setdefault("preexec_fn", _die_with_parent)
+        return real(*args, **kwargs)
+
+    with mock.patch.object(prefect_server.subprocess, "Popen", in_own_session):
+        instance.start()
+    return instance
+
+
+def _die_with_parent() -> None:
+    """In the server's process, before it runs: SIGTERM it when the job's process dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
 
 
 def _live_display():

@@ -11,13 +11,18 @@ thread, so the driver never waits on the tracking store (a resume closes them ag
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
+import os
+import signal
+import sys
+import threading
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from prefect import get_run_logger
 
@@ -31,12 +36,49 @@ from prefect_hyperband.tasks import report
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import close_trial_runs
 from prefect_hyperband.tasks.trials import promote_rung, train_default
+from prefect_hyperband.trainers import factory, stopping
 
 #: a trial-rung whose orchestration (not its trainer) failed is run again this many times
 ORCHESTRATION_RETRIES = 2
+#: seconds the trial-rungs in flight get to end after a stop is requested (then they are abandoned)
+STOP_GRACE = 8.0
 #: seconds between progress-artifact updates: one API write per interval, not per result
 PROGRESS_INTERVAL = 2.0
 _BASELINE = "default"
+
+
+class JobStopped(Exception):
+    """The job stopped on request (a signal, a cancellation); its state is saved and ``--resume`` finishes it."""
+
+    def __init__(self, signum: int, abandoned: int) -> None:
+        super().__init__(f"stopped by {_signal_name(signum)}")
+        self.signum, self.abandoned = signum, abandoned
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "request"
+
+
+def _adopt_run(scheduler: Scheduler, todo: TrialJob, future: Future) -> None:
+    """The child run a stopped trial-rung created, if any: the job's stop ends it KILLED, a resume reuses it."""
+    try:
+        run_id = future.result().run_id
+    except Exception:
+        return
+    if run_id is not None:
+        scheduler.set_run_id(todo.trial_id, run_id)
+
+
+def _succeeded(future: Future) -> bool:
+    """A trial-rung that ended with its result (not stopped, not failed)."""
+    try:
+        out = future.result()
+    except Exception:
+        return False
+    return out.error is None
 
 
 @dataclass
@@ -49,7 +91,54 @@ class Drive:
 
 
 def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool) -> Drive:
-    """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every result."""
+    """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every result.
+
+    Ctrl-C or SIGTERM (in the main thread: the CLI, a deployment's flow-run process) stops the job: no new
+    trial-rung starts, those in flight get ``STOP_GRACE`` seconds, the state is saved and ``JobStopped``
+    raised. A second signal exits at once."""
+    stopping.reset()
+    with _stop_on_signals():
+        return _drive(job, scheduler, rows, spent, baseline)
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum: int, frame: Any) -> None:
+        if stopping.requested():
+            _exit_now(signum)
+        stopping.request(signum)
+        print(f"hyperband: {_signal_name(signum)}: stopping within ~10 s, the job is saved for --resume "
+              "(again to exit at once)", file=sys.stderr, flush=True)
+
+    for s in previous:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _exit_now(signum: int) -> None:
+    """A second signal: kill what this job started (trainer processes, the temporary Prefect server) and exit."""
+    factory.interrupt_all()
+    try:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        for server in list(SubprocessASGIServer._instances.values()):
+            if server.server_process is not None:
+                server.server_process.kill()
+    except Exception:
+        pass
+    os._exit(128 + signum)
+
+
+def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool) -> Drive:
     logger = get_run_logger()
     began = time.perf_counter()
     attempts: Counter[tuple[str, int]] = Counter()
@@ -69,25 +158,34 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
         return pool.submit(ctx.run, functools.partial(fn, *args, **kwargs))
 
     _show_start(job, rows)
+    stop_began: float | None = None
     try:
         if baseline:
             running[submit(train_default, job, return_state=True)] = _BASELINE
         while True:
-            while len(running) < job.concurrency:
+            if stopping.requested() and stop_began is None:  # Ctrl-C, SIGTERM, a cancellation
+                stop_began = time.monotonic()
+                logger.warning("stopping: %d trial-rungs in flight are given %.0f s; the job is saved for --resume",
+                               len(running), STOP_GRACE)
+                factory.interrupt(job.settings)  # trainings in processes end now; threads at their next unit
+            while stop_began is None and len(running) < job.concurrency:
                 todo = retry.pop(0) if retry else scheduler.next_job()
                 if todo is None:
                     break
                 running[submit(runner.run_trial_rung, job, todo, scheduler.run_id(todo.trial_id))] = todo
-            if not running:
+            if not running or (stop_began is not None and time.monotonic() - stop_began > STOP_GRACE):
                 break
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            done, _ = wait(running, timeout=0.25, return_when=FIRST_COMPLETED)
             ended: list[str] = []
             for future in done:
                 todo = running.pop(future)
                 if todo == _BASELINE:
-                    default_score = _baseline(future, logger)
+                    default_score = None if stop_began is not None else _baseline(future, logger)
                     continue
                 assert isinstance(todo, TrialJob)
+                if stopping.requested() and not _succeeded(future):
+                    _adopt_run(scheduler, todo, future)
+                    continue  # stopped mid-training: not the trial's failure; --resume trains it again
                 try:
                     out = future.result()
                 except Exception as exc:  # the orchestration failed, not the trainer: run it again
@@ -118,9 +216,12 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
                     _log_asha(logger, job, scheduler, out, len(rows))
             save_state(job, scheduler, rows, elapsed())
             tracker.close(ended)
+        if stop_began is not None:
+            raise JobStopped(stopping.signal_number() or 0, len(running))
         tracker.close(scheduler.finish())
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        # after a stop, a training still running past the grace is left to end at its next unit
+        pool.shutdown(wait=stop_began is None, cancel_futures=True)
         tracker.drain()  # every run closed before the summary and the champion
         save_state(job, scheduler, rows, elapsed())
         progress.flush()
@@ -233,4 +334,4 @@ def _log_asha(logger, job: Job, scheduler: Scheduler, out: runner.Outcome, n: in
     )
 
 
-__all__ = ["Drive", "close_decided", "drive"]
+__all__ = ["Drive", "JobStopped", "close_decided", "drive"]

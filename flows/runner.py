@@ -19,6 +19,7 @@ from prefect_hyperband.hyperband.scheduler import TrialJob
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import log_trial_rung, start_trial_run, trial_params
 from prefect_hyperband.tasks.trials import Evaluation, evaluate_trial, train_trial
+from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import TrainResult
 
 
@@ -72,6 +73,8 @@ def run_trial_rung(job: Job, tj: TrialJob, run_id: str | None) -> Outcome:
 
 def record(job: Job, tj: TrialJob, run_id: str | None, began: float, out: Outcome) -> Outcome:
     """The trial-rung's MLflow writes, before its result enters the job's state (the child run first, if new)."""
+    if out.error is not None and stopping.requested():
+        return out  # stopped, not failed: nothing to record, --resume trains it again
     params = None
     if run_id is None:
         run_id = start_trial_run(job, tj.trial_id, tj.bracket, out.started or began)

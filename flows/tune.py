@@ -8,8 +8,9 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from prefect.states import Cancelled, State
 
-from prefect_hyperband.flows.driver import close_decided, drive
+from prefect_hyperband.flows.driver import JobStopped, close_decided, drive
 from prefect_hyperband.flows.job import prepare, resolve
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.state import job_lock, load_state, make_scheduler, save_job_record
@@ -62,13 +63,17 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
     scheduler = make_scheduler(job, params.max_trials or plan["configs"], params.time_budget, clock,
                                saved["scheduler"] if saved else None)
     if saved:
+        tracking.set_status(job.tracking_uri, job.parent_run_id, "RUNNING")  # it ended KILLED if the job was stopped
         _adopt_runs(job, scheduler)
         close_decided(job, scheduler)
         logger.info("job %s resumed: %d trial-rungs kept", job.job_id, len(rows))
     report.report_start(plan["trial_rungs"], job.job_id)
     factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
-        run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config))
+        try:
+            run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config))
+        except JobStopped as stop:
+            return _stopped(job, scheduler, stop, logger)
         records = scheduler.records()
         summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed)
         version = None
@@ -117,6 +122,21 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         }
     finally:
         factory.release(job.settings)
+
+
+def _stopped(job: Job, scheduler, stop: JobStopped, logger) -> State:
+    """The job stopped on request: open runs end KILLED, the flow run ends Cancelled; ``--resume`` finishes it."""
+    open_runs = [t.run_id for t in scheduler.records() if t.status == "running" and t.run_id]
+    for run_id in [*open_runs, job.parent_run_id]:
+        try:
+            tracking.end_run(job.tracking_uri, run_id, "KILLED")
+        except Exception as exc:  # a resume ends them again
+            logger.warning("MLflow: could not end run %s: %s", run_id, exc)
+    if job.parent_run_id:
+        tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.stopped": str(stop)})
+    message = f"job {job.job_id} {stop}; resume with --resume {job.job_id}"
+    logger.warning("%s (%d MLflow runs ended KILLED)", message, len(open_runs) + 1)
+    return Cancelled(message=message, data={"job_id": job.job_id, "signal": stop.signum})
 
 
 def _adopt_runs(job: Job, scheduler) -> None:

@@ -241,6 +241,11 @@ def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
 
 
 @_one_writer
+def set_status(uri: str, run_id: str, status: str) -> None:
+    client(uri).update_run(run_id, status=status)
+
+
+@_one_writer
 def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(uri).set_terminated(run_id, status=status)
 

@@ -107,6 +107,25 @@ def get(settings: TrainerSettings) -> Trainer:
         return trainer
 
 
+def interrupt(settings: TrainerSettings) -> None:
+    """Stop the trainings of these settings that run in processes (launchers, ranks, a local cluster): the job is stopping."""
+    with _lock:
+        trainer = _trainers.get(settings)
+    if trainer is not None:
+        trainer.close()
+
+
+def interrupt_all() -> None:
+    """Every trainer of this process, at once (a second Ctrl-C)."""
+    with _lock:
+        trainers = list(_trainers.values())
+    for trainer in trainers:
+        try:
+            trainer.close()
+        except Exception:
+            pass
+
+
 def release(settings: TrainerSettings) -> None:
     """Close and forget the trainer of these settings (end of job)."""
     with _lock:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import TrainResult, write_json_atomic
 from prefect_hyperband.trainers.errors import InputError
 
@@ -47,7 +48,12 @@ class Trial:
     history: list[dict[str, float]] = field(default_factory=list)
 
     def report(self, step: int, **metrics: float) -> None:
-        """Metrics at ``step`` (a unit, 1..resource), logged to the trial's MLflow run at that step."""
+        """Metrics at ``step`` (a unit, 1..resource), logged to the trial's MLflow run at that step.
+
+        Raises ``Stopped`` when the job is stopping (Ctrl-C, SIGTERM, a cancellation): a report is
+        where your training gives the job back; the trial-rung is trained again on ``--resume``."""
+        if self.checkpoint_dir:
+            stopping.check()
         row: dict[str, float] = {"step": int(step)}
         for name, value in metrics.items():
             try:

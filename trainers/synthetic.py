@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import TrainResult, write_json_atomic
 from prefect_hyperband.trainers.errors import InputError
 
@@ -145,7 +146,7 @@ class SyntheticTrainer:
         if self.fails(resolved):
             raise RuntimeError(f"synthetic failure of config {resolved} (fail_rate={self.fail_rate})")
         if self.seconds_per_unit:
-            time.sleep(self.seconds_per_unit * (resource - start))
+            stopping.sleep(self.seconds_per_unit * (resource - start))  # ends early when the job stops
         history = [{"step": float(u), "val_loss": self.curve(resolved, u)} for u in range(start + 1, resource + 1)]
         write_json_atomic(out, {"resource": resource, "config": resolved})
         write_json_atomic(out + ".json", {"resource": resource})

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_json_atomic
 from prefect_hyperband.trainers.data import DataSpec, Dataset, check_metric, load, score
 from prefect_hyperband.trainers.errors import InputError
@@ -66,6 +67,17 @@ PARAMS = frozenset(
 class _Objective:
     objective: str
     extra: dict[str, Any]
+
+
+def _StopWhenAsked():
+    """An XGBoost callback that ends training after the current round when the job is stopping."""
+    import xgboost as xgb
+
+    class StopWhenAsked(xgb.callback.TrainingCallback):
+        def after_iteration(self, model, epoch, evals_log) -> bool:
+            return stopping.requested()
+
+    return StopWhenAsked()
 
 
 def segments(start: int, stop: int, milestones: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -202,9 +214,11 @@ class XGBoostTrainer:
             seeded = {**params, "seed": self._segment_seed(a)}
             rounds = (b - a) * self.rounds_per_unit
             if self._client is None:
-                booster = xgb.train(seeded, self._dtrain_local(), num_boost_round=rounds, xgb_model=booster)
+                booster = xgb.train(seeded, self._dtrain_local(), num_boost_round=rounds, xgb_model=booster,
+                                    callbacks=[_StopWhenAsked()])
             else:
                 booster = self._train_dask(seeded, rounds, booster)
+            stopping.check()  # a stop came mid-segment: the booster holds fewer rounds than due, save nothing
         booster.save_model(out)
         write_json_atomic(out + ".json", {"resource": resource, "rounds": booster.num_boosted_rounds()})
         self._local.last = (out, booster)  # evaluate() of this checkpoint, next in this thread, skips loading it

@@ -1,0 +1,103 @@
+"""Stopping a job: Ctrl-C (SIGINT to the process group, as a terminal sends it) or SIGTERM mid-job, then --resume.
+
+Real processes: the CLI with its own temporary Prefect server, a fresh MLflow store. Each case checks the
+job exits within 15 s with 130/143, leaves no process behind (the server included), leaves no MLflow run
+RUNNING, and that --resume finishes it with every config's child run exactly once and the best result of
+an uninterrupted job of the same seed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+
+
+def start(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    """The CLI in its own process group with SIGINT at its default, as a terminal's foreground job."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", *args], cwd=cwd, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def runs(uri: str, parent_run_id: str | None = None):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    found = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=2000)
+    if parent_run_id is None:
+        return found
+    return [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent_run_id]
+
+
+@pytest.mark.parametrize("signum, mode", [
+    (signal.SIGINT, "hyperband"), (signal.SIGTERM, "hyperband"), (signal.SIGINT, "asha"), (signal.SIGTERM, "asha"),
+])
+def test_a_stopped_job_exits_cleanly_and_resumes_to_the_uninterrupted_result(signum, mode, tmp_path):
+    from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.flows.tune import tune
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(MLFLOW_TRACKING_URI=uri, PYTHONUNBUFFERED="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    jobs = tmp_path / "jobs"
+    concurrency = 2 if mode == "hyperband" else 1  # ASHA at 1: its promotions do not depend on timing
+    common = ["--model", "synthetic", "--mode", mode, "--max-resource", "9", "--unit-seconds", "0.3",
+              "--concurrency", str(concurrency), "--seed", "5", "--job-dir", str(jobs), "--no-baseline", "--json"]
+
+    job = start([*common, "--job-id", "cut"], tmp_path, env)
+    state = jobs / "cut" / "state.json"
+    deadline = time.time() + 300
+    recorded = 0
+    while time.time() < deadline and job.poll() is None:  # some, not all, trial-rungs recorded
+        recorded = len(json.loads(state.read_text())["rows"]) if state.exists() else 0
+        if recorded >= 5:
+            break
+        time.sleep(0.1)
+    family = [job.pid] + [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
+    assert len(family) >= 2  # the job and its temporary Prefect server
+    signalled = time.monotonic()
+    if signum == signal.SIGINT:
+        os.killpg(job.pid, signum)  # a terminal's Ctrl-C: the whole foreground group
+    else:
+        job.send_signal(signum)  # `kill`, `timeout`, a supervisor: the job's process only
+    out, err = job.communicate(timeout=60)
+    took = time.monotonic() - signalled
+    assert job.returncode == 128 + signum, err[-3000:]
+    assert took < 15, f"{took:.1f} s to stop"
+    assert 5 <= recorded < 22
+    assert "--resume cut" in err
+    time.sleep(0.5)
+    left = [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not left, [psutil.Process(p).cmdline() for p in left]
+    assert not [r for r in runs(uri) if r.info.status == "RUNNING"]  # children and parent ended KILLED or FINISHED
+    assert any(r.info.status == "KILLED" for r in runs(uri))
+
+    resumed = start(["--resume", "cut", "--job-dir", str(jobs), "--json"], tmp_path, env)
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+
+    whole = tune(TuneParams(model="synthetic", mode=mode, max_resource=9, unit_seconds=0.0, concurrency=concurrency, seed=5,
+                            job_dir=str(tmp_path / "whole"), baseline=False, tracking_uri=f"sqlite:///{tmp_path}/w.db"))
+    assert result["best"]["trial_id"] == whole["best"]["trial_id"]
+    assert result["best"]["score"] == pytest.approx(whole["best"]["score"])
+    assert result["summary"]["configs"] == whole["summary"]["configs"]
+    if mode == "hyperband":  # the schedule is exact: nothing finished was trained twice
+        assert result["summary"]["trial_rungs"] == 22 and result["summary"]["resource_used"] == 69
+    children = runs(uri, result["parent_run_id"])
+    assert len(children) == whole["summary"]["configs"]
+    assert len({r.data.tags["hyperband.trial_id"] for r in children}) == len(children)  # each config's run once
+    assert all(r.info.status == "FINISHED" for r in children)
+    assert [r.info.status for r in runs(uri) if r.info.run_id == result["parent_run_id"]] == ["FINISHED"]
