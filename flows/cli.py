@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--unit-seconds", type=float, default=0.0, help="synthetic: seconds one unit takes")
     tune.add_argument("--nnodes", type=_positive("--nnodes"), default=1, help="torch: machines per trial")
     tune.add_argument("--rdzv-endpoint", help="torch: host:port rendezvous for --nnodes > 1")
+    tune.add_argument("--trial-timeout", type=float, help="seconds a trial-rung may take before its trial fails "
+                      "(default: 20x the job's measured seconds per unit, at least 300)")
     tune.add_argument("--job-dir", default="hyperband-jobs", help="where checkpoints and job state live")
     tune.add_argument("--job-id", help="name of this job's folder (default: time-stamped)")
     tune.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
@@ -197,7 +199,7 @@ def _tune(args: argparse.Namespace) -> int:
             rounds_per_unit=args.rounds_per_unit, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
             job_dir=args.job_dir, job_id=args.job_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
             register_model=not args.no_register, baseline=not args.no_baseline,
-            mode=args.mode, sampler=args.sampler, unit_seconds=args.unit_seconds, max_trials=args.max_trials, time_budget=args.time_budget,
+            mode=args.mode, sampler=args.sampler, trial_timeout=args.trial_timeout, unit_seconds=args.unit_seconds, max_trials=args.max_trials, time_budget=args.time_budget,
         )
     except ValidationError as exc:
         return _fail(_one_line(exc))
@@ -260,17 +262,17 @@ def _run(params, args: argparse.Namespace) -> int:
             live.stop()
             progress.detach(live)
     if state.is_cancelled():
-        from prefect_hyperband.trainers import stopping
-
         import signal
+
+        from prefect_hyperband.trainers import stopping
 
         signum = stopping.signal_number() or signal.SIGINT
         print(f"hyperband: job {params.job_id} stopped by {signal.Signals(signum).name}; resume with: "
               f"hyperband tune --resume {params.job_id} --job-dir {params.job_dir}", file=sys.stderr)
-        return 128 + signum
+        return _exit(128 + signum)
     if not state.is_completed():
         print(f"hyperband: job failed: {state.message}", file=sys.stderr)
-        return 1
+        return _exit(1)
     result = state.result()
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "table"}, default=str))
@@ -279,7 +281,30 @@ def _run(params, args: argparse.Namespace) -> int:
         print(f"MLflow: experiment {params.experiment!r}, parent run {result['parent_run_id']}; job dir {result['job_dir']}")
         if result.get("champion_version"):
             print(f"champion: models:/{params.experiment}@champion (version {result['champion_version']})")
-    return 0
+    return _exit(0)
+
+
+def _exit(code: int) -> int:
+    """``code``, or, when a training given up on its timeout still runs in this process (user code that
+    hangs and never reports), exit now: Prefect's workers drained, the temporary server stopped, the
+    hung thread not waited for."""
+    from prefect_hyperband.flows import driver
+
+    hung = driver.stuck()
+    if not hung:
+        return code
+    print(f"hyperband: {hung} training(s) given up on --trial-timeout still run; exiting without them", file=sys.stderr)
+    try:
+        from prefect._internal.concurrency.services import QueueService
+        from prefect.server.api.server import SubprocessASGIServer
+
+        QueueService.drain_all(timeout=10)
+        for server in list(SubprocessASGIServer._instances.values()):
+            server.stop()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _temporary_server():

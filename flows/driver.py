@@ -42,6 +42,8 @@ from prefect_hyperband.trainers import factory, stopping
 ORCHESTRATION_RETRIES = 2
 #: seconds the trial-rungs in flight get to end after a stop is requested (then they are abandoned)
 STOP_GRACE = 8.0
+#: threads beyond ``concurrency``, for trial-rungs given up on their timeout while their training stops
+SPARE_THREADS = 4
 #: seconds between progress-artifact updates: one API write per interval, not per result
 PROGRESS_INTERVAL = 2.0
 _BASELINE = "default"
@@ -60,6 +62,76 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return "request"
+
+
+def _recorded(job: Job, todo: TrialJob, out: runner.Outcome, logger) -> runner.Outcome:
+    """A failed trial gets its child run too, with the error, when MLflow answers."""
+    try:
+        return runner.record(job, todo, out.run_id, time.time(), out)
+    except Exception as why:
+        logger.warning("MLflow: no run for failed trial %s: %s", todo.trial_id, why)
+        return out
+
+
+def _settle(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], progress: "_Progress", logger,
+            todo: TrialJob, out: runner.Outcome) -> list[str]:
+    """A trial-rung's outcome into the scheduler, the rows, the displays; close the rungs it completes.
+    Returns the trials whose fate is now decided."""
+    if out.run_id is not None:
+        scheduler.set_run_id(todo.trial_id, out.run_id)
+    ended = scheduler.report(todo.trial_id, todo.resource, out.score, out.checkpoint, out.error)
+    rows.append(asdict(out.row()))
+    progress.advance()
+    _show_result(job, scheduler, out)
+    if out.error:
+        logger.warning("trial %s failed at r=%d: %s", todo.trial_id, todo.resource, out.error)
+    for s, rung in scheduler.closable():
+        promotion = promote_rung(scheduler, s, rung)
+        ended += promotion.ended
+        _log_rung(logger, job, scheduler, promotion)
+    if job.mode == "asha":
+        _log_asha(logger, job, scheduler, out, len(rows))
+    return ended
+
+
+def _overdue(running: dict[Future, Any], clocks: dict[Future, dict[str, Any]]) -> list[Future]:
+    now = time.monotonic()
+    return [f for f in running if f in clocks and "began" in clocks[f] and not f.done()
+            and now - clocks[f]["began"] > clocks[f]["limit"]]
+
+
+class _Timeouts:
+    """Seconds a trial-rung may take: ``--trial-timeout`` when given; else, from the job's own measurements,
+    ``max(FLOOR, FACTOR x the 90th percentile of seconds per unit x the units to reach)``, and ``FIRST`` until
+    ``MEASURED`` trial-rungs have been measured."""
+
+    FIRST, FLOOR, FACTOR, MEASURED = 3600.0, 300.0, 20.0, 3
+
+    def __init__(self, fixed: float | None) -> None:
+        self.fixed = fixed
+        self.per_unit: list[float] = []
+
+    def observe(self, trained: Any) -> None:
+        if trained.resource_trained > 0:
+            self.per_unit.append(trained.seconds / trained.resource_trained)
+
+    def limit(self, todo: TrialJob) -> float:
+        if self.fixed:
+            return float(self.fixed)
+        if len(self.per_unit) < self.MEASURED:
+            return self.FIRST
+        ordered = sorted(self.per_unit)
+        p90 = ordered[int(0.9 * (len(ordered) - 1))]
+        return max(self.FLOOR, self.FACTOR * p90 * todo.resource)
+
+
+_ABANDONED: list[Future] = []
+
+
+def stuck() -> int:
+    """Trial-rungs of this process given up on their timeout whose training still runs (a hung user
+    function that never reports): the CLI exits without waiting for them."""
+    return sum(1 for f in _ABANDONED if not f.done())
 
 
 def _adopt_run(scheduler: Scheduler, todo: TrialJob, future: Future) -> None:
@@ -150,12 +222,28 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
     def elapsed() -> float:
         return spent + time.perf_counter() - began
 
-    pool = ThreadPoolExecutor(max_workers=job.concurrency, thread_name_prefix="trial")
+    # spare threads: a trial-rung given up on its timeout may hold its thread until its training notices
+    pool = ThreadPoolExecutor(max_workers=job.concurrency + SPARE_THREADS, thread_name_prefix="trial")
     tracker = _Tracker(job, scheduler, logger)
+    limits = _Timeouts(job.trial_timeout)
+    clocks: dict[Future, dict[str, Any]] = {}
 
     def submit(fn, *args, **kwargs) -> Future:
         ctx = contextvars.copy_context()  # the flow run's context: task runs land under it
         return pool.submit(ctx.run, functools.partial(fn, *args, **kwargs))
+
+    def submit_trial(todo: TrialJob) -> Future:
+        clock: dict[str, Any] = {"limit": limits.limit(todo)}
+        run_id = scheduler.run_id(todo.trial_id)
+
+        def call() -> runner.Outcome:
+            clock.update(thread=threading.get_ident(), began=time.monotonic())
+            stopping.clear_thread()
+            return runner.run_trial_rung(job, todo, run_id)
+
+        future = submit(call)
+        clocks[future] = clock
+        return future
 
     _show_start(job, rows)
     stop_began: float | None = None
@@ -172,13 +260,25 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
                 todo = retry.pop(0) if retry else scheduler.next_job()
                 if todo is None:
                     break
-                running[submit(runner.run_trial_rung, job, todo, scheduler.run_id(todo.trial_id))] = todo
+                running[submit_trial(todo)] = todo
             if not running or (stop_began is not None and time.monotonic() - stop_began > STOP_GRACE):
                 break
             done, _ = wait(running, timeout=0.25, return_when=FIRST_COMPLETED)
             ended: list[str] = []
+            given_up = [] if stop_began is not None else _overdue(running, clocks)
+            for future in given_up:  # past its timeout: the trial fails, its training stops at its next unit
+                todo = running.pop(future)
+                assert isinstance(todo, TrialJob)
+                clock = clocks.pop(future)
+                stopping.cancel_thread(clock["thread"])
+                _ABANDONED.append(future)
+                out = runner.Outcome(todo, scheduler.run_id(todo.trial_id), None, None,
+                                     f"TimeoutError: the trial-rung took more than {clock['limit']:.0f} s "
+                                     f"(--trial-timeout); its training was stopped")
+                ended += _settle(job, scheduler, rows, progress, logger, todo, _recorded(job, todo, out, logger))
             for future in done:
                 todo = running.pop(future)
+                clock = clocks.pop(future, {})
                 if todo == _BASELINE:
                     default_score = None if stop_began is not None else _baseline(future, logger)
                     continue
@@ -196,24 +296,10 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
                         retry.append(todo)
                         continue
                     out = runner.Outcome(todo, scheduler.run_id(todo.trial_id), None, None, f"{type(exc).__name__}: {exc}")
-                    try:  # the failed trial gets its child run too, with the error, when MLflow answers
-                        out = runner.record(job, todo, out.run_id, time.time(), out)
-                    except Exception as why:
-                        logger.warning("MLflow: no run for failed trial %s: %s", todo.trial_id, why)
-                if out.run_id is not None:
-                    scheduler.set_run_id(todo.trial_id, out.run_id)
-                ended += scheduler.report(todo.trial_id, todo.resource, out.score, out.checkpoint, out.error)
-                rows.append(asdict(out.row()))
-                progress.advance()
-                _show_result(job, scheduler, out)
-                if out.error:
-                    logger.warning("trial %s failed at r=%d: %s", todo.trial_id, todo.resource, out.error)
-                for s, rung in scheduler.closable():
-                    promotion = promote_rung(scheduler, s, rung)
-                    ended += promotion.ended
-                    _log_rung(logger, job, scheduler, promotion)
-                if job.mode == "asha":
-                    _log_asha(logger, job, scheduler, out, len(rows))
+                    out = _recorded(job, todo, out, logger)
+                if out.trained is not None and out.error is None:
+                    limits.observe(out.trained)
+                ended += _settle(job, scheduler, rows, progress, logger, todo, out)
             save_state(job, scheduler, rows, elapsed())
             tracker.close(ended)
         if stop_began is not None:
@@ -221,7 +307,7 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
         tracker.close(scheduler.finish())
     finally:
         # after a stop, a training still running past the grace is left to end at its next unit
-        pool.shutdown(wait=stop_began is None, cancel_futures=True)
+        pool.shutdown(wait=stop_began is None and not stuck(), cancel_futures=True)
         tracker.drain()  # every run closed before the summary and the champion
         save_state(job, scheduler, rows, elapsed())
         progress.flush()

@@ -25,7 +25,7 @@ def new_job_id() -> str:
 
 #: what a resumed job may change; everything else would mix two grids or two searches
 MAY_CHANGE_ON_RESUME = frozenset({"concurrency", "tracking_uri", "time_budget", "job_dir", "job_id", "resume",
-                                  "register_model", "dask_address"})
+                                  "register_model", "dask_address", "trial_timeout"})
 
 
 def resume_params(job_dir: str, job_id: str, given: dict[str, Any] | None = None) -> TuneParams:
@@ -113,6 +113,7 @@ def prepare(params: TuneParams) -> Job:
         nnodes=params.nnodes,
         rdzv_endpoint=params.rdzv_endpoint,
         trainer=params.trainer,
+        timeout=params.trial_timeout,
         script=os.path.abspath(params.script) if params.script else None,
         extra=(("seconds_per_unit", params.unit_seconds),) if params.model == "synthetic" else (),
     )
@@ -148,4 +149,5 @@ def prepare(params: TuneParams) -> Job:
         mode=params.mode,
         sampler=params.sampler,
         parent_run_id=parent_run_id,
+        trial_timeout=params.trial_timeout,
     )

@@ -52,6 +52,9 @@ class TuneParams(BaseModel):
     unit_seconds: float = Field(0.0, ge=0.0, description="synthetic: seconds one unit takes (an emulated cost).")
     nnodes: int = Field(1, ge=1, description="torch: machines per trial.")
     rdzv_endpoint: Optional[str] = Field(None, description="torch: host:port of the rendezvous for nnodes > 1.")
+    trial_timeout: Optional[float] = Field(
+        None, gt=0, description="Seconds a trial-rung may take before its trial fails; default: 20x its measured pace, at least 300."
+    )
     validation_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of rows held out for validation.")
     job_dir: str = Field("hyperband-jobs", description="Where checkpoints and job state live.")
     job_id: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="Name of the job's folder; default: time-stamped.")

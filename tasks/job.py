@@ -28,6 +28,7 @@ class Job:
     mode: str = "hyperband"  # "hyperband" | "asha"
     sampler: str = "random"  # "random" | "tpe"
     parent_run_id: str | None = None
+    trial_timeout: float | None = None  # seconds a trial-rung may take; None: from the job's measurements
 
     @property
     def metric_key(self) -> str:

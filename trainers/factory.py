@@ -30,6 +30,7 @@ class TrainerSettings:
     rdzv_endpoint: str | None = None  # torch
     trainer: str | None = None  # function: path/to/file.py:function or package.module:function
     script: str | None = None  # script: a training script run under torch's launcher
+    timeout: float | None = None  # --trial-timeout, for trainers that run processes (they kill them themselves)
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
 
@@ -68,6 +69,8 @@ def build(settings: TrainerSettings) -> Trainer:
         kwargs: dict[str, Any] = dict(settings.extra)
         if settings.threads:  # the job's share of cores per trial, split between its ranks
             kwargs.setdefault("threads_per_rank", max(1, settings.threads // settings.workers))
+        if settings.timeout:
+            kwargs.setdefault("trial_timeout", settings.timeout)
         return TorchTrainer(
             settings.data,
             workers=settings.workers,
@@ -90,7 +93,8 @@ def build(settings: TrainerSettings) -> Trainer:
         from prefect_hyperband.trainers.script import ScriptTrainer
 
         assert settings.script and settings.metric
-        return ScriptTrainer(settings.script, settings.metric, workers=settings.workers, threads=settings.threads)
+        return ScriptTrainer(settings.script, settings.metric, workers=settings.workers, threads=settings.threads,
+                             timeout=settings.timeout)
     raise InputError(f"unknown model {settings.model!r}; choose one of {', '.join(MODELS)}")
 
 

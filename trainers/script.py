@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import TrainResult, write_json_atomic
 from prefect_hyperband.trainers.errors import InputError
 
@@ -92,11 +93,11 @@ class ScriptTrainer:
             with self._lock:
                 self._running.add(proc)
             try:
-                code = proc.wait(timeout=self.timeout)
+                code = _wait(proc, began, self.timeout)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
                 raise ScriptFailed(f"timed out after {self.timeout:g} s; last output:\n{_tail_of(log)}") from None
-            except BaseException:  # the job is stopping (Ctrl-C, cancellation): no rank left behind
+            except BaseException:  # the job is stopping (Ctrl-C, a timeout, a cancellation): no rank left behind
                 _kill_group(proc)
                 raise
             finally:
@@ -129,11 +130,33 @@ class ScriptTrainer:
             _kill_group(proc)
 
 
+def _wait(proc: subprocess.Popen, began: float, timeout: float | None) -> int:
+    """The launcher's exit code; ``Stopped`` as soon as the job stops or gives this trial-rung up."""
+    while True:
+        try:
+            return proc.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            stopping.check()
+            if timeout is not None and time.perf_counter() - began > timeout:
+                raise
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
+    """The launcher, its process group and every process under it: torch's launcher starts each rank in a
+    session of its own, so killing the launcher's group alone leaves the ranks running."""
+    ranks = []
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+        import psutil
+
+        ranks = psutil.Process(proc.pid).children(recursive=True)
+    except Exception:  # gone already, or no psutil: the group is what can be reached
         pass
+    for pid in [proc.pid, *(r.pid for r in ranks)]:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:

@@ -14,6 +14,7 @@ import time
 
 _requested = threading.Event()
 _signal: list[int] = []
+_cancelled: set[int] = set()  # threads whose trial-rung was given up (a timeout): their training stops too
 
 
 class Stopped(Exception):
@@ -27,7 +28,18 @@ def request(signum: int = 0) -> None:
 
 
 def requested() -> bool:
-    return _requested.is_set()
+    """The job is stopping, or the calling thread's trial-rung was given up."""
+    return _requested.is_set() or threading.get_ident() in _cancelled
+
+
+def cancel_thread(ident: int) -> None:
+    """Stop the training running in thread ``ident`` at its next unit (its trial-rung timed out)."""
+    _cancelled.add(ident)
+
+
+def clear_thread() -> None:
+    """A thread starts a new trial-rung: an earlier cancellation no longer applies."""
+    _cancelled.discard(threading.get_ident())
 
 
 def signal_number() -> int | None:
@@ -39,17 +51,19 @@ def reset() -> None:
     """For a new job in the same process (tests, notebooks)."""
     _requested.clear()
     _signal.clear()
+    _cancelled.clear()
 
 
 def check() -> None:
-    if _requested.is_set():
-        raise Stopped("the job is stopping")
+    if requested():
+        raise Stopped("the job is stopping" if _requested.is_set() else "the trial-rung was given up")
 
 
 def sleep(seconds: float) -> None:
     """``time.sleep`` that ends early, with ``Stopped``, when a stop is requested."""
     deadline = time.monotonic() + seconds
     while not _requested.wait(timeout=max(0.0, min(0.2, deadline - time.monotonic()))):
+        check()
         if time.monotonic() >= deadline:
             return
-    raise Stopped("the job is stopping")
+    check()
