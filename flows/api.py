@@ -36,14 +36,19 @@ def tune(
     """Tune ``train(trial) -> {metric: value}`` over ``space`` with Hyperband; any ``TuneParams`` field in ``options``.
 
     ``train`` is a function (importable, or defined right here: then a killed job resumes only in
-    this process) or its entry string, ``path/to/file.py:function`` / ``package.module:function``.
+    this process) or its entry string, ``path/to/file.py:function`` / ``package.module:function``, or a
+    training script, ``path/to/train.py`` (run under torch's launcher with ``workers`` ranks).
     """
     from prefect_hyperband.flows.tune import tune as tune_flow
     from prefect_hyperband.trainers.function import entry_of
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    entry = train if isinstance(train, str) else entry_of(train)
-    params = TuneParams(trainer=entry, space=dict(space) if isinstance(space, Mapping) else space, metric=metric,
+    code: dict[str, str]
+    if isinstance(train, str) and train.endswith(".py"):
+        code = {"script": train}
+    else:
+        code = {"trainer": train if isinstance(train, str) else entry_of(train)}
+    params = TuneParams(**code, space=dict(space) if isinstance(space, Mapping) else space, metric=metric,
                         direction=direction, max_resource=max_resource, eta=eta, min_resource=min_resource, **options)
     result = tune_flow(params)
     best = result.get("best") or {}

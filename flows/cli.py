@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="run a tuning job")
     _schedule_flags(tune)
-    tune.add_argument("--model", default="xgboost", help="xgboost, torch or synthetic")
+    tune.add_argument("--model", default="xgboost", help="a built-in model: xgboost, torch or synthetic (or a registered plug-in)")
     tune.add_argument("--trainer", help="your training function: path/to/file.py:function or package.module:function")
     tune.add_argument("--script", help="your training script, run as python -m torch.distributed.run --nproc-per-node WORKERS SCRIPT --name value ...")
     tune.add_argument("--direction", choices=["minimize", "maximize"], help="with --trainer or --script: is the metric better smaller or larger")
@@ -177,12 +177,14 @@ def _tune(args: argparse.Namespace) -> int:
 
     from prefect_hyperband.flows.params import TuneParams
 
-    from prefect_hyperband.trainers.factory import MODELS
+    from prefect_hyperband.trainers import registry
 
     if args.trainer and args.script:
         return _fail("--trainer and --script together: give one, a function or a script")
-    if args.model not in MODELS and not args.trainer and not args.script:
-        return _fail(f"unknown model {args.model!r}; choose {', '.join(MODELS[:-1])} or {MODELS[-1]}")
+    models = registry.built_in()
+    if args.model not in models and not args.trainer and not args.script:
+        return _fail(f"unknown model {args.model!r}; choose {', '.join(models[:-1])} or {models[-1]}, "
+                     "or your own code with --trainer or --script")
     if args.resume:
         from prefect_hyperband.flows.job import resume_params
         from prefect_hyperband.trainers.errors import InputError

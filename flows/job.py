@@ -14,7 +14,7 @@ from prefect_hyperband.hyperband import schedule, space as spaces
 from prefect_hyperband.hyperband.promotion import Direction
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.tracking import check_reachable, tracking_uri
-from prefect_hyperband.trainers import data as datasets
+from prefect_hyperband.trainers import data as datasets, registry
 from prefect_hyperband.trainers.errors import InputError
 from prefect_hyperband.trainers.factory import TrainerSettings, model_space
 
@@ -60,7 +60,8 @@ def prepare(params: TuneParams) -> Job:
     schedule.validate(params.min_resource, params.max_resource, params.eta)
     schedule.check_size(params.min_resource, params.max_resource, params.eta)
     cores = os.cpu_count() or 1
-    if params.model in ("xgboost", "torch", "script") and params.workers > cores and not params.dask_address and params.nnodes == 1:
+    model = registry.get(params.model)
+    if model.local_workers and params.workers > cores and not params.dask_address and params.nnodes == 1:
         raise InputError(f"--workers {params.workers} starts {params.workers} local worker processes per trial on a "
                          f"machine of {cores} cores; use at most {cores}, or --dask-address for a cluster")
     default_space, known, default_config = model_space(params.model)
@@ -76,29 +77,12 @@ def prepare(params: TuneParams) -> Job:
         validation_fraction=params.validation_fraction,
         seed=params.seed,
     )
-    if params.model in ("function", "script"):  # the user's code reads its own data; the metric is theirs
-        if params.model == "function":
-            from prefect_hyperband.trainers.function import load as load_trainer
-
-            load_trainer(params.trainer or "")  # a missing file, an import error, a wrong signature: fail now
-        else:
-            from prefect_hyperband.trainers.script import ScriptTrainer
-
-            ScriptTrainer(params.script or "", params.metric or "", params.workers)  # not a file: fail now
+    if model.metric is None:  # the user's code reads its own data; the metric is theirs, by their name
         metric = params.metric or ""
         direction: Direction = "min" if params.direction == "minimize" else "max"
-    elif params.model == "synthetic":
-        from prefect_hyperband.trainers.synthetic import SyntheticTrainer
-
-        metric = SyntheticTrainer.metric
-        direction = datasets.metric_direction(metric)
     else:
-        dataset = datasets.load(spec)
-        metric = params.metric or dataset.default_metric
-        datasets.check_metric(dataset, metric)
+        metric = model.metric(spec, params.metric)
         direction = datasets.metric_direction(metric)
-    uri = tracking_uri(params.tracking_uri)
-    check_reachable(uri)
     concurrency = params.trial_concurrency()
     settings = TrainerSettings(
         model=params.model,
@@ -114,9 +98,13 @@ def prepare(params: TuneParams) -> Job:
         rdzv_endpoint=params.rdzv_endpoint,
         trainer=params.trainer,
         timeout=params.trial_timeout,
-        script=os.path.abspath(params.script) if params.script else None,
-        extra=(("seconds_per_unit", params.unit_seconds),) if params.model == "synthetic" else (),
+        script=params.script,
+        extra=model.extra(params),
     )
+    if model.user_code:  # a trainer file that does not import, a script that is not a file: fail now, in one line
+        model.build(settings)
+    uri = tracking_uri(params.tracking_uri)
+    check_reachable(uri)
     job_id = params.job_id or new_job_id()
     job_dir = Path(params.job_dir).resolve() / job_id
     parent_run_id = None

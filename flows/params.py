@@ -7,13 +7,15 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from prefect_hyperband.trainers import registry
+
 
 class TuneParams(BaseModel):
     """A Hyperband tuning job (Li et al., JMLR 2018): r = min_resource, R = max_resource, η = eta."""
 
     model_config = ConfigDict(extra="forbid")
 
-    model: Literal["xgboost", "torch", "synthetic", "function", "script"] = Field(
+    model: Literal[registry.names()] = Field(  # type: ignore[valid-type]  (the registered models: a UI dropdown)
         "xgboost", description="Model family to tune; function: your own training function (set trainer); "
         "script: your own training script (set script)."
     )
@@ -77,14 +79,13 @@ class TuneParams(BaseModel):
             raise ValueError(f"min_resource must be <= max_resource, got {self.min_resource} > {self.max_resource}")
         if self.resume and not self.job_id:
             raise ValueError("resume needs the job_id of the job to continue")
-        if self.trainer and self.script:
-            raise ValueError("trainer and script together: give one, a function (--trainer) or a script (--script)")
-        if self.trainer:
-            self.model = "function"
-        if self.script:
-            self.model = "script"
-        if self.model in ("function", "script"):
-            code = "trainer" if self.model == "function" else "script"
+        given = {f: m for f, m in registry.user_code_fields().items() if getattr(self, f, None)}
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} together: give one, a function (--trainer) or a script (--script)")
+        for model in given.values():
+            self.model = model
+        code = registry.get(self.model).user_code
+        if code:
             missing = [f for f in (code, "metric", "direction", "space") if not getattr(self, f)]
             if missing:
                 example = "--trainer my.py:train" if code == "trainer" else "--script train.py"

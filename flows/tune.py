@@ -20,18 +20,14 @@ from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
 from prefect_hyperband.tasks import report, tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import finish_job_run, keep_best_checkpoint, register_champion, start_job_run
-from prefect_hyperband.trainers import factory
-
-FLAVOURED = ("xgboost", "torch")  # models with an MLflow flavour to register
-
+from prefect_hyperband.trainers import factory, registry
 
 def _run_name() -> str:
     params = flow_run.parameters.get("params")
     params = params if isinstance(params, TuneParams) else TuneParams.model_validate(params or {})
-    if params.model == "function":
-        return f"hyperband {params.trainer}"
-    if params.model == "script":
-        return f"hyperband {os.path.basename(params.script or '')}"
+    code = registry.get(params.model).user_code
+    if code:
+        return f"hyperband {os.path.basename(str(getattr(params, code)))}"
     return f"hyperband {params.model} on {params.data}"
 
 
@@ -77,16 +73,16 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         records = scheduler.records()
         summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed)
         version = None
-        if best is not None and params.register_model and job.settings.model in FLAVOURED:
+        if best is not None and params.register_model and registry.get(job.settings.model).log_model is not None:
             registered = register_champion(job, best["run_id"], best["checkpoint"], return_state=True)
             if registered.is_completed():
                 version = registered.result()
             else:  # the results stand without a registered model: say so, keep the job
                 logger.error("could not register the champion model: %s", registered.message)
-        elif best is not None and job.settings.model in ("function", "script"):
+        if best is not None and version is None:  # no flavour to log it in: its files, on the parent run
             keep_best_checkpoint(job, best["checkpoint"])
-            logger.info("no model registered (your trainer has no MLflow flavour); the best checkpoint "
-                        "is on the parent run under best_checkpoint/")
+            logger.info("no model registered (%s); the best checkpoint is on the parent run under best_checkpoint/",
+                        "registration off" if not params.register_model else "the model has no MLflow flavour")
         metrics = {
             f"best_{job.metric_key}": summary.best_score,
             f"default_{job.metric_key}": summary.default_score,

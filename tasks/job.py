@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.factory import TrainerSettings
 
 
@@ -33,13 +34,13 @@ class Job:
     @property
     def metric_key(self) -> str:
         """The metric's name in MLflow: ``val_<metric>`` for the built-ins, the user's own name for theirs."""
-        return self.metric if self.settings.model in ("function", "script") else f"val_{self.metric}"
+        return self.metric if registry.get(self.settings.model).metric is None else f"val_{self.metric}"
 
     def with_parent(self, run_id: str) -> "Job":
         return replace(self, parent_run_id=run_id)
 
     def checkpoint_path(self, trial_id: str, resource: int) -> str:
-        suffix = {"xgboost": ".ubj", "torch": ".pt"}.get(self.settings.model, ".json")
+        suffix = registry.get(self.settings.model).checkpoint_suffix
         path = Path(self.job_dir) / "checkpoints" / trial_id / f"r{resource}{suffix}"
         path.parent.mkdir(parents=True, exist_ok=True)
         return str(path)

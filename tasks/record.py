@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.tasks import tracking
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.trainers import factory
+from prefect_hyperband.trainers import factory, registry
 from prefect_hyperband.trainers.base import TrainResult
 
 T = TypeVar("T")
@@ -108,9 +108,12 @@ def keep_best_checkpoint(job: Job, checkpoint: str) -> None:
 
 
 @task(name="register champion", **RETRY)
-def register_champion(job: Job, run_id: str, checkpoint: str) -> int:
+def register_champion(job: Job, run_id: str, checkpoint: str) -> int | None:
     """The best trial's model in its flavour, registered under the experiment's name with alias champion."""
     trainer = factory.get(job.settings)
-    version = tracking.log_champion(job.tracking_uri, run_id, trainer, checkpoint, job.experiment)
+    model = registry.get(job.settings.model)
+    version = tracking.log_champion(job.tracking_uri, run_id, model, trainer, checkpoint, job.experiment)
+    if version is None:
+        return None
     tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.champion_version": version, "hyperband.best_run_id": run_id})
     return version

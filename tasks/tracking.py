@@ -9,8 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, TypeVar
@@ -269,65 +267,20 @@ def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:
     client(uri).log_text(run_id, text, artifact_file)
 
 
-def log_champion(uri: str, run_id: str, trainer: Any, checkpoint: str, name: str) -> int:
-    """Log the best trial's model in its own flavour on its run, register it as ``name`` and alias it ``champion``."""
+def log_champion(uri: str, run_id: str, model: Any, trainer: Any, checkpoint: str, name: str) -> int | None:
+    """Log the best trial's model in its flavour on its run (the plug-in's ``log_model``), register it as
+    ``name`` and alias it ``champion``; None when the plug-in had nothing to log."""
     import mlflow
-    import pandas as pd
-    from mlflow.models import infer_signature
 
-    data = trainer.data
-    example = pd.DataFrame(data.X_val[:5], columns=data.feature_names)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     with mlflow.start_run(run_id=run_id):
-        if trainer.model == "xgboost":
-            import xgboost as xgb
-
-            booster = trainer.booster(checkpoint)
-            booster.feature_names = list(data.feature_names)
-            signature = infer_signature(example, booster.inplace_predict(example))
-            info = mlflow.xgboost.log_model(
-                booster,
-                name="model",
-                signature=signature,
-                input_example=example,
-                pip_requirements=[f"xgboost=={xgb.__version__}"],
-                registered_model_name=name,
-            )
-        elif trainer.model == "torch":
-            import torch
-
-            module = trainer.load_model(checkpoint)
-            x = torch.from_numpy(data.X_val[:5])
-            with torch.no_grad():
-                signature = infer_signature(data.X_val[:5], module(x).numpy())
-            with tempfile.TemporaryDirectory() as tmp:
-                info = mlflow.pytorch.log_model(
-                    module,
-                    name="model",
-                    code_paths=[_model_code(tmp)],  # the module pickles by reference to its classes
-                    signature=signature,
-                    input_example=data.X_val[:5],
-                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-                    registered_model_name=name,
-                )
-        else:
-            raise ValueError(f"no MLflow flavour for model {trainer.model!r}")
-    version = int(info.registered_model_version)
+        info = model.log_model(trainer, checkpoint)
+    if info is None:
+        return None
+    version = int(mlflow.register_model(info.model_uri, name).version)
     client(uri).set_registered_model_alias(name, CHAMPION, str(version))
     return version
-
-
-def _model_code(tmp: str) -> str:
-    """``prefect_hyperband.trainers.torch_models`` alone, as a package a model's loader can import without us installed."""
-    from prefect_hyperband.trainers import torch_models
-
-    package = os.path.join(tmp, "prefect_hyperband")
-    os.makedirs(os.path.join(package, "trainers"))
-    for init in ("__init__.py", os.path.join("trainers", "__init__.py")):
-        open(os.path.join(package, init), "w").close()
-    shutil.copy(torch_models.__file__, os.path.join(package, "trainers", "torch_models.py"))
-    return package
 
 
 def _fmt(value: Any) -> str:

@@ -6,11 +6,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.base import Trainer
 from prefect_hyperband.trainers.data import DataSpec
-from prefect_hyperband.trainers.errors import InputError
 
-MODELS = ("xgboost", "torch", "synthetic")  # built in; "function" is the user's own (``trainer`` names it)
 
 
 @dataclass(frozen=True)
@@ -36,66 +35,11 @@ class TrainerSettings:
 
 def model_space(model: str) -> tuple[dict[str, dict[str, Any]], frozenset[str] | None, dict[str, Any]]:
     """(default search space, accepted parameter names, default config) of a model."""
-    if model == "xgboost":
-        from prefect_hyperband.trainers import xgboost_trainer as m
-    elif model == "torch":
-        from prefect_hyperband.trainers import torch_ddp as m  # type: ignore[no-redef]
-    elif model == "synthetic":
-        from prefect_hyperband.trainers import synthetic as m  # type: ignore[no-redef]
-    elif model in ("function", "script"):  # the user's space names the parameters; there is no default config
-        return {}, None, {}  # type: ignore[return-value]
-    else:
-        raise InputError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
-    return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
+    return registry.get(model).space()
 
 
 def build(settings: TrainerSettings) -> Trainer:
-    if settings.model == "xgboost":
-        from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
-
-        return XGBoostTrainer(
-            settings.data,
-            workers=settings.workers,
-            metric=settings.metric,
-            seed=settings.seed,
-            rounds_per_unit=settings.rounds_per_unit,
-            milestones=settings.milestones,
-            dask_address=settings.dask_address,
-            nthread=settings.threads,
-        )
-    if settings.model == "torch":
-        from prefect_hyperband.trainers.torch_ddp import TorchTrainer
-
-        kwargs: dict[str, Any] = dict(settings.extra)
-        if settings.threads:  # the job's share of cores per trial, split between its ranks
-            kwargs.setdefault("threads_per_rank", max(1, settings.threads // settings.workers))
-        if settings.timeout:
-            kwargs.setdefault("trial_timeout", settings.timeout)
-        return TorchTrainer(
-            settings.data,
-            workers=settings.workers,
-            metric=settings.metric,
-            seed=settings.seed,
-            nnodes=settings.nnodes,
-            rdzv_endpoint=settings.rdzv_endpoint,
-            **kwargs,
-        )
-    if settings.model == "synthetic":
-        from prefect_hyperband.trainers.synthetic import SyntheticTrainer
-
-        return SyntheticTrainer(seed=settings.seed, workers=settings.workers, **dict(settings.extra))
-    if settings.model == "function":
-        from prefect_hyperband.trainers.function import FunctionTrainer
-
-        assert settings.trainer and settings.metric
-        return FunctionTrainer(settings.trainer, settings.metric, workers=settings.workers)
-    if settings.model == "script":
-        from prefect_hyperband.trainers.script import ScriptTrainer
-
-        assert settings.script and settings.metric
-        return ScriptTrainer(settings.script, settings.metric, workers=settings.workers, threads=settings.threads,
-                             timeout=settings.timeout)
-    raise InputError(f"unknown model {settings.model!r}; choose one of {', '.join(MODELS)}")
+    return registry.get(settings.model).build(settings)
 
 
 _trainers: dict[TrainerSettings, Trainer] = {}

@@ -163,6 +163,9 @@ class FunctionTrainer:
     def __init__(self, entry: str, metric: str, workers: int = 1) -> None:
         self.entry, self.metric, self.workers = entry, metric, workers
         self.fn = load(entry)
+        #: ``log_model(checkpoint_dir) -> ModelInfo`` beside the function in its module, if any: the champion's flavour
+        hook = getattr(sys.modules.get(getattr(self.fn, "__module__", "") or ""), "log_model", None)
+        self.log_model_hook = hook if callable(hook) else None
 
     def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:
         start = _held(checkpoint)

@@ -44,8 +44,13 @@ def test_the_sklearn_example_from_the_cli_trains_exactly_69_epochs(tracking_uri,
     steps = [m.step for m in client.get_metric_history(winner.info.run_id, "val_loss")]
     assert steps == list(range(1, result["best"]["resource"] + 1))  # under the user's name, not val_val_loss
     assert parent.data.metrics["best_val_loss"] == pytest.approx(result["best"]["score"])
-    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "best_checkpoint")}
-    assert "best_checkpoint/model.pkl" in artifacts
+    # the example's log_model(checkpoint_dir) logs the best in MLflow's sklearn flavour: registered as champion
+    champion = client.get_model_version_by_alias("sk", "champion")
+    assert champion.run_id == winner.info.run_id
+    import mlflow
+
+    model = mlflow.sklearn.load_model("models:/sk@champion")
+    assert model.predict_proba(__import__("numpy").zeros((2, 64))).shape == (2, 10)
     assert set(json.loads(Path(client.download_artifacts(parent.info.run_id, "best_config.json", str(tmp_path))).read_text())["config"]) == {
         "alpha", "eta0", "learning_rate"}
 
@@ -74,6 +79,10 @@ def test_a_failing_user_trainer_fails_its_trials_only(tracking_uri, tmp_path):
     failed = [c for c in children if c.data.tags["hyperband.status"] == "failed"]
     assert failed and result.summary["failed_trials"] == len(failed)
     assert all("x too large" in c.data.tags["hyperband.error"] and c.info.status == "FAILED" for c in failed)
+    # no log_model beside this trainer: nothing registered, the best checkpoint's files on the parent run
+    client, parent, _ = runs_of(tracking_uri, "failing", result.parent_run_id)
+    assert "hyperband.champion_version" not in parent.data.tags
+    assert [a.path for a in client.list_artifacts(parent.info.run_id, "best_checkpoint")]
 
 
 @pytest.mark.parametrize(

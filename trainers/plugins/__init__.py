@@ -1,0 +1,1 @@
+"""The built-in models, one file each, each defining ``MODEL = registry.Model(...)``."""

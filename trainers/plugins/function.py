@@ -1,0 +1,26 @@
+"""The user's own training function, ``train(trial) -> {metric: value}`` (``--trainer file.py:train``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect_hyperband.trainers.registry import Model
+
+
+def build(settings: Any):
+    from prefect_hyperband.trainers.function import FunctionTrainer
+
+    assert settings.trainer and settings.metric
+    return FunctionTrainer(settings.trainer, settings.metric, workers=settings.workers)
+
+
+def log_model(trainer: Any, checkpoint: str):
+    """The user's ``log_model(checkpoint_dir)``, when the trainer's module defines one (it logs the model in
+    its flavour, e.g. ``mlflow.sklearn.log_model``, and returns the ``ModelInfo``); else nothing to register."""
+    hook = getattr(trainer, "log_model_hook", None)
+    return hook(str(Path(checkpoint).with_suffix(""))) if hook is not None else None
+
+
+MODEL = Model("function", build, "your training function (--trainer file.py:train)", user_code="trainer",
+              log_model=log_model, order=10)

@@ -1,0 +1,19 @@
+"""The user's own training script, run under torch's launcher (``--script train.py --workers N``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect_hyperband.trainers.registry import Model
+
+
+def build(settings: Any):
+    from prefect_hyperband.trainers.script import ScriptTrainer
+
+    assert settings.script and settings.metric
+    return ScriptTrainer(settings.script, settings.metric, workers=settings.workers, threads=settings.threads,
+                         timeout=settings.timeout)
+
+
+MODEL = Model("script", build, "your training script under torch's launcher (--script train.py)", user_code="script",
+              local_workers=True, order=11)

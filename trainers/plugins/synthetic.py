@@ -1,0 +1,33 @@
+"""An instant closed-form learning curve, for demos and for measuring the orchestrator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect_hyperband.trainers.registry import Model
+
+
+def build(settings: Any):
+    from prefect_hyperband.trainers.synthetic import SyntheticTrainer
+
+    return SyntheticTrainer(seed=settings.seed, workers=settings.workers, **dict(settings.extra))
+
+
+def space():
+    from prefect_hyperband.trainers import synthetic as m
+
+    return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
+
+
+def metric(spec: Any, given: str | None) -> str:
+    from prefect_hyperband.trainers.synthetic import SyntheticTrainer
+
+    return SyntheticTrainer.metric
+
+
+def extra(params: Any) -> tuple[tuple[str, Any], ...]:
+    return (("seconds_per_unit", params.unit_seconds),)
+
+
+MODEL = Model("synthetic", build, "an instant closed-form learning curve (--unit-seconds emulates cost)",
+              space=space, metric=metric, extra=extra, order=2)

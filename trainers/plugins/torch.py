@@ -1,0 +1,69 @@
+"""A PyTorch CNN/MLP trained with DDP across ``--workers`` ranks; one unit = one epoch."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from prefect_hyperband.trainers.registry import Model
+
+
+def build(settings: Any):
+    from prefect_hyperband.trainers.torch_ddp import TorchTrainer
+
+    kwargs: dict[str, Any] = dict(settings.extra)
+    if settings.threads:  # the job's share of cores per trial, split between its ranks
+        kwargs.setdefault("threads_per_rank", max(1, settings.threads // settings.workers))
+    if settings.timeout:
+        kwargs.setdefault("trial_timeout", settings.timeout)
+    return TorchTrainer(settings.data, workers=settings.workers, metric=settings.metric, seed=settings.seed,
+                        nnodes=settings.nnodes, rdzv_endpoint=settings.rdzv_endpoint, **kwargs)
+
+
+def space():
+    from prefect_hyperband.trainers import torch_ddp as m
+
+    return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
+
+
+def metric(spec: Any, given: str | None) -> str:
+    from prefect_hyperband.trainers.plugins.xgboost import metric as from_data
+
+    return from_data(spec, given)
+
+
+def log_model(trainer: Any, checkpoint: str):
+    """The module in MLflow's PyTorch flavour; its class ships as code, so loading needs no install of ours."""
+    import mlflow
+    import torch
+    from mlflow.models import infer_signature
+
+    data = trainer.data
+    module = trainer.load_model(checkpoint)
+    with torch.no_grad():
+        signature = infer_signature(data.X_val[:5], module(torch.from_numpy(data.X_val[:5])).numpy())
+    with tempfile.TemporaryDirectory() as tmp:
+        return mlflow.pytorch.log_model(
+            module, name="model", code_paths=[_model_code(tmp)], signature=signature,
+            input_example=data.X_val[:5], pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+        )
+
+
+def _model_code(tmp: str) -> str:
+    """``prefect_hyperband.trainers.torch_models`` alone, as a package a model's loader can import without us installed."""
+    from prefect_hyperband.trainers import torch_models
+
+    package = os.path.join(tmp, "prefect_hyperband")
+    os.makedirs(os.path.join(package, "trainers"))
+    for init in ("__init__.py", os.path.join("trainers", "__init__.py")):
+        open(os.path.join(package, init), "w").close()
+    shutil.copy(torch_models.__file__, os.path.join(package, "trainers", "torch_models.py"))
+    return package
+
+
+MODEL = Model(
+    "torch", build, "PyTorch CNN/MLP with DDP (one unit = one epoch)", space=space, metric=metric,
+    checkpoint_suffix=".pt", local_workers=True, log_model=log_model, order=1,
+)

@@ -1,0 +1,55 @@
+"""XGBoost boosters on a tabular data set; one unit = ``rounds_per_unit`` boosting rounds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect_hyperband.trainers.registry import Model
+
+
+def build(settings: Any):
+    from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+
+    return XGBoostTrainer(
+        settings.data, workers=settings.workers, metric=settings.metric, seed=settings.seed,
+        rounds_per_unit=settings.rounds_per_unit, milestones=settings.milestones,
+        dask_address=settings.dask_address, nthread=settings.threads,
+    )
+
+
+def space():
+    from prefect_hyperband.trainers import xgboost_trainer as m
+
+    return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
+
+
+def metric(spec: Any, given: str | None) -> str:
+    from prefect_hyperband.trainers import data
+
+    dataset = data.load(spec)
+    chosen = given or dataset.default_metric
+    data.check_metric(dataset, chosen)
+    return chosen
+
+
+def log_model(trainer: Any, checkpoint: str):
+    """The booster in MLflow's XGBoost flavour, with a signature and an input example."""
+    import mlflow
+    import pandas as pd
+    import xgboost as xgb
+    from mlflow.models import infer_signature
+
+    data = trainer.data
+    example = pd.DataFrame(data.X_val[:5], columns=data.feature_names)
+    booster = trainer.booster(checkpoint)
+    booster.feature_names = list(data.feature_names)
+    return mlflow.xgboost.log_model(
+        booster, name="model", signature=infer_signature(example, booster.inplace_predict(example)),
+        input_example=example, pip_requirements=[f"xgboost=={xgb.__version__}"],
+    )
+
+
+MODEL = Model(
+    "xgboost", build, "XGBoost (one unit = --rounds-per-unit boosting rounds)", space=space, metric=metric,
+    checkpoint_suffix=".ubj", local_workers=True, log_model=log_model, order=0,
+)

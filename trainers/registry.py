@@ -1,0 +1,122 @@
+"""Models as plug-ins: one registry entry each, the built-ins (``xgboost``, ``torch``, ``synthetic``) and the
+user's own code (``function``, ``script``) alike.
+
+An entry says how to build the model's trainer from the job's settings, its default search space and
+config, how the job's metric is chosen, its checkpoint file suffix, and, optionally, how to log a
+checkpoint as an MLflow model in its flavour (then the best is registered with alias ``champion``).
+Nothing else in the project switches on a model's name. Adding a model is one file in
+``trainers/plugins/`` defining ``MODEL = Model(...)``; a model from another package registers through
+the entry-point group ``prefect_hyperband.models`` (``name = "package.module:MODEL"``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from prefect_hyperband.trainers.errors import InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from prefect_hyperband.trainers.base import Trainer
+    from prefect_hyperband.trainers.data import DataSpec
+    from prefect_hyperband.trainers.factory import TrainerSettings
+
+ENTRY_POINTS = "prefect_hyperband.models"
+
+
+def _no_space() -> tuple[dict[str, dict[str, Any]], frozenset[str] | None, dict[str, Any]]:
+    return {}, None, {}
+
+
+def _no_extra(params: Any) -> tuple[tuple[str, Any], ...]:
+    return ()
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model family the tuner can tune."""
+
+    name: str
+    #: the trainer for a job's settings (imports the heavy libraries here, not at registration)
+    build: Callable[["TrainerSettings"], "Trainer"]
+    description: str = ""
+    #: (default search space, accepted parameter names or None for any, default config: the summary's baseline)
+    space: Callable[[], tuple[dict[str, dict[str, Any]], frozenset[str] | None, dict[str, Any]]] = _no_space
+    #: the job's metric from its data and ``--metric``; None: the user's own metric, named as they report it
+    metric: Callable[["DataSpec", str | None], str] | None = None
+    checkpoint_suffix: str = ".json"
+    #: the TuneParams field that names the user's code (``trainer``, ``script``); None for a built-in
+    user_code: str | None = None
+    #: ``--workers`` starts that many processes on this machine per trial (bounded by its cores)
+    local_workers: bool = False
+    #: ``TrainerSettings.extra`` from the job's parameters (model-specific knobs)
+    extra: Callable[[Any], tuple[tuple[str, Any], ...]] = _no_extra
+    #: log ``checkpoint`` as an MLflow model in its flavour, inside the best trial's active run; returns the
+    #: ``ModelInfo`` (then registered with alias ``champion``) or None when there is nothing to register
+    log_model: Callable[[Any, str], Any] | None = None
+    #: where it sorts in lists and help (built-ins first)
+    order: int = 100
+
+
+_models: dict[str, Model] = {}
+_loaded = threading.Event()
+_lock = threading.RLock()
+
+
+def register(model: Model) -> Model:
+    with _lock:
+        _models[model.name] = model
+    return model
+
+
+def _load() -> None:
+    if _loaded.is_set():
+        return
+    with _lock:
+        if _loaded.is_set():
+            return
+        from prefect_hyperband.trainers import plugins
+
+        for info in pkgutil.iter_modules(plugins.__path__):
+            module = importlib.import_module(f"{plugins.__name__}.{info.name}")
+            if isinstance(getattr(module, "MODEL", None), Model):
+                register(module.MODEL)
+        try:
+            from importlib.metadata import entry_points
+
+            for ep in entry_points(group=ENTRY_POINTS):
+                try:
+                    model = ep.load()
+                except Exception:  # a broken third-party plug-in does not take the built-ins down
+                    continue
+                if isinstance(model, Model):
+                    register(model)
+        except Exception:
+            pass
+        _loaded.set()
+
+
+def get(name: str) -> Model:
+    _load()
+    model = _models.get(name)
+    if model is None:
+        raise InputError(f"unknown model {name!r}; choose one of {', '.join(names())}")
+    return model
+
+
+def names() -> tuple[str, ...]:
+    _load()
+    return tuple(sorted(_models, key=lambda n: (_models[n].order, n)))
+
+
+def built_in() -> tuple[str, ...]:
+    """The models that need no code of the user's (``--model`` choices)."""
+    return tuple(n for n in names() if _models[n].user_code is None)
+
+
+def user_code_fields() -> Mapping[str, str]:
+    """TuneParams field -> model name, for the models that run the user's code."""
+    return {_models[n].user_code: n for n in names() if _models[n].user_code}  # type: ignore[misc]
