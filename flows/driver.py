@@ -144,6 +144,14 @@ def _adopt_run(scheduler: Scheduler, todo: TrialJob, future: Future) -> None:
         scheduler.set_run_id(todo.trial_id, run_id)
 
 
+def _trained(future: Future) -> bool:
+    """A trial-rung whose training finished (its seconds are on its row), whatever its evaluation did."""
+    try:
+        return future.result().trained is not None
+    except Exception:
+        return False
+
+
 def _succeeded(future: Future) -> bool:
     """A trial-rung that ended with its result (not stopped, not failed)."""
     try:
@@ -160,9 +168,12 @@ class Drive:
     rows: list[dict[str, Any]]
     default_score: float | None
     elapsed: float
+    #: worker-seconds of trainings that left no result: failed, stopped, timed out, run again (measured)
+    lost: float = 0.0
 
 
-def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool) -> Drive:
+def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool,
+          lost: float = 0.0) -> Drive:
     """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every result.
 
     Ctrl-C or SIGTERM (in the main thread: the CLI, a deployment's flow-run process) stops the job: no new
@@ -170,7 +181,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     raised. A second signal exits at once."""
     stopping.reset()
     with _stop_on_signals():
-        return _drive(job, scheduler, rows, spent, baseline)
+        return _drive(job, scheduler, rows, spent, baseline, lost)
 
 
 @contextlib.contextmanager
@@ -210,8 +221,10 @@ def _exit_now(signum: int) -> None:
     os._exit(128 + signum)
 
 
-def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool) -> Drive:
+def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool,
+           lost: float) -> Drive:
     logger = get_run_logger()
+    workers = job.settings.workers * job.settings.nnodes
     began = time.perf_counter()
     attempts: Counter[tuple[str, int]] = Counter()
     retry: list[TrialJob] = []
@@ -272,6 +285,7 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
                 clock = clocks.pop(future)
                 stopping.cancel_thread(clock["thread"])
                 _ABANDONED.append(future)
+                lost += (time.monotonic() - clock["began"]) * workers
                 out = runner.Outcome(todo, scheduler.run_id(todo.trial_id), None, None,
                                      f"TimeoutError: the trial-rung took more than {clock['limit']:.0f} s "
                                      f"(--trial-timeout); its training was stopped")
@@ -279,11 +293,14 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
             for future in done:
                 todo = running.pop(future)
                 clock = clocks.pop(future, {})
+                discarded = stopping.requested() and not _succeeded(future)
+                if "began" in clock and (discarded or not _trained(future)):  # cost with no training seconds on record
+                    lost += (time.monotonic() - clock["began"]) * workers
                 if todo == _BASELINE:
                     default_score = None if stop_began is not None else _baseline(future, logger)
                     continue
                 assert isinstance(todo, TrialJob)
-                if stopping.requested() and not _succeeded(future):
+                if discarded:
                     _adopt_run(scheduler, todo, future)
                     continue  # stopped mid-training: not the trial's failure; --resume trains it again
                 try:
@@ -300,7 +317,7 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
                 if out.trained is not None and out.error is None:
                     limits.observe(out.trained)
                 ended += _settle(job, scheduler, rows, progress, logger, todo, out)
-            save_state(job, scheduler, rows, elapsed())
+            save_state(job, scheduler, rows, elapsed(), lost)
             tracker.close(ended)
         if stop_began is not None:
             raise JobStopped(stopping.signal_number() or 0, len(running))
@@ -309,10 +326,10 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
         # after a stop, a training still running past the grace is left to end at its next unit
         pool.shutdown(wait=stop_began is None and not stuck(), cancel_futures=True)
         tracker.drain()  # every run closed before the summary and the champion
-        save_state(job, scheduler, rows, elapsed())
+        save_state(job, scheduler, rows, elapsed(), lost)
         progress.flush()
         display.stop()
-    return Drive(rows, default_score, elapsed())
+    return Drive(rows, default_score, elapsed(), lost)
 
 
 class _Tracker:

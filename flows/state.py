@@ -86,9 +86,11 @@ def state_path(job: Job) -> Path:
     return Path(job.job_dir) / "state.json"
 
 
-def save_state(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], elapsed: float) -> None:
-    """The scheduler (with its sampler), every finished trial-rung and the seconds spent so far; atomic."""
-    write_json_atomic(state_path(job), {"scheduler": scheduler.to_json(), "rows": rows, "elapsed": elapsed}, indent=None)
+def save_state(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], elapsed: float, lost: float = 0.0) -> None:
+    """The scheduler (with its sampler), every finished trial-rung, the seconds spent so far and the
+    worker-seconds of trainings that left no result (``lost``); atomic."""
+    write_json_atomic(state_path(job), {"scheduler": scheduler.to_json(), "rows": rows, "elapsed": elapsed, "lost": lost},
+                      indent=None)
 
 
 def load_state(job: Job) -> dict[str, Any] | None:

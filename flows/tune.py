@@ -55,6 +55,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
     save_job_record(job, params.model_dump(mode="json"))
     saved = load_state(job)
     rows, spent = (saved["rows"], float(saved["elapsed"])) if saved else ([], 0.0)
+    lost = float(saved.get("lost", 0.0)) if saved else 0.0
     clock = lambda: spent + time.perf_counter() - began  # noqa: E731  (ASHA's time budget, across resumes)
     scheduler = make_scheduler(job, params.max_trials or plan["configs"], params.time_budget, clock,
                                saved["scheduler"] if saved else None)
@@ -67,11 +68,11 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
     factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
         try:
-            run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config))
+            run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config), lost=lost)
         except JobStopped as stop:
             return _stopped(job, scheduler, stop, logger)
         records = scheduler.records()
-        summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed)
+        summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed, run.lost)
         version = None
         if best is not None and params.register_model and registry.get(job.settings.model).log_model is not None:
             registered = register_champion(job, best["run_id"], best["checkpoint"], return_state=True)
@@ -90,6 +91,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
             "resource_used": summary.resource_used,
             "resource_without_early_stopping": summary.resource_without_early_stopping,
             "worker_seconds": summary.worker_seconds,
+            "lost_worker_seconds": summary.lost_worker_seconds,
             "worker_seconds_without_early_stopping": summary.worker_seconds_without_early_stopping,
             "wall_seconds": run.elapsed,
             "sequential_seconds": summary.sequential_seconds,
@@ -146,7 +148,7 @@ def _adopt_runs(job: Job, scheduler) -> None:
 
 
 def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], default_score: float | None,
-               wall: float) -> tuple[Summary, dict | None]:
+               wall: float, lost: float = 0.0) -> tuple[Summary, dict | None]:
     found = best_of(records, job.direction)  # type: ignore[arg-type]
     best = None
     if found is not None:
@@ -164,6 +166,7 @@ def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]],
         default_score=default_score,
         wall_seconds=wall,
         concurrency=job.concurrency,
+        lost_worker_seconds=lost,
     )
     return summary, best
 

@@ -46,6 +46,9 @@ class Summary:
     wall_seconds_without_early_stopping: float = 0.0
     #: measured: the longest stretch with no trial-rung training anywhere (orchestration stalls)
     longest_idle_seconds: float = 0.0
+    #: measured: worker-seconds of trainings that left no result (failed, stopped, timed out, run again);
+    #: part of ``worker_seconds``. A process killed outright (SIGKILL) loses its in-flight work unmeasured.
+    lost_worker_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,6 +66,7 @@ def summarise(
     default_score: float | None,
     wall_seconds: float,
     concurrency: int = 1,
+    lost_worker_seconds: float = 0.0,
 ) -> Summary:
     rows = list(rows)
     used = sum(r.resource_trained for r in rows)
@@ -86,13 +90,14 @@ def summarise(
         default_score=default_score,
         resource_used=used,
         resource_without_early_stopping=without,
-        worker_seconds=train_ws + eval_s,
+        worker_seconds=train_ws + eval_s + lost_worker_seconds,
         worker_seconds_without_early_stopping=estimated,
         wall_seconds=wall_seconds,
         sequential_seconds=sum(r.train_seconds + r.eval_seconds for r in rows),
         concurrency=concurrency,
         wall_seconds_without_early_stopping=estimated / max(1, concurrency),
         longest_idle_seconds=longest_idle(rows),
+        lost_worker_seconds=lost_worker_seconds,
     )
 
 
@@ -146,5 +151,7 @@ def table(s: Summary) -> str:
         f"{s.configs} configs, {s.trial_rungs} trial-rungs, {s.reached_max_resource} reached R={s.max_resource}, "
         f"{s.failed_trials} failed; best {s.best_trial} at r={s.best_resource}; "
         f"training {s.sequential_seconds:,.1f} s of the wall, longest idle stretch {s.longest_idle_seconds:.1f} s"
+        + (f"; {s.lost_worker_seconds:,.1f} worker-s lost to failed, stopped or retried trainings"
+           if s.lost_worker_seconds >= 0.05 else "")
     )
     return "\n".join([*lines, footer])

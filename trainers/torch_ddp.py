@@ -368,7 +368,7 @@ class TorchTrainer:
             resource=resource,
             resource_trained=resource - start,
             seconds=time.perf_counter() - started,
-            workers=self.workers,
+            workers=self.world_size,  # every rank on every node: worker-seconds count them all
             history=result["history"],
             info=self._info(cfg, result),
         )

@@ -84,10 +84,15 @@ def test_a_stopped_job_exits_cleanly_and_resumes_to_the_uninterrupted_result(sig
     assert not [r for r in runs(uri) if r.info.status == "RUNNING"]  # children and parent ended KILLED or FINISHED
     assert any(r.info.status == "KILLED" for r in runs(uri))
 
+    before = json.loads(state.read_text())
+    assert before["lost"] > 0  # the trainings stopped mid-way are cost, saved for the resumed job's summary
+
     resumed = start(["--resume", "cut", "--job-dir", str(jobs), "--json"], tmp_path, env)
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err[-3000:]
     result = json.loads(out.strip().splitlines()[-1])
+    assert result["summary"]["wall_seconds"] > before["elapsed"]  # the whole job's wall, across the resume
+    assert result["summary"]["lost_worker_seconds"] >= before["lost"]
 
     whole = tune(TuneParams(model="synthetic", mode=mode, max_resource=9, unit_seconds=0.0, concurrency=concurrency, seed=5,
                             job_dir=str(tmp_path / "whole"), baseline=False, tracking_uri=f"sqlite:///{tmp_path}/w.db"))

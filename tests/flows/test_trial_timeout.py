@@ -70,6 +70,7 @@ def test_a_hung_training_fails_its_trial_on_the_timeout_and_the_job_exits(kind, 
     result = json.loads(out.strip().splitlines()[-1])
     assert result["summary"]["failed_trials"] == 2 and result["summary"]["configs"] == 5  # x = 0.98 and 0.94 hang
     assert result["best"]["config"]["x"] <= 0.8
+    assert result["summary"]["lost_worker_seconds"] >= 2 * 5  # the two given-up trainings count as cost
     client = MlflowClient(uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     failed = [r for r in runs if r.data.tags.get("hyperband.status") == "failed"]
