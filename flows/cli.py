@@ -46,38 +46,61 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="run a tuning job")
     _schedule_flags(tune)
-    tune.add_argument("--model", default="xgboost", help="a built-in model: xgboost, torch or synthetic (or a registered plug-in)")
-    tune.add_argument("--trainer", help="your training function: path/to/file.py:function or package.module:function")
-    tune.add_argument("--script", help="your training script, run as python -m torch.distributed.run --nproc-per-node WORKERS SCRIPT --name value ...")
-    tune.add_argument("--direction", choices=["minimize", "maximize"], help="with --trainer or --script: is the metric better smaller or larger")
-    tune.add_argument("--mode", default="hyperband", choices=["hyperband", "asha"], help="synchronous brackets or ASHA")
-    tune.add_argument("--sampler", default="random", choices=["random", "tpe"], help="how configs are proposed")
-    tune.add_argument("--max-trials", type=_positive("--max-trials"), help="asha: configs to start (default: as Hyperband)")
-    tune.add_argument("--time-budget", type=float, help="asha: seconds after which no new trial starts")
+    _job_flags(tune)
     tune.add_argument("--resume", metavar="JOB", help="continue job JOB (its folder under --job-dir) from its saved state")
-    tune.add_argument("--data", default="bank-marketing", help="bank-marketing, digits, breast-cancer or a CSV path")
-    tune.add_argument("--target", help="target column of a CSV file")
-    tune.add_argument("--metric", help="auc, accuracy, rmse or logloss (default: from the target)")
-    tune.add_argument("--space", help="YAML search space (default: the model's own)")
-    tune.add_argument("--seed", type=_positive("--seed", 0), default=0)
     tune.add_argument("--workers", type=_positive("--workers"), default=1, help="workers per trial")
-    tune.add_argument("--concurrency", type=_positive("--concurrency", 0), default=0, help="trials at once (0: auto)")
-    tune.add_argument("--dask-address", help="tcp://host:8786 of an existing Dask scheduler")
-    tune.add_argument("--rounds-per-unit", type=_positive("--rounds-per-unit"), default=10, help="XGBoost rounds per resource unit")
-    tune.add_argument("--unit-seconds", type=float, default=0.0, help="synthetic: seconds one unit takes")
-    tune.add_argument("--nnodes", type=_positive("--nnodes"), default=1, help="torch: machines per trial")
-    tune.add_argument("--rdzv-endpoint", help="torch: host:port rendezvous for --nnodes > 1")
-    tune.add_argument("--trial-timeout", type=float, help="seconds a trial-rung may take before its trial fails "
-                      "(default: 20x the job's measured seconds per unit, at least 300)")
-    tune.add_argument("--job-dir", default="hyperband-jobs", help="where checkpoints and job state live")
-    tune.add_argument("--job-id", help="name of this job's folder (default: time-stamped)")
-    tune.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    tune.add_argument("--experiment", default="hyperband", help="MLflow experiment and registered model name")
-    tune.add_argument("--no-register", action="store_true", help="do not register the best model")
-    tune.add_argument("--no-baseline", action="store_true", help="skip training the default config to R")
-    tune.add_argument("--json", action="store_true", help="print the result as JSON")
-    tune.add_argument("--verbose", action="store_true", help="also print Prefect's line per task run (always in the Prefect UI)")
+
+    study = sub.add_parser("scale", help="the tuning job at several cluster sizes: tuned vs transferred score, cost, speed")
+    _schedule_flags(study)
+    _job_flags(study)
+    study.add_argument("--workers", type=_worker_list, default=[1, 2], help="cluster sizes to compare, e.g. 1,2,4 (workers per trial)")
+    study.add_argument("--target-score", type=float, help="time to target: when a job's best-so-far reaches it "
+                       "(default: the tuned score at the smallest size, 0.01 worse)")
+    study.add_argument("--tolerance", type=float, default=0.005, help="sizes within this of the best tuned score count as good")
     return parser
+
+
+def _job_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of a tuning job, shared by ``tune`` and ``scale``."""
+    p.add_argument("--model", default="xgboost", help="a built-in model: xgboost, torch or synthetic (or a registered plug-in)")
+    p.add_argument("--trainer", help="your training function: path/to/file.py:function or package.module:function")
+    p.add_argument("--script", help="your training script, run as python -m torch.distributed.run --nproc-per-node WORKERS SCRIPT --name value ...")
+    p.add_argument("--direction", choices=["minimize", "maximize"], help="with --trainer or --script: is the metric better smaller or larger")
+    p.add_argument("--mode", default="hyperband", choices=["hyperband", "asha"], help="synchronous brackets or ASHA")
+    p.add_argument("--sampler", default="random", choices=["random", "tpe"], help="how configs are proposed")
+    p.add_argument("--max-trials", type=_positive("--max-trials"), help="asha: configs to start (default: as Hyperband)")
+    p.add_argument("--time-budget", type=float, help="asha: seconds after which no new trial starts")
+    p.add_argument("--data", default="bank-marketing", help="bank-marketing, digits, breast-cancer or a CSV path")
+    p.add_argument("--target", help="target column of a CSV file")
+    p.add_argument("--metric", help="auc, accuracy, rmse or logloss (default: from the target)")
+    p.add_argument("--space", help="YAML search space (default: the model's own)")
+    p.add_argument("--seed", type=_positive("--seed", 0), default=0)
+    p.add_argument("--concurrency", type=_positive("--concurrency", 0), default=0, help="trials at once (0: auto)")
+    p.add_argument("--dask-address", help="tcp://host:8786 of an existing Dask scheduler")
+    p.add_argument("--rounds-per-unit", type=_positive("--rounds-per-unit"), default=10, help="XGBoost rounds per resource unit")
+    p.add_argument("--unit-seconds", type=float, default=0.0, help="synthetic: seconds one unit takes")
+    p.add_argument("--nnodes", type=_positive("--nnodes"), default=1, help="torch: machines per trial")
+    p.add_argument("--rdzv-endpoint", help="torch: host:port rendezvous for --nnodes > 1")
+    p.add_argument("--trial-timeout", type=float, help="seconds a trial-rung may take before its trial fails "
+                      "(default: 20x the job's measured seconds per unit, at least 300)")
+    p.add_argument("--job-dir", default="hyperband-jobs", help="where checkpoints and job state live")
+    p.add_argument("--job-id", help="name of this job's folder (default: time-stamped)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    p.add_argument("--experiment", default="hyperband", help="MLflow experiment and registered model name")
+    p.add_argument("--no-register", action="store_true", help="do not register the best model")
+    p.add_argument("--no-baseline", action="store_true", help="skip training the default config to R")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--verbose", action="store_true", help="also print Prefect's line per task run (always in the Prefect UI)")
+
+
+def _worker_list(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--workers must be a comma-separated list of counts, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--workers must list counts >= 1, got {text!r}")
+    return sorted(set(sizes))
 
 
 def _schedule_flags(p: argparse.ArgumentParser) -> None:
@@ -93,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _plan(args)
         if args.command == "deploy":
             return _deploy(args)
+        if args.command == "scale":
+            return _scale(args)
         return _tune(args)
     except KeyboardInterrupt:
         print("hyperband: interrupted", file=sys.stderr)
@@ -175,7 +200,6 @@ def _tune(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
     from pydantic import ValidationError
 
-    from prefect_hyperband.flows.params import TuneParams
 
     from prefect_hyperband.trainers import registry
 
@@ -194,18 +218,62 @@ def _tune(args: argparse.Namespace) -> int:
         except (InputError, ValidationError) as exc:
             return _fail(_one_line(exc) if isinstance(exc, ValidationError) else str(exc))
     try:
-        params = TuneParams(
+        params = _params(args, args.workers)
+    except ValidationError as exc:
+        return _fail(_one_line(exc))
+    return _run(params, args)
+
+
+def _params(args: argparse.Namespace, workers: int):
+    """The job's TuneParams from the flags (``ValidationError`` for a bad combination)."""
+    from prefect_hyperband.flows.params import TuneParams
+
+    return TuneParams(
             model="function" if args.trainer else "script" if args.script else args.model, trainer=args.trainer, script=args.script, direction=args.direction, data=args.data, target=args.target, metric=args.metric, space=args.space,
             min_resource=args.min_resource, max_resource=args.max_resource, eta=args.eta, seed=args.seed,
-            workers=args.workers, concurrency=args.concurrency, dask_address=args.dask_address,
+            workers=workers, concurrency=args.concurrency, dask_address=args.dask_address,
             rounds_per_unit=args.rounds_per_unit, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
             job_dir=args.job_dir, job_id=args.job_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
             register_model=not args.no_register, baseline=not args.no_baseline,
             mode=args.mode, sampler=args.sampler, trial_timeout=args.trial_timeout, unit_seconds=args.unit_seconds, max_trials=args.max_trials, time_budget=args.time_budget,
         )
+
+
+def _scale(args: argparse.Namespace) -> int:
+    """``hyperband scale``: every size checked before any training, then the study as one flow run."""
+    from pydantic import ValidationError
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
+    if args.trainer and args.script:
+        return _fail("--trainer and --script together: give one, a function or a script")
+    if not 0 <= args.tolerance:
+        return _fail(f"--tolerance must be >= 0, got {args.tolerance}")
+    study = args.job_id or _job_id()
+    try:
+        params = _params(args, args.workers[0]).model_copy(update={"job_id": study})
+        for n in sorted(args.workers, reverse=True):  # a size the machine cannot hold, a bad space: now, one line
+            message = preflight(params.model_copy(update={"workers": n, "job_id": f"{study}-w{n}"}))
+            if message:
+                return _fail(message if f"--workers {n}" in message else f"--workers {n}: {message}")
     except ValidationError as exc:
         return _fail(_one_line(exc))
-    return _run(params, args)
+    from prefect_hyperband.flows.scale import scale
+
+    quiet_terminal()
+    _temporary_server()
+    state = scale(params, args.workers, args.target_score, args.tolerance, return_state=True)
+    if not state.is_completed():
+        print(f"hyperband: scaling study failed: {state.message}", file=sys.stderr)
+        return _exit(1)
+    result = state.result()
+    if args.json:
+        print(json.dumps({k: result[k] for k in ("rows", "cheapest", "fastest", "target", "metric", "study_run_id")},
+                         default=str))
+    else:
+        print(result["table"])
+        print(f"MLflow: experiment {params.experiment!r}, study run {result['study_run_id']} (each size's job nested under it)")
+    return _exit(0)
 
 
 #: tune flags whose names differ from their TuneParams field (or are not one)

@@ -62,6 +62,9 @@ class TuneParams(BaseModel):
     job_id: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="Name of the job's folder; default: time-stamped.")
     tracking_uri: Optional[str] = Field(None, description="MLflow tracking URI; default MLFLOW_TRACKING_URI or sqlite:///mlflow.db.")
     experiment: str = Field("hyperband", min_length=1, description="MLflow experiment; also the registered model's name.")
+    nest_under: Optional[str] = Field(
+        None, description="MLflow run id to nest this job's parent run under (set by a scaling study)."
+    )
     register_model: bool = Field(True, description="Register the best model with alias 'champion'.")
     baseline: bool = Field(True, description="Also train the model's default config to R, for the summary.")
     resume: bool = Field(False, description="Continue the job job_id from its saved state and checkpoints.")

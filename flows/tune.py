@@ -51,7 +51,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         plan["trial_rungs"], plan["resource_used"], plan["resource_without_early_stopping"], job.job_dir,
     )
     if job.parent_run_id is None:
-        job = job.with_parent(start_job_run(job, _run_params(job, params)))
+        job = job.with_parent(start_job_run(job, _run_params(job, params), params.nest_under))
     save_job_record(job, params.model_dump(mode="json"))
     saved = load_state(job)
     rows, spent = (saved["rows"], float(saved["elapsed"])) if saved else ([], 0.0)
@@ -113,6 +113,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
             "job_id": job.job_id,
             "job_dir": job.job_dir,
             "parent_run_id": job.parent_run_id,
+            "direction": job.direction,
             "summary": summary.to_json(),
             "table": table(summary),
             "best": best,

@@ -19,8 +19,10 @@ RETRY = dict(retries=3, retry_delay_seconds=[1, 5, 15], cache_policy=NO_CACHE)
 
 
 @task(name="start parent run", **RETRY)
-def start_job_run(job: Job, params: dict[str, Any]) -> str:
+def start_job_run(job: Job, params: dict[str, Any], nest_under: str | None = None) -> str:
     tags = {"hyperband.job_id": job.job_id, "hyperband.job_dir": job.job_dir, "hyperband.metric": job.metric}
+    if nest_under:  # a job of a scaling study: its parent run sits under the study's run
+        tags["mlflow.parentRunId"] = nest_under
     return tracking.start_parent(job.tracking_uri, job.experiment, f"hyperband-{job.job_id}", params, tags)
 
 

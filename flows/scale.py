@@ -1,0 +1,127 @@
+"""The scaling study: the tuning job at each cluster size N, the naive transfer, and which N to use.
+
+One MLflow study run (top level) holds, nested under it, each N's job (its parent run, with its trial
+runs under that) and one ``transfer w=N`` run per N: the best configuration tuned at the smallest N,
+trained unchanged to R at N workers (for torch the per-replica batch stays, so the global batch grows
+with N; the learning rate as found). The table goes on the study run as ``scaling.json``/``scaling.txt``
+and a plot. In Prefect: a ``hyperband-scale`` flow whose per-N jobs are ``hyperband-tune`` subflows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from prefect_hyperband.flows.job import new_job_id, prepare
+from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.tune import tune
+from prefect_hyperband.hyperband import scaling
+from prefect_hyperband.tasks import tracking
+from prefect_hyperband.trainers import factory
+
+
+@flow(name="hyperband-scale", flow_run_name=lambda: f"hyperband scale {time.strftime('%H:%M:%S')}")
+def scale(params: TuneParams, workers: list[int], target_score: float | None = None,
+          tolerance: float = 0.005) -> dict[str, Any]:
+    """Tune ``params`` at each worker count in ``workers``; compare tuned and transferred scores, cost and speed."""
+    logger = get_run_logger()
+    sizes = sorted(set(int(n) for n in workers))
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"workers must be a list of counts >= 1, got {workers}")
+    study = params.job_id or new_job_id()
+    uri = tracking.tracking_uri(params.tracking_uri)
+    study_run = tracking.start_parent(
+        uri, params.experiment, f"hyperband-scale-{study}",
+        {"workers": ",".join(map(str, sizes)), "model": params.model, "min_resource": params.min_resource,
+         "max_resource": params.max_resource, "eta": params.eta, "seed": params.seed, "tolerance": tolerance},
+        {"hyperband.study": study},
+    )
+    jobs: dict[int, dict[str, Any]] = {}
+    for n in sizes:
+        logger.info("scaling study %s: the job at %d workers", study, n)
+        jobs[n] = tune(params.model_copy(update={"workers": n, "job_id": f"{study}-w{n}", "nest_under": study_run,
+                                                 "resume": False}))
+    first = jobs[sizes[0]]
+    best = first.get("best")
+    direction: scaling.Direction = first["direction"]
+    metric = first["summary"]["metric"]
+    transferred = {n: transfer(params, n, f"{study}-w{n}-transfer", best["config"], uri, study_run)
+                   if best else None for n in sizes}
+    tuned_first = first["summary"]["best_score"]
+    target = target_score if target_score is not None else scaling.default_target(tuned_first, direction)
+    rows = []
+    for n in sizes:
+        s = jobs[n]["summary"]
+        state = json.loads((Path(jobs[n]["job_dir"]) / "state.json").read_text())
+        rows.append(scaling.ScaleRow(
+            workers=n, tuned_score=s["best_score"], transferred_score=transferred[n], worker_seconds=s["worker_seconds"],
+            wall_seconds=s["wall_seconds"], time_to_target=scaling.time_to_target(state["rows"], target, direction),
+        ))
+    cheapest, fastest = scaling.choose(rows, direction, tolerance)
+    text = scaling.table(rows, metric, cheapest, fastest, tolerance, target)
+    result = {"study": study, "study_run_id": study_run, "metric": metric, "target": target,
+              "rows": [r.to_json() for r in rows], "cheapest": cheapest, "fastest": fastest,
+              "best_config": best["config"] if best else None, "table": text,
+              "jobs": {str(n): jobs[n]["parent_run_id"] for n in sizes}}
+    _record(uri, study_run, result, rows, metric)
+    logger.info("scaling study %s\n%s", study, text, extra={"hyperband_terminal": False})
+    return result
+
+
+@task(name="transfer", task_run_name="transfer to {job_id}", cache_policy=NO_CACHE)
+def transfer(params: TuneParams, n: int, job_id: str, config: dict[str, Any], uri: str, study_run: str) -> float | None:
+    """``config`` (tuned at the smallest N) trained from scratch to R at ``n`` workers, unchanged; its score."""
+    job = prepare(params.model_copy(update={"workers": n, "job_id": job_id, "resume": False}))
+    trainer = factory.get(job.settings)
+    run_id = tracking.create_child(uri, study_run, f"transfer w={n}", {"hyperband.transfer_workers": str(n)})
+    try:
+        began = time.perf_counter()
+        trained = trainer.train(config, job.max_resource, None, job.checkpoint_path("transfer", job.max_resource))
+        score = trainer.evaluate(trained.checkpoint)
+        tracking.log_result(uri, run_id, trained.history,
+                            {job.metric_key: score, "train_seconds": trained.seconds,
+                             "worker_seconds": trained.seconds * trained.workers,
+                             "wall_seconds": time.perf_counter() - began}, job.max_resource,
+                            {**config, "workers": n})
+        tracking.end_run(uri, run_id, "FINISHED")
+        return score
+    except Exception as exc:  # the study stands without this figure; say why on the run
+        tracking.set_tags(uri, run_id, {"hyperband.error": f"{type(exc).__name__}: {exc}"[-4000:]})
+        tracking.end_run(uri, run_id, "FAILED")
+        get_run_logger().warning("transfer to %d workers failed: %s", n, exc)
+        return None
+    finally:
+        factory.release(job.settings)
+
+
+def _record(uri: str, run_id: str, result: dict[str, Any], rows: list[scaling.ScaleRow], metric: str) -> None:
+    tracking.log_json(uri, run_id, {k: v for k, v in result.items() if k != "table"}, "scaling.json")
+    tracking.log_text(uri, run_id, result["table"] + "\n", "scaling.txt")
+    for r in rows:  # at step = N: MLflow charts them against the cluster size
+        tracking.log_metrics(uri, run_id, {f"tuned_{metric}": r.tuned_score, f"transferred_{metric}": r.transferred_score,
+                                           "worker_seconds": r.worker_seconds, "wall_seconds": r.wall_seconds,
+                                           "time_to_target": r.time_to_target}, step=r.workers)
+    try:
+        from prefect_hyperband.tasks.report import _figure
+
+        fig = _figure(9.0, 4.0)
+        left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+        ns = [r.workers for r in rows]
+        left.plot(ns, [r.tuned_score for r in rows], "o-", label="tuned at N")
+        left.plot(ns, [r.transferred_score for r in rows], "s--", label="tuned at smallest N, trained at N")
+        left.set_xlabel("workers N")
+        left.set_ylabel(metric)
+        left.legend()
+        right.plot(ns, [r.worker_seconds for r in rows], "o-", label="worker-seconds")
+        right.plot(ns, [r.wall_seconds for r in rows], "s--", label="wall seconds")
+        right.set_xlabel("workers N")
+        right.legend()
+        fig.tight_layout()
+        tracking.client(uri).log_figure(run_id, fig, "scaling.png")
+    finally:
+        tracking.end_run(uri, run_id, "FINISHED")

@@ -1,0 +1,65 @@
+"""``hyperband scale``: one job per cluster size nested under one study run, the transferred config scored."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def test_scale_prints_the_table_and_nests_the_jobs_under_one_study_run(tracking_uri, tmp_path, capsys):
+    from mlflow import MlflowClient
+
+    from prefect_hyperband.flows import cli
+    from prefect_hyperband.trainers.synthetic import SyntheticTrainer
+
+    code = cli.main(["scale", "--model", "synthetic", "--workers", "1,2", "--max-resource", "9", "--seed", "3",
+                     "--no-baseline", "--job-dir", str(tmp_path / "jobs"), "--experiment", "study", "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["workers"] for r in result["rows"]] == [1, 2]
+    assert set(result["rows"][0]) == {"workers", "tuned_score", "transferred_score", "worker_seconds", "wall_seconds",
+                                      "time_to_target"}
+    assert result["cheapest"] in (1, 2) and result["fastest"] in (1, 2)
+
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("study")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    by_parent: dict[str | None, list] = {}
+    for r in runs:
+        by_parent.setdefault(r.data.tags.get("mlflow.parentRunId"), []).append(r)
+    (study,) = by_parent[None]  # one top-level run: the study
+    assert study.info.run_id == result["study_run_id"] and study.info.status == "FINISHED"
+    under = {r.info.run_name: r for r in by_parent[study.info.run_id]}
+    jobs = [r for name, r in under.items() if name.startswith("hyperband-")]
+    transfers = [r for name, r in under.items() if name.startswith("transfer")]
+    assert len(jobs) == 2 and len(transfers) == 2
+    for job in jobs:  # each size's job keeps its trial runs under its own parent run
+        assert len(by_parent[job.info.run_id]) == 17
+    artifacts = {a.path for a in client.list_artifacts(study.info.run_id)}
+    assert {"scaling.json", "scaling.txt", "scaling.png"} <= artifacts
+
+    # the transferred score is the config tuned at 1 worker, trained to R from scratch at N and evaluated
+    saved = json.loads(open(client.download_artifacts(study.info.run_id, "scaling.json", str(tmp_path))).read())
+    best = saved["best_config"]
+    curve = SyntheticTrainer(seed=3)
+    expected = curve.curve(curve.resolve(best), 9)
+    assert all(r["transferred_score"] == pytest.approx(expected) for r in result["rows"])
+    for t in transfers:
+        assert {k: t.data.params[k] for k in best} == {k: str(v) if not isinstance(v, float) else f"{v:.6g}" for k, v in best.items()}
+
+
+def test_scale_refuses_a_size_the_machine_cannot_hold_before_any_work(tracking_uri, tmp_path, capsys):
+    import os
+
+    from prefect_hyperband.flows import cli
+
+    too_many = (os.cpu_count() or 1) + 1
+    code = cli.main(["scale", "--model", "xgboost", "--workers", f"1,{too_many}", "--max-resource", "3",
+                     "--job-dir", str(tmp_path / "jobs")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.splitlines() == [line for line in err.splitlines() if line.startswith("hyperband: error: ")]
+    assert f"--workers {too_many} starts {too_many} local worker processes" in err, err
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").rglob("state.json"))
