@@ -61,7 +61,7 @@ def deploy(
     from prefect import deploy as prefect_deploy
     from prefect.deployments.runner import EntrypointType
 
-    from prefect_hyperband.flows.tune import tune
+    import importlib
 
     chosen = choose(names)
     workdir = Path(working_dir).resolve()
@@ -71,8 +71,10 @@ def deploy(
     deployments = []
     for d in chosen:
         crons = [s["cron"] for s in d.get("schedules") or []] if schedule else []
+        module, _, name = d["entrypoint"].partition(":")  # a module path: the tune flow, or the scaling study's
+        flow = getattr(importlib.import_module(module), name)
         deployments.append(
-            tune.to_deployment(
+            flow.to_deployment(
                 name=d["name"],
                 description=d.get("description"),
                 tags=d.get("tags"),
@@ -85,6 +87,6 @@ def deploy(
         )
     prefect_deploy(*deployments, work_pool_name=pool, build=False, push=False, print_next_steps_message=False)
     return [
-        Deployed(f"{tune.name}/{d.name}", pool, str(workdir), tuple(s.schedule.cron for s in d.schedules or []))
+        Deployed(f"{d.flow_name}/{d.name}", pool, str(workdir), tuple(s.schedule.cron for s in d.schedules or []))
         for d in deployments
     ]

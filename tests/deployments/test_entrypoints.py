@@ -18,7 +18,13 @@ def _config() -> dict:
 
 
 def _deployments() -> list[dict]:
-    return _config()["deployments"]
+    """The tuning jobs (the ``hyperband-tune`` flow, one ``params``)."""
+    return [d for d in _config()["deployments"] if d["entrypoint"].endswith(":tune")]
+
+
+def _studies() -> list[dict]:
+    """The scaling studies (the ``hyperband-scale`` flow)."""
+    return [d for d in _config()["deployments"] if d["entrypoint"].endswith(":scale")]
 
 
 def _load(entrypoint: str):
@@ -35,7 +41,8 @@ def test_prefect_yaml_validates_with_prefects_own_model():
 
     raw = _config()
     model = PrefectYamlModel.model_validate(raw)  # prefect deploy skips a file that fails this, with a warning
-    assert [d.name for d in model.deployments] == ["xgboost-bank-marketing", "torch-digits", "sklearn-digits-example"]
+    assert [d.name for d in model.deployments] == ["xgboost-bank-marketing", "torch-digits", "sklearn-digits-example",
+                                                 "torch-digits-scaling"]
     assert len({d.name for d in model.deployments}) == len(model.deployments)
     for d in model.deployments:
         assert d.work_pool is not None and d.work_pool.name == "hyperband-process"
@@ -80,7 +87,7 @@ def test_parameters_validate_against_tune_params(deployment):
     assert params.model == deployment["parameters"]["params"]["model"]
 
 
-@pytest.mark.parametrize("deployment", _deployments(), ids=lambda d: d["name"])
+@pytest.mark.parametrize("deployment", _deployments() + _studies(), ids=lambda d: d["name"])
 def test_parameters_validate_against_the_deployment_schema(deployment):
     """What the server checks on `prefect deploy` (enforce_parameter_schema defaults to true)."""
     from prefect.utilities.callables import parameter_schema
@@ -108,8 +115,21 @@ def test_the_packaged_prefect_yaml_is_this_one():
     from prefect_hyperband.flows import deploy
 
     assert deploy.prefect_yaml().read_text() == PREFECT_YAML.read_text()
-    assert [d["name"] for d in deploy.bundled()] == [d["name"] for d in _deployments()]
+    assert [d["name"] for d in deploy.bundled()] == [d["name"] for d in _config()["deployments"]]
     assert {d["entrypoint"] for d in _deployments()} == {deploy.ENTRYPOINT}
+
+
+def test_the_scaling_study_deployment_is_the_scale_flow_with_valid_params():
+    from prefect import Flow
+
+    from prefect_hyperband.flows.params import TuneParams
+
+    (study,) = _studies()
+    flow = _load(study["entrypoint"])
+    assert isinstance(flow, Flow) and flow.name == "hyperband-scale"
+    assert set(study["parameters"]) <= set(inspect.signature(flow.fn).parameters)
+    assert TuneParams.model_validate(study["parameters"]["params"]).model == "torch"
+    assert study["parameters"]["workers"] == [1, 2]
 
 
 def test_hyperband_deploy_rejects_an_unknown_deployment_in_one_line(capsys, monkeypatch):
@@ -119,7 +139,7 @@ def test_hyperband_deploy_rejects_an_unknown_deployment_in_one_line(capsys, monk
     assert cli.main(["deploy", "--name", "nosuch"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("hyperband: error: unknown deployment 'nosuch'; "
-                   "choose from xgboost-bank-marketing, torch-digits, sklearn-digits-example")
+                   "choose from xgboost-bank-marketing, torch-digits, sklearn-digits-example, torch-digits-scaling")
 
 
 def test_hyperband_deploy_needs_a_server(capsys, monkeypatch):
