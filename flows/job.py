@@ -19,6 +19,17 @@ from prefect_hyperband.trainers.errors import InputError
 from prefect_hyperband.trainers.factory import TrainerSettings, model_space
 
 
+def _cluster_size(address: str) -> int:
+    """Workers of the Dask cluster at ``address`` (one short connection): trials at once = workers // --workers."""
+    from distributed import Client
+
+    try:
+        with Client(address, timeout="10s") as client:
+            return len(client.scheduler_info()["workers"])
+    except (OSError, TimeoutError) as exc:
+        raise InputError(f"cannot reach the Dask scheduler at {address}: {exc}") from exc
+
+
 def new_job_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
@@ -83,7 +94,7 @@ def prepare(params: TuneParams) -> Job:
     else:
         metric = model.metric(spec, params.metric)
         direction = datasets.metric_direction(metric)
-    concurrency = params.trial_concurrency()
+    concurrency = params.trial_concurrency(_cluster_size(params.dask_address) if params.dask_address else None)
     settings = TrainerSettings(
         model=params.model,
         data=spec,

@@ -96,10 +96,13 @@ class TuneParams(BaseModel):
                                  "--metric val_loss --direction minimize --space space.yaml)")
         return self
 
-    def trial_concurrency(self) -> int:
-        """Trials at once: given, or as many as the cores hold at ``workers`` each."""
+    def trial_concurrency(self, cluster_workers: int | None = None) -> int:
+        """Trials at once: given; on a Dask cluster of ``cluster_workers``, one per disjoint group of ``workers``;
+        else as many as the cores hold at ``workers`` each."""
         if self.concurrency:
             return self.concurrency
-        if self.workers > 1 or self.dask_address:
-            return 1  # a distributed trial already occupies every worker of the cluster
+        if cluster_workers:
+            return max(1, cluster_workers // self.workers)
+        if self.workers > 1:
+            return 1  # the local cluster of one trial already occupies the machine's cores
         return max(1, (os.cpu_count() or 1))

@@ -9,17 +9,21 @@ resuming equals training at once, bit for bit, with one ``xgb.train`` call per r
 
 Distribution. ``workers == 1`` trains in-process. ``workers > 1`` trains with allreduce over a
 Dask cluster (``xgboost.dask``): a LocalCluster of ``workers`` processes started once per job,
-or an existing scheduler at ``dask_address``. The training data is put on the cluster once,
-when the trainer starts, and reused by every trial. Trainings on one cluster are serialised:
-each one occupies every worker, and two allreduce jobs interleaved on single-threaded workers
-would deadlock. The validation metric is computed here, centrally, on the whole validation set
-(XGBoost's distributed AUC is a per-worker average).
+or an existing scheduler at ``dask_address``. The cluster's workers are split into disjoint
+groups of ``workers`` (W // workers groups on a cluster of W), and the training data is put on
+each group once, when the trainer starts, in ``workers`` row partitions. A trial-rung takes a free
+group, trains on it alone (its data lives there, so ``xgboost.dask`` allreduces among those
+workers only) and gives it back: W // workers trials train at once, never two on one worker (two
+allreduce jobs interleaved on single-threaded workers would deadlock), each with the same data
+layout, hence the same model as one trial at a time. The validation metric is computed here,
+centrally, on the whole validation set (XGBoost's distributed AUC is a per-worker average).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -116,8 +120,9 @@ class XGBoostTrainer:
         self.device = device
         self.objective = self._objective()
         self._local = threading.local()
-        self._lock = threading.Lock()
-        self._client = self._cluster = self._dtrain_dask = None
+        self._client = self._cluster = None
+        self._groups: queue.Queue | None = None  # free worker groups: (their addresses, their DaskQuantileDMatrix)
+        self.groups: list[tuple[str, ...]] = []
         self.dask_address = dask_address
         self.workers = workers
         if workers > 1 or dask_address:
@@ -135,9 +140,10 @@ class XGBoostTrainer:
                 self._client = Client(address, timeout="10s")
             except (OSError, TimeoutError) as exc:
                 raise InputError(f"cannot reach the Dask scheduler at {address}: {exc}") from exc
-            self.workers = len(self._client.scheduler_info()["workers"])
-            if self.workers < 1:
-                raise InputError(f"the Dask cluster at {address} has no workers")
+            available = len(self._client.scheduler_info()["workers"])
+            if available < workers:
+                self._client.close()
+                raise InputError(f"the Dask cluster at {address} has {available} workers, fewer than --workers {workers}")
         else:
             self._cluster = LocalCluster(
                 n_workers=workers,
@@ -148,12 +154,16 @@ class XGBoostTrainer:
                 silence_logs=logging.ERROR,
             )
             self._client = Client(self._cluster)
-        self._client.wait_for_workers(self.workers, timeout=120)
-        rows = -(-len(self.data.y_train) // self.workers)
-        X = da.from_array(self.data.X_train, chunks=(rows, self.data.X_train.shape[1]))
-        y = da.from_array(self.data.y_train, chunks=rows)
-        X, y = self._client.persist([X, y])
-        self._dtrain_dask = dxgb.DaskQuantileDMatrix(self._client, X, y)
+        self._client.wait_for_workers(workers, timeout=120)
+        addresses = sorted(self._client.scheduler_info()["workers"])
+        self.groups = [tuple(addresses[i : i + workers]) for i in range(0, len(addresses) - workers + 1, workers)]
+        rows = -(-len(self.data.y_train) // workers)
+        self._groups = queue.Queue()
+        for group in self.groups:  # the same row partitions on every group: the same model wherever a trial trains
+            X = da.from_array(self.data.X_train, chunks=(rows, self.data.X_train.shape[1]))
+            y = da.from_array(self.data.y_train, chunks=rows)
+            X, y = self._client.persist([X, y], workers=list(group), allow_other_workers=False)
+            self._groups.put((group, dxgb.DaskQuantileDMatrix(self._client, X, y)))
 
     @property
     def dask_client(self):
@@ -162,7 +172,7 @@ class XGBoostTrainer:
     def close(self) -> None:
         """Shut down what this trainer started; an external cluster is only disconnected."""
         client, cluster = self._client, self._cluster
-        self._client = self._cluster = self._dtrain_dask = None
+        self._client = self._cluster = self._groups = None
         if client is not None:
             client.close()
         if cluster is not None:
@@ -229,10 +239,14 @@ class XGBoostTrainer:
         from xgboost import dask as dxgb
 
         params = {**params, "nthread": max(1, self.nthread // self.workers)}
-        with self._lock:
-            return dxgb.train(self._client, params, self._dtrain_dask, num_boost_round=rounds, xgb_model=booster)[
-                "booster"
-            ]
+        groups = self._groups
+        if groups is None:
+            raise RuntimeError("the Dask cluster of this trainer is closed (the job is stopping)")
+        group, dtrain = groups.get()  # a free group of workers: trials on one group never interleave
+        try:
+            return dxgb.train(self._client, params, dtrain, num_boost_round=rounds, xgb_model=booster)["booster"]
+        finally:
+            groups.put((group, dtrain))
 
     # -- evaluation ---------------------------------------------------------------------------
     def booster(self, checkpoint: str):

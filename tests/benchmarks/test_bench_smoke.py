@@ -19,7 +19,8 @@ def _load(name: str):
     return module
 
 
-@pytest.mark.parametrize("name", ["bench_overhead", "bench_efficiency", "bench_quality", "bench_scaling", "bench_stalls", "bench_vs_optuna"])
+@pytest.mark.parametrize("name", ["bench_overhead", "bench_efficiency", "bench_quality", "bench_scaling", "bench_stalls",
+                                  "bench_vs_optuna", "bench_dask_groups"])
 def test_imports_and_has_main(name):
     module = _load(name)
     assert callable(module.main)
