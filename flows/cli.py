@@ -79,8 +79,6 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dask-address", help="tcp://host:8786 of an existing Dask scheduler")
     p.add_argument("--rounds-per-unit", type=_positive("--rounds-per-unit"), default=10, help="XGBoost rounds per resource unit")
     p.add_argument("--unit-seconds", type=float, default=0.0, help="synthetic: seconds one unit takes")
-    p.add_argument("--nnodes", type=_positive("--nnodes"), default=1, help="torch: machines per trial")
-    p.add_argument("--rdzv-endpoint", help="torch: host:port rendezvous for --nnodes > 1")
     p.add_argument("--trial-timeout", type=float, help="seconds a trial-rung may take before its trial fails "
                       "(default: 20x the job's measured seconds per unit, at least 300)")
     p.add_argument("--job-dir", default="hyperband-jobs", help="where checkpoints and job state live")
@@ -232,7 +230,7 @@ def _params(args: argparse.Namespace, workers: int):
             model="function" if args.trainer else "script" if args.script else args.model, trainer=args.trainer, script=args.script, direction=args.direction, data=args.data, target=args.target, metric=args.metric, space=args.space,
             min_resource=args.min_resource, max_resource=args.max_resource, eta=args.eta, seed=args.seed,
             workers=workers, concurrency=args.concurrency, dask_address=args.dask_address,
-            rounds_per_unit=args.rounds_per_unit, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
+            rounds_per_unit=args.rounds_per_unit,
             job_dir=args.job_dir, job_id=args.job_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
             register_model=not args.no_register, baseline=not args.no_baseline,
             mode=args.mode, sampler=args.sampler, trial_timeout=args.trial_timeout, unit_seconds=args.unit_seconds, max_trials=args.max_trials, time_budget=args.time_budget,

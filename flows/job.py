@@ -49,7 +49,8 @@ def resume_params(job_dir: str, job_id: str, given: dict[str, Any] | None = None
     record = load_job_record(Path(job_dir).resolve() / job_id)
     if record is None:
         raise InputError(f"no job {job_id!r} to resume under {job_dir} (expected {job_id}/job.json)")
-    saved = record["params"]
+    # a field an older version saved and this one no longer has (nnodes, rdzv_endpoint) is dropped
+    saved = {k: v for k, v in record["params"].items() if k in TuneParams.model_fields}
     given = dict(given or {})
     for name, value in given.items():
         if name in MAY_CHANGE_ON_RESUME or name not in saved or value == saved[name]:
@@ -72,7 +73,7 @@ def prepare(params: TuneParams) -> Job:
     schedule.check_size(params.min_resource, params.max_resource, params.eta)
     cores = os.cpu_count() or 1
     model = registry.get(params.model)
-    if model.local_workers and params.workers > cores and not params.dask_address and params.nnodes == 1:
+    if model.local_workers and params.workers > cores and not params.dask_address:
         raise InputError(f"--workers {params.workers} starts {params.workers} local worker processes per trial on a "
                          f"machine of {cores} cores; use at most {cores}, or --dask-address for a cluster")
     default_space, known, default_config = model_space(params.model)
@@ -105,8 +106,6 @@ def prepare(params: TuneParams) -> Job:
         dask_address=params.dask_address,
         threads=max(1, (os.cpu_count() or 1) // concurrency),
         rounds_per_unit=params.rounds_per_unit,
-        nnodes=params.nnodes,
-        rdzv_endpoint=params.rdzv_endpoint,
         trainer=params.trainer,
         timeout=params.trial_timeout,
         script=params.script,

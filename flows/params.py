@@ -52,8 +52,6 @@ class TuneParams(BaseModel):
     dask_address: Optional[str] = Field(None, description="tcp://host:8786 of an existing Dask scheduler.")
     rounds_per_unit: int = Field(10, ge=1, description="XGBoost: boosting rounds per resource unit.")
     unit_seconds: float = Field(0.0, ge=0.0, description="synthetic: seconds one unit takes (an emulated cost).")
-    nnodes: int = Field(1, ge=1, description="torch: machines per trial.")
-    rdzv_endpoint: Optional[str] = Field(None, description="torch: host:port of the rendezvous for nnodes > 1.")
     trial_timeout: Optional[float] = Field(
         None, gt=0, description="Seconds a trial-rung may take before its trial fails; default: 20x its measured pace, at least 300."
     )
