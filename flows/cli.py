@@ -339,6 +339,11 @@ def _run(params, args: argparse.Namespace) -> int:
               f"hyperband tune --resume {params.job_id} --job-dir {params.job_dir}", file=sys.stderr)
         return _exit(128 + signum)
     if not state.is_completed():
+        from prefect_hyperband.trainers.errors import InputError
+
+        error = state.result(raise_on_failure=False)
+        if isinstance(error, InputError):  # refused inside the flow (a lock taken between preflight and start)
+            return _exit(_fail(str(error)))
         print(f"hyperband: job failed: {state.message}", file=sys.stderr)
         return _exit(1)
     result = state.result()

@@ -89,3 +89,45 @@ def test_a_plan_above_the_bound_is_refused_before_any_work(tracking_uri, tmp_pat
     line = one_line(err)
     assert "trial-rungs" in line and "the largest a job accepts is 100,000 trial-rungs" in line
     assert not any(tmp_path.iterdir())  # nothing created
+
+
+@pytest.mark.slow
+def test_two_resumes_at_once_one_runs_the_other_is_refused_naming_the_holder(tmp_path):
+    """A killed job resumed twice at the same time (two terminals): one finishes it, the other is refused."""
+    import signal
+    import time
+
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONUNBUFFERED": "1",
+           "PREFECT_API_URL": PREFECT_API_URL.value()}
+    jobs = tmp_path / "jobs"
+
+    def cli(*argv: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", *argv, "--job-dir", str(jobs),
+                                 "--json"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+
+    first = cli("--model", "synthetic", "--max-resource", "9", "--unit-seconds", "0.1", "--concurrency", "1",
+                "--no-baseline", "--job-id", "twice")
+    state = jobs / "twice" / "state.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (state.exists() and len(json.loads(state.read_text())["rows"]) >= 4):
+        time.sleep(0.1)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+
+    a, b = cli("--resume", "twice"), cli("--resume", "twice")
+    (out_a, err_a), (out_b, err_b) = a.communicate(timeout=600), b.communicate(timeout=600)
+    codes = sorted([a.returncode, b.returncode])
+    assert codes == [0, 2], (err_a[-2000:], err_b[-2000:])
+    refused = err_a if a.returncode == 2 else err_b
+    assert "already running" in one_line(refused) and socket.gethostname() in refused
+    result = json.loads((out_a if a.returncode == 0 else out_b).strip().splitlines()[-1])
+    assert result["summary"]["trial_rungs"] == 22 and result["summary"]["resource_used"] == 69  # trained once
+    from mlflow import MlflowClient
+
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=1000)
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == result["parent_run_id"]]
+    assert len(children) == 17 and len({r.data.tags["hyperband.trial_id"] for r in children}) == 17

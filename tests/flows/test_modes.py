@@ -60,13 +60,18 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen
 
 
 @pytest.mark.slow
-def test_killed_job_resumes_without_retraining_or_duplicate_runs(tmp_path):
-    """Kill a job mid-way; --resume finishes it with the result of an uninterrupted job of the same seed."""
+@pytest.mark.parametrize("search", [
+    ["--concurrency", "2"],
+    ["--mode", "asha", "--concurrency", "1"],  # ASHA at 1: its promotions do not depend on timing
+    ["--sampler", "tpe", "--concurrency", "2"],
+], ids=["sync", "asha", "tpe"])
+def test_killed_job_resumes_without_retraining_or_duplicate_runs(search, tmp_path):
+    """Kill a job mid-way (SIGKILL); --resume finishes it with the result of an uninterrupted job of the same seed."""
     from prefect.settings import PREFECT_API_URL
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONUNBUFFERED": "1",
            "PREFECT_API_URL": PREFECT_API_URL.value()}  # the session's server: no temporary server per job
-    common = ["--model", "synthetic", "--max-resource", "9", "--unit-seconds", "0.05", "--concurrency", "2",
+    common = ["--model", "synthetic", "--max-resource", "9", "--unit-seconds", "0.05", *search,
               "--seed", "11", "--job-dir", str(tmp_path / "jobs"), "--no-baseline", "--json"]
 
     whole = run_cli([*common, "--job-id", "whole"], tmp_path, env)
@@ -92,12 +97,15 @@ def test_killed_job_resumes_without_retraining_or_duplicate_runs(tmp_path):
     result = json.loads(out.strip().splitlines()[-1])
 
     assert result["parent_run_id"] is not None
-    assert result["summary"]["trial_rungs"] == 22  # no finished trial-rung trained twice
-    assert result["summary"]["resource_used"] == 69
+    assert result["summary"]["trial_rungs"] == uninterrupted["summary"]["trial_rungs"]  # none trained twice
+    assert result["summary"]["resource_used"] == uninterrupted["summary"]["resource_used"]
+    if "--mode" not in search:
+        assert result["summary"]["trial_rungs"] == 22 and result["summary"]["resource_used"] == 69
     assert result["best"]["trial_id"] == uninterrupted["best"]["trial_id"]
     assert result["best"]["score"] == pytest.approx(uninterrupted["best"]["score"])
+    configs = uninterrupted["summary"]["configs"]
     runs = children(env["MLFLOW_TRACKING_URI"], "hyperband", result["parent_run_id"])
-    assert len(runs) == 17 and len({r.data.tags["hyperband.trial_id"] for r in runs}) == 17
+    assert len(runs) == configs and len({r.data.tags["hyperband.trial_id"] for r in runs}) == configs
     assert all(r.info.status == "FINISHED" for r in runs)
 
 
