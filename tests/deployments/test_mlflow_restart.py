@@ -1,0 +1,63 @@
+"""The MLflow tracking server killed for 10 s mid-job and started again: the job finishes with every run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stack import BIN, Stack, _exe, _free_port, _wait_http  # noqa: E402  (tests/deployments)
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+
+
+def test_a_job_outlives_its_tracking_server_restarting(tmp_path: Path):
+    from mlflow import MlflowClient
+    from prefect.settings import PREFECT_API_URL
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    stack = Stack(tmp_path, env)
+    server = [_exe("mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+              "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+              "--artifacts-destination", str(tmp_path / "mlartifacts")]
+    try:
+        first = stack.start("mlflow-1", server)
+        _wait_http(f"{url}/health", stack, "MLflow")
+        job = subprocess.Popen(
+            [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--model", "synthetic", "--max-resource", "9",
+             "--unit-seconds", "0.3", "--concurrency", "2", "--no-baseline", "--tracking-uri", url,
+             "--job-dir", str(tmp_path / "jobs"), "--job-id", "blip", "--json"],
+            cwd=tmp_path, env={**env, "PREFECT_API_URL": PREFECT_API_URL.value()}, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )
+        state = tmp_path / "jobs" / "blip" / "state.json"
+        deadline = time.time() + 300
+        while time.time() < deadline and not (state.exists() and len(json.loads(state.read_text())["rows"]) >= 4):
+            time.sleep(0.1)
+        os.killpg(first.pid, signal.SIGKILL)  # the tracking server dies mid-job ...
+        first.wait(timeout=30)
+        stack.procs = [p for p in stack.procs if p[1] is not first]
+        time.sleep(10)
+        stack.start("mlflow-2", server)  # ... and comes back 10 s later, on the same store
+        out, err = job.communicate(timeout=600)
+        assert job.returncode == 0, err[-3000:]
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["summary"]["trial_rungs"] == 22 and result["summary"]["failed_trials"] == 0
+        client = MlflowClient(url)
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=1000)
+        children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == result["parent_run_id"]]
+        assert len(children) == 17 and len({r.data.tags["hyperband.trial_id"] for r in children}) == 17
+        assert all(r.info.status == "FINISHED" for r in children)
+        points = sum(len(client.get_metric_history(r.info.run_id, "val_loss")) for r in children)
+        assert points == 69  # every unit's point once: nothing lost, nothing written twice
+    finally:
+        stack.stop()
