@@ -19,8 +19,11 @@ from prefect_hyperband.hyperband.accounting import Summary, TrialRung, summarise
 from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
 from prefect_hyperband.tasks import report, tracking
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import finish_job_run, keep_best_checkpoint, register_champion, start_job_run
+from prefect_hyperband.tasks.record import (
+    finish_job_run, keep_best_checkpoint, register_champion, start_job_run, trial_params,
+)
 from prefect_hyperband.trainers import factory, registry
+
 
 def _run_name() -> str:
     params = flow_run.parameters.get("params")
@@ -139,13 +142,16 @@ def _stopped(job: Job, scheduler, stop: JobStopped, logger) -> State:
 
 
 def _adopt_runs(job: Job, scheduler) -> None:
-    """Child runs created before a kill but not yet saved in the state: reuse them, never create twice."""
-    missing = [t.trial_id for t in scheduler.records() if t.run_id is None]
+    """Child runs created before a kill but not yet saved in the state: reuse them, never create twice.
+    Their params are logged again (the same values: a kill may have come between the run and its params)."""
+    missing = [t for t in scheduler.records() if t.run_id is None]
     if missing:
         existing = tracking.existing_children(job.tracking_uri, job.parent_run_id)
-        for trial_id in missing:
-            if trial_id in existing:
-                scheduler.set_run_id(trial_id, existing[trial_id])
+        for t in missing:
+            if t.trial_id in existing:
+                scheduler.set_run_id(t.trial_id, existing[t.trial_id])
+                tracking.log_params(job.tracking_uri, existing[t.trial_id],
+                                    trial_params(job, t.trial_id, t.bracket, t.config))
 
 
 def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], default_score: float | None,

@@ -106,3 +106,39 @@ def test_a_stopped_job_exits_cleanly_and_resumes_to_the_uninterrupted_result(sig
     assert len({r.data.tags["hyperband.trial_id"] for r in children}) == len(children)  # each config's run once
     assert all(r.info.status == "FINISHED" for r in children)
     assert [r.info.status for r in runs(uri) if r.info.run_id == result["parent_run_id"]] == ["FINISHED"]
+
+
+def test_a_second_ctrl_c_exits_at_once_even_when_a_training_ignores_the_stop(tmp_path):
+    """A user function that sleeps without reporting cannot be stopped cooperatively; the second Ctrl-C ends the job."""
+    import textwrap
+
+    code = tmp_path / "stubborn.py"
+    code.write_text(textwrap.dedent("""
+        import time
+
+        def train(trial):
+            time.sleep(120)  # never reports: deaf to the first Ctrl-C
+            return {"loss": trial.config["x"]}
+    """))
+    space = tmp_path / "space.yaml"
+    space.write_text("x: {type: float, low: 0.0, high: 1.0}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", PYTHONUNBUFFERED="1",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    job = start(["--trainer", f"{code}:train", "--space", str(space), "--metric", "loss", "--direction", "minimize",
+                 "--max-resource", "3", "--job-dir", str(tmp_path / "jobs"), "--job-id", "deaf"], tmp_path, env)
+    lock, deadline = tmp_path / "jobs" / "deaf" / "lock", time.time() + 180
+    while time.time() < deadline and not lock.exists():  # the job holds its lock just before its trials start
+        time.sleep(0.2)
+    time.sleep(4)  # the first trial-rungs are sleeping in the user's function
+    family = [job.pid] + [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
+    os.killpg(job.pid, signal.SIGINT)
+    time.sleep(1.0)
+    assert job.poll() is None  # still waiting for the deaf training (its grace is 8 s)
+    second = time.monotonic()
+    os.killpg(job.pid, signal.SIGINT)
+    job.communicate(timeout=30)
+    assert job.returncode == 130 and time.monotonic() - second < 5
+    time.sleep(0.5)
+    left = [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not left, [psutil.Process(p).cmdline() for p in left]
