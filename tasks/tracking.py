@@ -18,7 +18,7 @@ CHAMPION = "champion"
 
 
 F = TypeVar("F", bound=Callable[..., Any])
-_sqlite_writes = threading.RLock()  # re-entrant: start_child calls create_child and log_params
+_sqlite_writes = threading.RLock()  # re-entrant: a writer may call another (start_parent calls log_params)
 _tuning = threading.Lock()
 
 
@@ -141,13 +141,6 @@ def create_child(uri: str, parent_run_id: str, run_name: str, tags: Mapping[str,
     return run.info.run_id
 
 
-@_one_writer
-def start_child(uri: str, parent_run_id: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
-    run_id = create_child(uri, parent_run_id, run_name, tags)
-    log_params(uri, run_id, params)
-    return run_id
-
-
 def _log_batches(c: Any, run_id: str, params: list[Any], metrics: list[Any]) -> None:
     """``log_batch`` within MLflow's limits: 100 params, 1000 metrics, 1000 entities per call."""
     while params or metrics:
@@ -182,9 +175,7 @@ def existing_children(uri: str, parent_run_id: str) -> dict[str, str]:
 def log_params(uri: str, run_id: str, params: Mapping[str, Any]) -> None:
     from mlflow.entities import Param
 
-    items = [Param(str(k), _fmt(v)) for k, v in params.items()]
-    for i in range(0, len(items), 100):
-        client(uri).log_batch(run_id, params=items[i : i + 100])
+    _log_batches(client(uri), run_id, [Param(str(k), _fmt(v)) for k, v in params.items()], [])
 
 
 @_one_writer
@@ -218,17 +209,6 @@ def log_result(
 
     items = [Param(str(k), _fmt(v)) for k, v in (params or {}).items()]
     _log_batches(client(uri), run_id, items, result_metrics(history, metrics, step))
-
-
-@_one_writer
-def log_history(uri: str, run_id: str, history: Iterable[Mapping[str, float]]) -> None:
-    """Per-unit metrics recorded while training (e.g. per epoch), each at its own step."""
-    from mlflow.entities import Metric
-
-    now = int(time.time() * 1000)
-    items = [Metric(k, float(v), now, int(row["step"])) for row in history for k, v in row.items() if k != "step"]
-    for i in range(0, len(items), 500):
-        client(uri).log_batch(run_id, metrics=items[i : i + 500])
 
 
 @_one_writer
