@@ -198,15 +198,9 @@ def _tune(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
     from pydantic import ValidationError
 
-
-    from prefect_hyperband.trainers import registry
-
-    if args.trainer and args.script:
-        return _fail("--trainer and --script together: give one, a function or a script")
-    models = registry.built_in()
-    if args.model not in models and not args.trainer and not args.script:
-        return _fail(f"unknown model {args.model!r}; choose {', '.join(models[:-1])} or {models[-1]}, "
-                     "or your own code with --trainer or --script")
+    message = _model_error(args)
+    if message:
+        return _fail(message)
     if args.resume:
         from prefect_hyperband.flows.job import resume_params
         from prefect_hyperband.trainers.errors import InputError
@@ -222,19 +216,35 @@ def _tune(args: argparse.Namespace) -> int:
     return _run(params, args)
 
 
+def _model_error(args: argparse.Namespace) -> str | None:
+    """``--trainer`` with ``--script``, or an unknown ``--model``: the message, before anything else."""
+    from prefect_hyperband.trainers import registry
+
+    if args.trainer and args.script:
+        return "--trainer and --script together: give one, a function or a script"
+    models = registry.built_in()
+    if args.model not in models and not args.trainer and not args.script:
+        return (f"unknown model {args.model!r}; choose {', '.join(models[:-1])} or {models[-1]}, "
+                "or your own code with --trainer or --script")
+    return None
+
+
 def _params(args: argparse.Namespace, workers: int):
-    """The job's TuneParams from the flags (``ValidationError`` for a bad combination)."""
+    """The job's TuneParams from the flags (``ValidationError`` for a bad combination); ``--trainer`` or
+    ``--script`` sets the model (TuneParams' own rule)."""
     from prefect_hyperband.flows.params import TuneParams
 
     return TuneParams(
-            model="function" if args.trainer else "script" if args.script else args.model, trainer=args.trainer, script=args.script, direction=args.direction, data=args.data, target=args.target, metric=args.metric, space=args.space,
-            min_resource=args.min_resource, max_resource=args.max_resource, eta=args.eta, seed=args.seed,
-            workers=workers, concurrency=args.concurrency, dask_address=args.dask_address,
-            rounds_per_unit=args.rounds_per_unit,
-            job_dir=args.job_dir, job_id=args.job_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
-            register_model=not args.no_register, baseline=not args.no_baseline,
-            mode=args.mode, sampler=args.sampler, trial_timeout=args.trial_timeout, unit_seconds=args.unit_seconds, max_trials=args.max_trials, time_budget=args.time_budget,
-        )
+        model=args.model, trainer=args.trainer, script=args.script, direction=args.direction, data=args.data,
+        target=args.target, metric=args.metric, space=args.space,
+        min_resource=args.min_resource, max_resource=args.max_resource, eta=args.eta, seed=args.seed,
+        workers=workers, concurrency=args.concurrency, dask_address=args.dask_address,
+        rounds_per_unit=args.rounds_per_unit,
+        job_dir=args.job_dir, job_id=args.job_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
+        register_model=not args.no_register, baseline=not args.no_baseline,
+        mode=args.mode, sampler=args.sampler, trial_timeout=args.trial_timeout, unit_seconds=args.unit_seconds,
+        max_trials=args.max_trials, time_budget=args.time_budget,
+    )
 
 
 def _scale(args: argparse.Namespace) -> int:
@@ -243,8 +253,9 @@ def _scale(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
-    if args.trainer and args.script:
-        return _fail("--trainer and --script together: give one, a function or a script")
+    message = _model_error(args)
+    if message:
+        return _fail(message)
     if not 0 <= args.tolerance:
         return _fail(f"--tolerance must be >= 0, got {args.tolerance}")
     study = args.job_id or _job_id()
@@ -281,17 +292,18 @@ _NOT_PARAMS = {"command", "resume", "json", "verbose", "job_dir"}
 
 def _explicit(args: argparse.Namespace) -> dict[str, Any]:
     """The tune flags given on the command line (values that differ from the parser's defaults), as TuneParams fields."""
+    from prefect_hyperband.trainers import registry
+
     defaults = {a.dest: a.default for a in _tune_parser()._actions}
+    user_code = registry.user_code_fields()  # --trainer, --script: their field, and the model they set
     out: dict[str, Any] = {}
     for dest, value in vars(args).items():
         if dest in _NOT_PARAMS or dest not in defaults or value == defaults[dest]:
             continue
         if dest in _FLAG_FIELDS:
             out[_FLAG_FIELDS[dest]] = not value
-        elif dest == "trainer":
-            out.update(trainer=value, model="function")
-        elif dest == "script":
-            out.update(script=value, model="script")
+        elif dest in user_code:
+            out.update({dest: value, "model": user_code[dest]})
         else:
             out[dest] = value
     return out
@@ -369,11 +381,9 @@ def _exit(code: int) -> int:
     print(f"hyperband: {hung} training(s) given up on --trial-timeout still run; exiting without them", file=sys.stderr)
     try:
         from prefect._internal.concurrency.services import QueueService
-        from prefect.server.api.server import SubprocessASGIServer
 
         QueueService.drain_all(timeout=10)
-        for server in list(SubprocessASGIServer._instances.values()):
-            server.stop()
+        driver.stop_temporary_servers()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -134,31 +134,12 @@ def stuck() -> int:
     return sum(1 for f in _ABANDONED if not f.done())
 
 
-def _adopt_run(scheduler: Scheduler, todo: TrialJob, future: Future) -> None:
-    """The child run a stopped trial-rung created, if any: the job's stop ends it KILLED, a resume reuses it."""
+def _outcome(future: Future) -> runner.Outcome | None:
+    """A finished trial-rung's outcome; None when its orchestration raised."""
     try:
-        run_id = future.result().run_id
+        return future.result()
     except Exception:
-        return
-    if run_id is not None:
-        scheduler.set_run_id(todo.trial_id, run_id)
-
-
-def _trained(future: Future) -> bool:
-    """A trial-rung whose training finished (its seconds are on its row), whatever its evaluation did."""
-    try:
-        return future.result().trained is not None
-    except Exception:
-        return False
-
-
-def _succeeded(future: Future) -> bool:
-    """A trial-rung that ended with its result (not stopped, not failed)."""
-    try:
-        out = future.result()
-    except Exception:
-        return False
-    return out.error is None
+        return None
 
 
 @dataclass
@@ -210,15 +191,22 @@ def _stop_on_signals() -> Iterator[None]:
 def _exit_now(signum: int) -> None:
     """A second signal: kill what this job started (trainer processes, the temporary Prefect server) and exit."""
     factory.interrupt_all()
+    stop_temporary_servers(kill=True)
+    os._exit(128 + signum)
+
+
+def stop_temporary_servers(kill: bool = False) -> None:
+    """Prefect's temporary servers started by this process: killed at once, or stopped (terminate, then kill)."""
     try:
         from prefect.server.api.server import SubprocessASGIServer
 
         for server in list(SubprocessASGIServer._instances.values()):
-            if server.server_process is not None:
+            if kill and server.server_process is not None:
                 server.server_process.kill()
-    except Exception:
+            elif not kill:
+                server.stop()
+    except Exception:  # leaving the process anyway: what could not be stopped dies with its parent
         pass
-    os._exit(128 + signum)
 
 
 def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool,
@@ -293,16 +281,18 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
             for future in done:
                 todo = running.pop(future)
                 clock = clocks.pop(future, {})
-                discarded = stopping.requested() and not _succeeded(future)
-                if "began" in clock and (discarded or not _trained(future)):  # cost with no training seconds on record
-                    lost += (time.monotonic() - clock["began"]) * workers
                 if todo == _BASELINE:
                     default_score = None if stop_began is not None else _baseline(future, logger)
                     continue
                 assert isinstance(todo, TrialJob)
-                if discarded:
-                    _adopt_run(scheduler, todo, future)
-                    continue  # stopped mid-training: not the trial's failure; --resume trains it again
+                got = _outcome(future)
+                discarded = stopping.requested() and (got is None or got.error is not None)
+                if "began" in clock and (discarded or got is None or got.trained is None):
+                    lost += (time.monotonic() - clock["began"]) * workers  # cost with no training seconds on record
+                if discarded:  # stopped mid-training: not the trial's failure; --resume trains it again
+                    if got is not None and got.run_id is not None:  # its run ends KILLED now, a resume reuses it
+                        scheduler.set_run_id(todo.trial_id, got.run_id)
+                    continue
                 try:
                     out = future.result()
                 except Exception as exc:  # the orchestration failed, not the trainer: run it again
