@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from mlflow_runs import runs_of  # noqa: E402  (tests/flows)
 
 from prefect_hyperband.flows.params import TuneParams
 
@@ -18,12 +19,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 def children(uri: str, experiment: str, parent_run_id: str):
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id], max_results=2000)
-    return [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent_run_id]
+    return runs_of(uri, experiment, parent_run_id)[2]
 
 
 def test_asha_runs_to_max_trials_and_records_every_trial(tracking_uri, tmp_path):

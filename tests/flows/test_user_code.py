@@ -6,22 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from mlflow_runs import runs_of  # noqa: E402  (tests/flows)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = f"{ROOT / 'examples' / 'sklearn_sgd.py'}:train"
 SPACE = str(ROOT / "examples" / "sklearn_space.yaml")
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-
-def runs_of(uri: str, experiment: str, parent_run_id: str):
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id], max_results=1000)
-    parent = next(r for r in runs if r.info.run_id == parent_run_id)
-    return client, parent, [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent_run_id]
 
 
 def test_the_sklearn_example_from_the_cli_trains_exactly_69_epochs(tracking_uri, tmp_path, capsys):

@@ -9,21 +9,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from mlflow_runs import runs_of  # noqa: E402  (tests/flows)
 
 ROOT = Path(__file__).resolve().parents[2]
 DDP = str(ROOT / "examples" / "ddp_digits.py")
 DDP_SPACE = str(ROOT / "examples" / "ddp_space.yaml")
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-
-def runs_of(uri: str, experiment: str, parent_run_id: str):
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id], max_results=1000)
-    return client, [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent_run_id]
 
 
 def launchers() -> list[psutil.Process]:
@@ -50,7 +42,7 @@ def test_the_ddp_example_with_two_workers_trains_exactly_69_epochs_at_world_size
     assert summary["configs"] == 17 and summary["reached_max_resource"] == 5 and summary["resource_used"] == 69
     assert summary["failed_trials"] == 0
 
-    client, children = runs_of(tracking_uri, "ddp", result["parent_run_id"])
+    client, _, children = runs_of(tracking_uri, "ddp", result["parent_run_id"])
     assert len(children) == 17 and all(c.info.status == "FINISHED" for c in children)
     # rank 0 reported every epoch it trained, once: resumes trained only the missing epochs
     histories = [client.get_metric_history(c.info.run_id, "val_accuracy") for c in children]
@@ -94,7 +86,7 @@ def test_a_failing_script_fails_its_trial_with_the_last_lines_of_its_output(trac
                      "--experiment", "failing-script", "--json"])
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    client, children = runs_of(tracking_uri, "failing-script", result["parent_run_id"])
+    client, _, children = runs_of(tracking_uri, "failing-script", result["parent_run_id"])
     by_x = {float(c.data.params["x"]): c for c in children}
     reasons = {x: c.data.tags.get("hyperband.error", "") for x, c in by_x.items()}
     bins = {min(int(x * 4), 3) for x in by_x}
