@@ -104,7 +104,7 @@ def prepare(params: TuneParams) -> Job:
         seed=params.seed,
         milestones=schedule.milestones(params.min_resource, params.max_resource, params.eta),
         dask_address=params.dask_address,
-        threads=max(1, (os.cpu_count() or 1) // concurrency),
+        threads=max(1, cores // concurrency),
         rounds_per_unit=params.rounds_per_unit,
         trainer=params.trainer,
         timeout=params.trial_timeout,
