@@ -11,7 +11,6 @@ from prefect_hyperband.trainers.base import Trainer
 from prefect_hyperband.trainers.data import DataSpec
 
 
-
 @dataclass(frozen=True)
 class TrainerSettings:
     """Everything a trainer needs, small and hashable: tasks pass this, never a trainer or a data frame."""
