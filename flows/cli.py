@@ -81,7 +81,12 @@ def _job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unit-seconds", type=float, default=0.0, help="synthetic: seconds one unit takes")
     p.add_argument("--trial-timeout", type=float, help="seconds a trial-rung may take before its trial fails "
                       "(default: 20x the job's measured seconds per unit, at least 300)")
-    p.add_argument("--job-dir", default="hyperband-jobs", help="where checkpoints and job state live")
+    p.add_argument("--job-dir", default="hyperband-jobs", help="local folder of the job (its lock and reports; its "
+                      "checkpoints and state too, unless --storage is a URL)")
+    p.add_argument("--storage", metavar="URL", help="where checkpoints and job state live: a local or shared folder, "
+                      "or s3://bucket/prefix, gs://... (default: --job-dir)")
+    p.add_argument("--trial-pool", metavar="POOL", help="Prefect work pool whose workers run the trial-rungs "
+                      "(needs PREFECT_API_URL and --storage that the workers reach)")
     p.add_argument("--job-id", help="name of this job's folder (default: time-stamped)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     p.add_argument("--experiment", default="hyperband", help="MLflow experiment and registered model name")
@@ -239,7 +244,7 @@ def _params(args: argparse.Namespace, workers: int):
         target=args.target, metric=args.metric, space=args.space,
         min_resource=args.min_resource, max_resource=args.max_resource, eta=args.eta, seed=args.seed,
         workers=workers, concurrency=args.concurrency, dask_address=args.dask_address,
-        rounds_per_unit=args.rounds_per_unit,
+        rounds_per_unit=args.rounds_per_unit, storage=args.storage, trial_pool=args.trial_pool,
         job_dir=args.job_dir, job_id=args.job_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
         register_model=not args.no_register, baseline=not args.no_baseline,
         mode=args.mode, sampler=args.sampler, trial_timeout=args.trial_timeout, unit_seconds=args.unit_seconds,
@@ -315,10 +320,21 @@ def _tune_parser() -> argparse.ArgumentParser:
     return sub.choices["tune"]
 
 
+def _resume_flags(params) -> str:
+    storage = f" --storage {params.storage}" if params.storage else ""
+    return f"--resume {params.job_id} --job-dir {params.job_dir}{storage}"
+
+
 def _run(params, args: argparse.Namespace) -> int:
     message = preflight(params)
     if message:
         return _fail(message)
+    if params.trial_pool:
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            return _fail(f"--trial-pool {params.trial_pool}: the pool's workers and this job need one Prefect server; "
+                         "set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api after `prefect server start`)")
     params = params.model_copy(update={"job_id": params.job_id or _job_id()})
     print(f"hyperband: job {params.job_id} in {params.job_dir}/{params.job_id} (resume with --resume {params.job_id})", file=sys.stderr)
     from prefect_hyperband.flows.tune import tune
@@ -335,7 +351,7 @@ def _run(params, args: argparse.Namespace) -> int:
     try:
         state = tune(params, return_state=True)
     except KeyboardInterrupt:  # Ctrl-C before or after the trials (the driver handles it during them)
-        print(f"hyperband: interrupted; resume with --resume {params.job_id} --job-dir {params.job_dir}", file=sys.stderr)
+        print(f"hyperband: interrupted; resume with {_resume_flags(params)}", file=sys.stderr)
         return 130
     finally:
         if live is not None:
@@ -348,7 +364,7 @@ def _run(params, args: argparse.Namespace) -> int:
 
         signum = stopping.signal_number() or signal.SIGINT
         print(f"hyperband: job {params.job_id} stopped by {signal.Signals(signum).name}; resume with: "
-              f"hyperband tune --resume {params.job_id} --job-dir {params.job_dir}", file=sys.stderr)
+              f"hyperband tune {_resume_flags(params)}", file=sys.stderr)
         return _exit(128 + signum)
     if not state.is_completed():
         from prefect_hyperband.trainers.errors import InputError
@@ -405,13 +421,24 @@ def _temporary_server():
 
     from prefect.server.api import server as prefect_server
 
+    from pathlib import Path
+
+    from prefect.settings import PREFECT_HOME
+
     instance = prefect_server.SubprocessASGIServer()  # the process's singleton: Prefect's clients find it running
     real = subprocess.Popen
+    # its own errors (a shutdown's CancelledError traceback, SQLite's "database is locked" it retries) go to a
+    # log file, not into the job's output
+    log_path = Path(PREFECT_HOME.value()) / "temporary-server.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
 
     def in_own_session(*args: Any, **kwargs: Any):
         kwargs.setdefault("start_new_session", True)
         kwargs.setdefault("preexec_fn", _die_with_parent)
-        return real(*args, **kwargs)
+        with log_path.open("ab") as log:
+            kwargs.setdefault("stdout", log)
+            kwargs.setdefault("stderr", subprocess.STDOUT)
+            return real(*args, **kwargs)
 
     with mock.patch.object(prefect_server.subprocess, "Popen", in_own_session):
         instance.start()

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from prefect_hyperband.flows.params import TuneParams
-from prefect_hyperband.flows.state import check_free, load_job_record
+from prefect_hyperband.flows.state import check_free, job_store, load_job_record
 from prefect_hyperband.hyperband import schedule, space as spaces
 from prefect_hyperband.hyperband.promotion import Direction
+from prefect_hyperband.tasks import storage as storages
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.tracking import check_reachable, tracking_uri
 from prefect_hyperband.trainers import data as datasets, registry
@@ -36,7 +37,13 @@ def new_job_id() -> str:
 
 #: what a resumed job may change; everything else would mix two grids or two searches
 MAY_CHANGE_ON_RESUME = frozenset({"concurrency", "tracking_uri", "time_budget", "job_dir", "job_id", "resume",
-                                  "register_model", "dask_address", "trial_timeout"})
+                                  "register_model", "dask_address", "trial_timeout", "trial_pool"})
+
+
+def _job_root(job_dir: str, storage: str | None) -> str:
+    """The folder that holds job folders: a local ``--storage`` is one; with a URL the local one is ``job_dir``."""
+    return storage if storage and storages.is_local(storage) else job_dir
+
 
 
 def resume_params(job_dir: str, job_id: str, given: dict[str, Any] | None = None) -> TuneParams:
@@ -46,9 +53,12 @@ def resume_params(job_dir: str, job_id: str, given: dict[str, Any] | None = None
     call's); one that differs from the saved job is refused, naming both values, unless it is one a
     resume may change (``MAY_CHANGE_ON_RESUME``).
     """
-    record = load_job_record(Path(job_dir).resolve() / job_id)
+    storage = (given or {}).get("storage")
+    root = _job_root(job_dir, storage)
+    record = load_job_record(job_store(Path(root).resolve() / job_id, job_id, storage))
     if record is None:
-        raise InputError(f"no job {job_id!r} to resume under {job_dir} (expected {job_id}/job.json)")
+        where = storage if storage and not storages.is_local(storage) else root
+        raise InputError(f"no job {job_id!r} to resume under {where} (expected {job_id}/job.json)")
     # a field an older version saved and this one no longer has (nnodes, rdzv_endpoint) is dropped
     saved = {k: v for k, v in record["params"].items() if k in TuneParams.model_fields}
     given = dict(given or {})
@@ -116,14 +126,17 @@ def prepare(params: TuneParams) -> Job:
     uri = tracking_uri(params.tracking_uri)
     check_reachable(uri)
     job_id = params.job_id or new_job_id()
-    job_dir = Path(params.job_dir).resolve() / job_id
+    if params.storage:
+        storages.check(params.storage)
+    job_dir = Path(_job_root(params.job_dir, params.storage)).resolve() / job_id
+    store = job_store(job_dir, job_id, params.storage)
     parent_run_id = None
     if params.resume:
-        record = load_job_record(job_dir)
+        record = load_job_record(store)
         if record is None:
-            raise InputError(f"no job {job_id!r} to resume under {params.job_dir}")
+            raise InputError(f"no job {job_id!r} to resume under {store.root}")
         parent_run_id = record.get("parent_run_id")
-    elif load_job_record(job_dir) is not None:
+    elif load_job_record(store) is not None:
         raise InputError(f"job {job_id!r} already exists under {params.job_dir}; continue it with --resume {job_id} "
                          "or choose another --job-id")
     if job_dir.is_dir():
@@ -148,4 +161,6 @@ def prepare(params: TuneParams) -> Job:
         sampler=params.sampler,
         parent_run_id=parent_run_id,
         trial_timeout=params.trial_timeout,
+        storage=None if store.local else store.root,
+        trial_pool=params.trial_pool,
     )

@@ -56,7 +56,16 @@ class TuneParams(BaseModel):
         None, gt=0, description="Seconds a trial-rung may take before its trial fails; default: 20x its measured pace, at least 300."
     )
     validation_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of rows held out for validation.")
-    job_dir: str = Field("hyperband-jobs", description="Where checkpoints and job state live.")
+    job_dir: str = Field("hyperband-jobs", description="Local folder of the job (its lock, its report files; "
+                         "its checkpoints and state too unless storage is a URL).")
+    storage: Optional[str] = Field(
+        None, description="Where checkpoints and job state live: a local or shared folder, or an fsspec URL "
+        "(s3://bucket/prefix, gs://...); default: job_dir. Trial-pool workers on other machines need it shared."
+    )
+    trial_pool: Optional[str] = Field(
+        None, description="Prefect work pool whose workers run the trial-rungs (one hyperband-trial flow run each); "
+        "default: this process."
+    )
     job_id: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="Name of the job's folder; default: time-stamped.")
     tracking_uri: Optional[str] = Field(None, description="MLflow tracking URI; default MLFLOW_TRACKING_URI or sqlite:///mlflow.db.")
     experiment: str = Field("hyperband", min_length=1, description="MLflow experiment; also the registered model's name.")

@@ -54,21 +54,33 @@ class Outcome:
 def run_trial_rung(job: Job, tj: TrialJob, run_id: str | None) -> Outcome:
     """Train ``tj`` (resuming its checkpoint), evaluate it, log it; never raises for the trainer's errors.
 
-    A trial's child run is created with its first result, started at the time its training began,
-    with its params, metrics and (when it failed) its error in two writes.
+    Here, or as a flow run on the job's trial pool (``flows.trial``). A trial's child run is created with
+    its first result, started at the time its training began, with its params, metrics and (when it
+    failed) its error in two writes.
     """
     began = time.time()
+    if job.trial_pool:
+        from prefect_hyperband.flows.trial import run_remote
+
+        out = Outcome(tj, run_id, *run_remote(job, tj))
+    else:
+        out = replace(work(job, tj), run_id=run_id)
+    return record(job, tj, run_id, began, out)
+
+
+def work(job: Job, tj: TrialJob) -> Outcome:
+    """The ``train`` and ``evaluate`` tasks of one trial-rung; a trainer's error is the outcome's, not raised."""
     trained_state = train_trial(job, tj.trial_id, tj.config, tj.resource, tj.checkpoint, return_state=True)
     trained = trained_state.result(raise_on_failure=False)
     if isinstance(trained, BaseException) or not trained_state.is_completed():
-        return record(job, tj, run_id, began, Outcome(tj, run_id, None, None, _describe(trained, trained_state)))
+        return Outcome(tj, None, None, None, _describe(trained, trained_state))
     evaluated_state = evaluate_trial(job, tj.trial_id, tj.resource, trained, return_state=True)
     evaluated = evaluated_state.result(raise_on_failure=False)
     if isinstance(evaluated, BaseException) or not evaluated_state.is_completed():
-        return record(job, tj, run_id, began, Outcome(tj, run_id, trained, None, _describe(evaluated, evaluated_state)))
+        return Outcome(tj, None, trained, None, _describe(evaluated, evaluated_state))
     ended = time.time()
     started = ended - evaluated.seconds - trained.seconds  # the work itself, without the task runs around it
-    return record(job, tj, run_id, began, Outcome(tj, run_id, trained, evaluated, None, started, ended))
+    return Outcome(tj, None, trained, evaluated, None, started, ended)
 
 
 def record(job: Job, tj: TrialJob, run_id: str | None, began: float, out: Outcome) -> Outcome:

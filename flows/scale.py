@@ -9,9 +9,7 @@ and a plot. In Prefect: a ``hyperband-scale`` flow whose per-N jobs are ``hyperb
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -22,6 +20,7 @@ from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.tune import tune
 from prefect_hyperband.hyperband import scaling
 from prefect_hyperband.tasks import tracking
+from prefect_hyperband.tasks.storage import Storage
 from prefect_hyperband.trainers import factory
 
 
@@ -57,7 +56,7 @@ def scale(params: TuneParams, workers: list[int], target_score: float | None = N
     rows = []
     for n in sizes:
         s = jobs[n]["summary"]
-        state = json.loads((Path(jobs[n]["job_dir"]) / "state.json").read_text())
+        state = Storage(jobs[n]["storage"], jobs[n]["job_dir"]).read_json("state.json")
         rows.append(scaling.ScaleRow(
             workers=n, tuned_score=s["best_score"], transferred_score=transferred[n], worker_seconds=s["worker_seconds"],
             wall_seconds=s["wall_seconds"], time_to_target=scaling.time_to_target(state["rows"], target, direction),

@@ -14,7 +14,7 @@ from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, Sampler, Scheduler
 from prefect_hyperband.hyperband.space import parse
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.trainers.base import write_json_atomic
+from prefect_hyperband.tasks.storage import Storage, is_local, join
 from prefect_hyperband.trainers.errors import InputError
 
 
@@ -69,33 +69,29 @@ def job_lock(job_dir: str | Path, job_id: str) -> Iterator[None]:
         path.unlink(missing_ok=True)
 
 
-def job_record_path(job_dir: str | Path) -> Path:
-    return Path(job_dir) / "job.json"
+def job_store(job_dir: str | Path, job_id: str, storage: str | None = None) -> Storage:
+    """The job's record, state and checkpoints: in ``job_dir``, or under ``<storage>/<job_id>`` when that is a URL."""
+    remote = join(storage, job_id) if storage and not is_local(storage) else None
+    return Storage(remote or str(job_dir), str(job_dir))
 
 
 def save_job_record(job: Job, params: dict[str, Any]) -> None:
-    write_json_atomic(job_record_path(job.job_dir), {"job_id": job.job_id, "params": params, "parent_run_id": job.parent_run_id})
+    job.store().write_json("job.json", {"job_id": job.job_id, "params": params, "parent_run_id": job.parent_run_id})
 
 
-def load_job_record(job_dir: str | Path) -> dict[str, Any] | None:
-    path = job_record_path(job_dir)
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def state_path(job: Job) -> Path:
-    return Path(job.job_dir) / "state.json"
+def load_job_record(store: Storage) -> dict[str, Any] | None:
+    return store.read_json("job.json")
 
 
 def save_state(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], elapsed: float, lost: float = 0.0) -> None:
     """The scheduler (with its sampler), every finished trial-rung, the seconds spent so far and the
     worker-seconds of trainings that left no result (``lost``); atomic."""
-    write_json_atomic(state_path(job), {"scheduler": scheduler.to_json(), "rows": rows, "elapsed": elapsed, "lost": lost},
-                      indent=None)
+    job.store().write_json("state.json", {"scheduler": scheduler.to_json(), "rows": rows, "elapsed": elapsed, "lost": lost},
+                           indent=None)
 
 
 def load_state(job: Job) -> dict[str, Any] | None:
-    path = state_path(job)
-    return json.loads(path.read_text()) if path.is_file() else None
+    return job.store().read_json("state.json")
 
 
 def make_sampler(job: Job, saved: dict[str, Any] | None = None) -> Sampler:

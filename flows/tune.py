@@ -53,6 +53,11 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         job.job_id, job.mode, job.sampler, job.concurrency, len(plan["brackets"]), plan["configs"],
         plan["trial_rungs"], plan["resource_used"], plan["resource_without_early_stopping"], job.job_dir,
     )
+    if job.trial_pool:  # before any run: a missing pool is one line
+        from prefect_hyperband.flows.trial import ensure_deployment
+
+        logger.info("trial-rungs run as flow runs of %s on the pool's workers; storage %s",
+                    ensure_deployment(job.trial_pool), job.store().root)
     if job.parent_run_id is None:
         job = job.with_parent(start_job_run(job, _run_params(job, params), params.nest_under))
     save_job_record(job, params.model_dump(mode="json"))
@@ -68,7 +73,8 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         close_decided(job, scheduler)
         logger.info("job %s resumed: %d trial-rungs kept", job.job_id, len(rows))
     report.report_start(plan["trial_rungs"], job.job_id)
-    factory.get(job.settings)  # start the cluster and load the data once, before the first trial
+    if not job.trial_pool:
+        factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
         try:
             run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config), lost=lost)
@@ -77,14 +83,15 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         records = scheduler.records()
         summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed, run.lost)
         version = None
+        best_file = job.store().fetch(best["checkpoint"]) if best is not None else None  # local, wherever it was trained
         if best is not None and params.register_model and registry.get(job.settings.model).log_model is not None:
-            registered = register_champion(job, best["run_id"], best["checkpoint"], return_state=True)
+            registered = register_champion(job, best["run_id"], best_file, return_state=True)
             if registered.is_completed():
                 version = registered.result()
             else:  # the results stand without a registered model: say so, keep the job
                 logger.error("could not register the champion model: %s", registered.message)
         if best is not None and version is None:  # no flavour to log it in: its files, on the parent run
-            keep_best_checkpoint(job, best["checkpoint"])
+            keep_best_checkpoint(job, best_file)
             logger.info("no model registered (%s); the best checkpoint is on the parent run under best_checkpoint/",
                         "registration off" if not params.register_model else "the model has no MLflow flavour")
         metrics = {
@@ -115,6 +122,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         return {
             "job_id": job.job_id,
             "job_dir": job.job_dir,
+            "storage": job.store().root,
             "parent_run_id": job.parent_run_id,
             "direction": job.direction,
             "summary": summary.to_json(),
@@ -161,7 +169,7 @@ def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]],
     if found is not None:
         t, resource, value = found
         best = {"trial_id": t.trial_id, "resource": resource, "score": value, "config": t.config,
-                "run_id": t.run_id, "checkpoint": job.checkpoint_path(t.trial_id, resource), "bracket": t.bracket}
+                "run_id": t.run_id, "checkpoint": job.checkpoint_url(t.trial_id, resource), "bracket": t.bracket}
     summary = summarise(
         [TrialRung(**r) for r in rows],
         metric=job.metric,

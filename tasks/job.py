@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from prefect_hyperband.tasks.storage import Storage
 from prefect_hyperband.trainers import registry
+from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.trainers.factory import TrainerSettings
 
 
@@ -30,6 +32,10 @@ class Job:
     sampler: str = "random"  # "random" | "tpe"
     parent_run_id: str | None = None
     trial_timeout: float | None = None  # seconds a trial-rung may take; None: from the job's measurements
+    #: the job's state and checkpoints, ``<--storage>/<job_id>``, when that is a URL (s3://...); None: ``job_dir``
+    storage: str | None = None
+    #: the Prefect work pool whose workers run the trial-rungs (a ``hyperband-trial`` flow run each); None: here
+    trial_pool: str | None = None
 
     @property
     def metric_key(self) -> str:
@@ -40,7 +46,46 @@ class Job:
         return replace(self, parent_run_id=run_id)
 
     def checkpoint_path(self, trial_id: str, resource: int) -> str:
-        suffix = registry.get(self.settings.model).checkpoint_suffix
-        path = Path(self.job_dir) / "checkpoints" / trial_id / f"r{resource}{suffix}"
+        """Where this process writes a checkpoint: under the job folder (the storage's mirror when it is a URL)."""
+        path = Path(self.job_dir) / self._checkpoint_key(trial_id, resource)
         path.parent.mkdir(parents=True, exist_ok=True)
         return str(path)
+
+    def checkpoint_url(self, trial_id: str, resource: int) -> str:
+        """Where that checkpoint is kept: the same path, or its URL under ``storage``."""
+        return self.store().url(self._checkpoint_key(trial_id, resource))
+
+    def _checkpoint_key(self, trial_id: str, resource: int) -> str:
+        return f"checkpoints/{trial_id}/r{resource}{registry.get(self.settings.model).checkpoint_suffix}"
+
+    def store(self) -> Storage:
+        return _store(self.storage or self.job_dir, self.job_dir)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON (a trial flow run's parameter); ``from_json`` gives the same job back."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> "Job":
+        value = dict(value)
+        s = dict(value["settings"])
+        s["data"] = DataSpec(**{**s["data"], "drop": _tuple(s["data"].get("drop"))})
+        s["milestones"] = tuple(s.get("milestones") or ())
+        s["extra"] = tuple((k, _tuple(v)) for k, v in s.get("extra") or ())
+        value["settings"] = TrainerSettings(**s)
+        return cls(**{f.name: value[f.name] for f in fields(cls) if f.name in value})
+
+
+def _tuple(value: Any) -> Any:
+    """JSON lists back to the tuples of a hashable ``TrainerSettings``."""
+    return tuple(_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+_stores: dict[tuple[str, str], Storage] = {}
+
+
+def _store(root: str, mirror: str) -> Storage:
+    store = _stores.get((root, mirror))
+    if store is None:
+        store = _stores[(root, mirror)] = Storage(root, mirror)
+    return store

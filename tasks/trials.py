@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prefect import task
@@ -23,16 +23,20 @@ class Evaluation:
 
 @task(name="train", task_run_name="train {trial_id} to r={resource}", cache_policy=NO_CACHE)
 def train_trial(job: Job, trial_id: str, config: dict[str, Any], resource: int, checkpoint: str | None) -> TrainResult:
-    """Train one config to ``resource`` units, resuming from its checkpoint."""
+    """Train one config to ``resource`` units, resuming from its checkpoint (fetched from the job's storage, the
+    new one published there: both no-ops on a folder)."""
     trainer = factory.get(job.settings)
-    return trainer.train(config, resource, checkpoint, job.checkpoint_path(trial_id, resource))
+    store = job.store()
+    trained = trainer.train(config, resource, store.fetch(checkpoint) if checkpoint else None,
+                            job.checkpoint_path(trial_id, resource))
+    return replace(trained, checkpoint=store.publish(trained.checkpoint))
 
 
 @task(name="evaluate", task_run_name="evaluate {trial_id} at r={resource}", cache_policy=NO_CACHE)
 def evaluate_trial(job: Job, trial_id: str, resource: int, trained: TrainResult) -> Evaluation:
     """The validation metric of a checkpoint, on the whole validation set."""
     began = time.perf_counter()
-    value = factory.get(job.settings).evaluate(trained.checkpoint)
+    value = factory.get(job.settings).evaluate(job.store().fetch(trained.checkpoint))
     return Evaluation(value, time.perf_counter() - began)
 
 

@@ -1,0 +1,229 @@
+"""Trial-rungs on a Prefect work pool: each one a ``hyperband-trial`` flow run, wherever a worker runs it.
+
+``--trial-pool POOL`` makes the job flow the controller (brackets, promotions, MLflow, the state) and
+sends each trial-rung to the pool's workers as a flow run of the ``hyperband-trial/POOL`` deployment,
+which the job creates or updates itself. The flow run is a subflow of the job's run (linked under it in
+the UI); it trains and evaluates as the same ``train`` and ``evaluate`` tasks as a local trial-rung,
+reading and writing checkpoints through ``--storage`` (a shared folder or an object store), and leaves
+its result there, under ``results/<flow run id>.json``, for the controller to read. MLflow is written
+by the controller only: workers need the package, the data and the storage, not the tracking server.
+
+``--concurrency`` caps the trial-rungs in flight across the job (the driver's threads, one flow run
+each); a pool's own concurrency limit (``prefect work-pool set-concurrency-limit``) caps what the pool
+runs at once, and each worker's ``--limit`` what one machine runs.
+
+A flow run that crashes, is cancelled, or whose heartbeat stops (its worker or machine died: nothing
+then tells the Prefect server) is an orchestration failure: the controller marks it ``Crashed`` and the
+driver runs the trial-rung again from its last checkpoint (twice at most, then the trial fails). A
+trainer's own error is the trial's: the flow run completes and reports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Iterator
+
+from prefect import flow
+from prefect.context import FlowRunContext
+
+from prefect_hyperband.hyperband.scheduler import TrialJob
+from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.trials import Evaluation
+from prefect_hyperband.trainers import factory, stopping
+from prefect_hyperband.trainers.base import TrainResult
+from prefect_hyperband.trainers.errors import InputError
+
+FLOW_NAME = "hyperband-trial"
+ENTRYPOINT = "prefect_hyperband.flows.trial:trial"
+#: seconds between a trial flow run's heartbeats (written to the job's storage)
+HEARTBEAT_SECONDS = 5.0
+
+
+def heartbeat_timeout() -> float:
+    """Seconds without a heartbeat after which a running trial flow run is taken for dead (its machine, its worker)."""
+    return float(os.environ.get("HYPERBAND_HEARTBEAT_TIMEOUT", "60"))
+
+
+class TrialRunLost(RuntimeError):
+    """The trial-rung's flow run ended without a result (crashed, cancelled, its worker gone): run it again."""
+
+
+@flow(name=FLOW_NAME, log_prints=False, validate_parameters=False)
+def trial(job: dict[str, Any], trial_job: dict[str, Any], heartbeat_seconds: float = HEARTBEAT_SECONDS) -> dict[str, Any]:
+    """Train one trial-rung (resuming its checkpoint) and evaluate it; the result goes to the job's storage."""
+    from prefect_hyperband.flows import runner
+
+    spec = Job.from_json(job)
+    if spec.storage:  # an object store: this machine's copies of the checkpoints live in a folder of its own
+        spec = replace(spec, job_dir=os.path.join(tempfile.gettempdir(), "prefect-hyperband", spec.job_id))
+    else:
+        os.makedirs(spec.job_dir, exist_ok=True)
+    tj = TrialJob(**{**trial_job, "config": dict(trial_job["config"])})
+    run_id = str(FlowRunContext.get().flow_run.id)
+    store = spec.store()
+    try:
+        with _heartbeat(spec, run_id, heartbeat_seconds):
+            out = runner.work(spec, tj)
+        result = {
+            "trained": out.trained.to_json() if out.trained is not None else None,
+            "evaluated": {"score": out.evaluated.score, "seconds": out.evaluated.seconds} if out.evaluated else None,
+            "error": out.error, "started": out.started, "ended": out.ended, "host": os.uname().nodename,
+            "pid": os.getpid(),
+        }
+        store.write_json(f"results/{run_id}.json", result)
+        return result
+    finally:
+        factory.release(spec.settings)
+
+
+@contextlib.contextmanager
+def _heartbeat(job: Job, run_id: str, seconds: float) -> Iterator[None]:
+    """A beat in the storage every ``seconds`` while the trial-rung runs: the controller's sign of life."""
+    store, key, done = job.store(), f"heartbeats/{run_id}.json", threading.Event()
+
+    def beat() -> None:
+        n = 0
+        while True:
+            n += 1
+            try:
+                store.write_json(key, {"beat": n, "pid": os.getpid()}, indent=None)
+            except Exception:  # a storage hiccup: the next beat may pass; the controller allows several misses
+                pass
+            if done.wait(seconds):
+                return
+
+    thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        store.delete(key)
+
+
+def deployment_name(pool: str) -> str:
+    return f"{FLOW_NAME}/{pool}"
+
+
+_deployed: set[str] = set()
+
+
+def ensure_deployment(pool: str) -> str:
+    """Create or update the ``hyperband-trial`` deployment on ``pool`` (once per process); its name.
+
+    The entrypoint is a module path, so a worker needs the package installed and nothing else: no
+    checkout, image or code storage. A missing pool is one line for the user, not a flow run that waits forever.
+    """
+    if pool in _deployed:
+        return deployment_name(pool)
+    from prefect.client.orchestration import get_client
+    from prefect.deployments.runner import EntrypointType
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(pool)
+        except ObjectNotFound:
+            raise InputError(f"--trial-pool {pool}: no such work pool; create it (prefect work-pool create {pool} "
+                             "--type process) and start workers on it (prefect worker start --pool "
+                             f"{pool})") from None
+    deployment = trial.to_deployment(
+        name=pool,
+        description="One Hyperband trial-rung: train from its checkpoint, evaluate; created by hyperband tune --trial-pool.",
+        tags=["hyperband"],
+        work_pool_name=pool,
+        job_variables={"env": {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}},
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
+    deployment.apply()
+    _deployed.add(pool)
+    return deployment_name(pool)
+
+
+#: seconds between reads of a trial flow run's state
+POLL_SECONDS = 0.5
+
+
+def run_remote(job: Job, tj: TrialJob) -> tuple[TrainResult | None, Evaluation | None, str | None, float | None, float | None]:
+    """One trial-rung as a flow run on the job's pool: (trained, evaluated, error, started, ended).
+
+    Raises ``TrialRunLost`` when the flow run leaves no result; a stop (Ctrl-C, a timeout) cancels it."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling, Crashed
+
+    name = ensure_deployment(job.trial_pool)  # type: ignore[arg-type]
+    beat_every = min(HEARTBEAT_SECONDS, heartbeat_timeout() / 4)
+    parameters = {"job": job.to_json(), "trial_job": _trial_json(tj), "heartbeat_seconds": beat_every}
+    run = run_deployment(name, parameters=parameters, timeout=0, as_subflow=True,
+                         flow_run_name=f"{tj.trial_id} to r={tj.resource}", tags=["hyperband", f"job:{job.job_id}"])
+    store, key = job.store(), f"results/{run.id}.json"
+    beats = _Beats(store, f"heartbeats/{run.id}.json", heartbeat_timeout())
+    with get_client(sync_client=True) as client:
+        while True:
+            if stopping.requested():  # Ctrl-C or this trial-rung's timeout: the worker kills its flow run
+                client.set_flow_run_state(run.id, Cancelling(message="the job is stopping"), force=True)
+                return None, None, "Stopped: the job is stopping", None, None
+            state = client.read_flow_run(run.id).state
+            if state is not None and state.is_final():
+                break
+            dead = beats.dead(state)
+            if dead:
+                client.set_flow_run_state(run.id, Crashed(message=dead), force=True)
+                raise TrialRunLost(f"flow run {run.name} ({run.id}): {dead}")
+            time.sleep(POLL_SECONDS)
+    result = store.read_json(key)
+    if result is None:
+        raise TrialRunLost(f"flow run {run.name} ({run.id}) ended {state.type.value}: {state.message or 'no result'}")
+    store.delete(key)
+    trained = TrainResult(**result["trained"]) if result["trained"] else None
+    evaluated = Evaluation(**result["evaluated"]) if result["evaluated"] else None
+    return trained, evaluated, result["error"], result["started"], result["ended"]
+
+
+def _trial_json(tj: TrialJob) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(tj)
+
+
+class _Beats:
+    """Whether a trial flow run still lives: its heartbeats must keep changing once it runs.
+
+    Measured on the controller's clock (machines' clocks may differ): a run whose heartbeat has not changed
+    for ``timeout`` seconds is dead; one stuck in PENDING (a worker took it, then died) as well."""
+
+    def __init__(self, store, key: str, timeout: float) -> None:
+        self.store, self.key, self.timeout = store, key, timeout
+        self.last: Any = None
+        self.since = time.monotonic()
+        self.checked = 0.0
+        self.state_type: Any = None
+
+    def dead(self, state) -> str | None:
+        now = time.monotonic()
+        kind = getattr(state, "type", None)
+        if kind != self.state_type:  # a new state (SCHEDULED -> PENDING -> RUNNING): the clock starts again
+            self.state_type, self.since = kind, now
+        name = getattr(kind, "value", "")
+        if name == "PENDING" and now - self.since > 2 * self.timeout:
+            return f"pending for {now - self.since:.0f} s: the worker that took it is gone"
+        if name != "RUNNING" or now - self.checked < min(self.timeout / 4, HEARTBEAT_SECONDS):
+            return None
+        self.checked = now
+        try:
+            beat = self.store.read_json(self.key)
+        except Exception:  # the storage did not answer this time: not a sign of death
+            return None
+        if beat != self.last:
+            self.last, self.since = beat, now
+            return None
+        if now - self.since > self.timeout:
+            return f"no heartbeat for {now - self.since:.0f} s: its worker or machine is gone"
+        return None

@@ -1,0 +1,148 @@
+"""Where a job's state and checkpoints live: a local or shared folder, or any fsspec URL.
+
+``--storage s3://bucket/prefix`` (``gs://``, ``az://``... through their fsspec packages) keeps the
+job's record, its state and every checkpoint under ``<url>/<job_id>/``, so a trial-rung on one
+machine resumes the checkpoint another machine wrote. Trainers only ever see local files: a
+checkpoint is fetched into the local job folder (its mirror) before training and published from
+there after. On a local or shared path both steps are the identity: the files are used in place.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from prefect_hyperband.trainers.base import write_json_atomic
+from prefect_hyperband.trainers.errors import InputError
+
+
+def is_local(url: str) -> bool:
+    """A plain path or ``file://``: no copies, the files are used where they are."""
+    return "://" not in url or url.startswith("file://")
+
+
+def join(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *parts])
+
+
+class Storage:
+    """One job's folder or URL (``<storage>/<job_id>``) and a local mirror of it (the job folder)."""
+
+    def __init__(self, root: str, mirror: str) -> None:
+        self.root = root.rstrip("/")
+        self.mirror = mirror
+        self.local = is_local(root)
+        if self.local:
+            self.fs = None
+            self.path = str(Path(root.removeprefix("file://")).resolve())
+        else:
+            self.fs = filesystem(root)
+
+    def url(self, key: str) -> str:
+        return os.path.join(self.path, key) if self.local else join(self.root, key)
+
+    def read_json(self, key: str) -> Any | None:
+        """The JSON document at ``key``, or None when there is none."""
+        if self.local:
+            path = Path(self.url(key))
+            return json.loads(path.read_text()) if path.is_file() else None
+        try:
+            return json.loads(self.fs.cat_file(self.url(key)))
+        except FileNotFoundError:
+            return None
+
+    def write_json(self, key: str, value: Any, indent: int | None = 2) -> None:
+        """Atomic on a folder (a temporary file renamed); one PUT on an object store."""
+        if self.local:
+            write_json_atomic(self.url(key), value, indent=indent)
+        else:
+            self.fs.pipe_file(self.url(key), json.dumps(value, indent=indent).encode())
+
+    def delete(self, key: str) -> None:
+        if self.local:
+            Path(self.url(key)).unlink(missing_ok=True)
+        else:
+            try:
+                self.fs.rm_file(self.url(key))
+            except FileNotFoundError:
+                pass
+
+    def fetch(self, url: str) -> str:
+        """A local path holding ``url``: the URL itself on a folder; else its mirror, downloaded when missing."""
+        if self.local or is_local(url):
+            return url
+        local = os.path.join(self.mirror, self._key(url))
+        if not os.path.exists(local):
+            Path(local).parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get(url, local, recursive=self.fs.isdir(url))
+        return local
+
+    def publish(self, local: str) -> str:
+        """The URL of a file or folder written under the mirror, uploaded there (replacing what a crashed try left)."""
+        if self.local:
+            return local
+        key = os.path.relpath(local, self.mirror)
+        if key.startswith(".."):
+            raise ValueError(f"{local} is not under the job's folder {self.mirror}")
+        url = join(self.root, *Path(key).parts)
+        if os.path.isdir(local):
+            if self.fs.exists(url):
+                self.fs.rm(url, recursive=True)
+            self.fs.put(local, url, recursive=True)
+        else:
+            self.fs.put_file(local, url)
+        return url
+
+    def _key(self, url: str) -> str:
+        stripped, root = _strip(url), _strip(self.root)
+        if not stripped.startswith(root + "/"):
+            raise ValueError(f"{url} is not under the job's storage {self.root}")
+        return stripped[len(root) + 1:]
+
+
+def _strip(url: str) -> str:
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+@functools.lru_cache(maxsize=None)
+def filesystem(url: str):
+    """The fsspec filesystem of ``url`` (an unknown scheme, or one whose package is missing: one line)."""
+    import fsspec
+
+    protocol = url.split("://", 1)[0]
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+    except (ValueError, ImportError) as exc:
+        extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(protocol)
+        hint = f" (pip install 'prefect-hyperband[{extra}]')" if extra else ""
+        raise InputError(f"--storage {url}: no filesystem for {protocol}://{hint}: {exc}") from exc
+    return cls(**_options(protocol))
+
+
+def _options(protocol: str) -> dict[str, Any]:
+    """S3-compatible servers (MinIO, moto, Ceph): their endpoint from the standard AWS variable."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if protocol in ("s3", "s3a") and endpoint:
+        return {"endpoint_url": endpoint}
+    return {}
+
+
+def check(url: str) -> None:
+    """Storage the job can write: one line when it cannot (a missing bucket, no credentials, a read-only folder)."""
+    if is_local(url):
+        path = Path(url.removeprefix("file://"))
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"--storage {url}: cannot create the folder: {exc}") from exc
+        return
+    fs = filesystem(url)
+    probe = join(url, ".hyperband-probe")
+    try:
+        fs.pipe_file(probe, b"ok")
+        fs.rm_file(probe)
+    except Exception as exc:  # botocore's and gcsfs' errors have no common base: any failure is the user's setup
+        raise InputError(f"--storage {url}: cannot write there: {type(exc).__name__}: {exc}") from exc
