@@ -326,15 +326,15 @@ def _resume_flags(params) -> str:
 
 
 def _run(params, args: argparse.Namespace) -> int:
-    message = preflight(params)
-    if message:
-        return _fail(message)
     if params.trial_pool:
         from prefect.settings import PREFECT_API_URL
 
         if not PREFECT_API_URL.value():
             return _fail(f"--trial-pool {params.trial_pool}: the pool's workers and this job need one Prefect server; "
                          "set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api after `prefect server start`)")
+    message = preflight(params)
+    if message:
+        return _fail(message)
     params = params.model_copy(update={"job_id": params.job_id or _job_id()})
     print(f"hyperband: job {params.job_id} in {params.job_dir}/{params.job_id} (resume with --resume {params.job_id})", file=sys.stderr)
     from prefect_hyperband.flows.tune import tune

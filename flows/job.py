@@ -105,7 +105,12 @@ def prepare(params: TuneParams) -> Job:
     else:
         metric = model.metric(spec, params.metric)
         direction = datasets.metric_direction(metric)
-    concurrency = params.trial_concurrency(_cluster_size(params.dask_address) if params.dask_address else None)
+    if params.trial_pool and not params.concurrency:  # the pool's limit, or one per online worker
+        from prefect_hyperband.flows.trial import pool_concurrency
+
+        concurrency = pool_concurrency(params.trial_pool)
+    else:
+        concurrency = params.trial_concurrency(_cluster_size(params.dask_address) if params.dask_address else None)
     settings = TrainerSettings(
         model=params.model,
         data=spec,

@@ -114,25 +114,40 @@ def deployment_name(pool: str) -> str:
 _deployed: set[str] = set()
 
 
-def ensure_deployment(pool: str) -> str:
-    """Create or update the ``hyperband-trial`` deployment on ``pool`` (once per process); its name.
-
-    The entrypoint is a module path, so a worker needs the package installed and nothing else: no
-    checkout, image or code storage. A missing pool is one line for the user, not a flow run that waits forever.
-    """
-    if pool in _deployed:
-        return deployment_name(pool)
+def _read_pool(pool: str):
+    """The work pool and its online workers; a missing pool is one line for the user, not a flow run that waits forever."""
     from prefect.client.orchestration import get_client
-    from prefect.deployments.runner import EntrypointType
     from prefect.exceptions import ObjectNotFound
 
     with get_client(sync_client=True) as client:
         try:
-            client.read_work_pool(pool)
+            found = client.read_work_pool(pool)
         except ObjectNotFound:
             raise InputError(f"--trial-pool {pool}: no such work pool; create it (prefect work-pool create {pool} "
                              "--type process) and start workers on it (prefect worker start --pool "
                              f"{pool})") from None
+        workers = client.read_workers_for_work_pool(pool)
+    return found, [w for w in workers if str(getattr(w.status, "value", w.status)).upper() == "ONLINE"]
+
+
+def pool_concurrency(pool: str) -> int:
+    """Trial-rungs at once by default on ``pool``: its concurrency limit when it has one, else one per online
+    worker (at least one: workers may start later)."""
+    found, online = _read_pool(pool)
+    return found.concurrency_limit or max(1, len(online))
+
+
+def ensure_deployment(pool: str) -> str:
+    """Create or update the ``hyperband-trial`` deployment on ``pool`` (once per process); its name.
+
+    The entrypoint is a module path, so a worker needs the package installed and nothing else: no
+    checkout, image or code storage.
+    """
+    if pool in _deployed:
+        return deployment_name(pool)
+    from prefect.deployments.runner import EntrypointType
+
+    _read_pool(pool)
     deployment = trial.to_deployment(
         name=pool,
         description="One Hyperband trial-rung: train from its checkpoint, evaluate; created by hyperband tune --trial-pool.",
@@ -176,6 +191,7 @@ def run_remote(job: Job, tj: TrialJob) -> tuple[TrainResult | None, Evaluation |
             dead = beats.dead(state)
             if dead:
                 client.set_flow_run_state(run.id, Crashed(message=dead), force=True)
+                store.delete(beats.key)
                 raise TrialRunLost(f"flow run {run.name} ({run.id}): {dead}")
             time.sleep(POLL_SECONDS)
     result = store.read_json(key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -85,6 +86,18 @@ def test_bad_input_never_prints_a_traceback_from_the_installed_command(tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("hyperband: error: data file")
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_trial_pool_without_a_prefect_server_for_its_workers_is_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--model", "synthetic", "--trial-pool", "gpus"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120, env={**env, "PREFECT_HOME": str(tmp_path)},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == ("hyperband: error: --trial-pool gpus: the pool's workers and this job need one "
+                                   "Prefect server; set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api after "
+                                   "`prefect server start`)")
 
 
 def test_tune_printed_to_a_file_is_short_no_task_run_lines_one_summary(tmp_path):

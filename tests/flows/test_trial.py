@@ -1,0 +1,94 @@
+"""The trial pool's pieces that need no worker: the job as a flow-run parameter, and telling a dead trial
+flow run from a slow one (the end-to-end run with real workers is tests/deployments/test_trial_pool.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from prefect_hyperband.flows import trial as trial_flow
+from prefect_hyperband.flows.job import prepare
+from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.tasks.job import Job
+
+
+def test_the_job_round_trips_through_json_as_a_flow_run_parameter(tmp_path, tracking_uri):
+    import json
+    from dataclasses import replace
+
+    job = prepare(TuneParams(model="xgboost", max_resource=9, job_dir=str(tmp_path), data="breast-cancer"))
+    job = replace(job, trial_pool="p", storage=f"s3://b/x/{job.job_id}")
+    back = Job.from_json(json.loads(json.dumps(job.to_json())))
+    assert back == job and hash(back.settings) == hash(job.settings)  # the trainer cache's key
+    assert back.storage == f"s3://b/x/{job.job_id}" and back.trial_pool == "p"
+    assert back.checkpoint_url("t", 3) == f"s3://b/x/{job.job_id}/checkpoints/t/r3.ubj"
+
+
+class _Store:
+    def __init__(self):
+        self.beat = None
+
+    def read_json(self, key):
+        return self.beat
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(trial_flow.time, "monotonic", lambda: now[0])
+    return now
+
+
+def _state(name):
+    return SimpleNamespace(type=SimpleNamespace(value=name))
+
+
+def test_a_running_flow_run_whose_heartbeat_stops_is_dead_a_beating_one_is_not(clock):
+    store = _Store()
+    beats = trial_flow._Beats(store, "k", timeout=8)
+    running = _state("RUNNING")
+    for n in range(30):  # beating every 2 s for a minute: alive however long it trains
+        store.beat = {"beat": n}
+        clock[0] += 2
+        assert beats.dead(running) is None
+    clock[0] += 7
+    assert beats.dead(running) is None  # silent for less than the timeout
+    clock[0] += 2
+    assert "no heartbeat for" in beats.dead(running)
+
+
+def test_scheduled_waits_for_a_worker_but_pending_too_long_is_a_worker_gone(clock):
+    beats = trial_flow._Beats(_Store(), "k", timeout=8)
+    scheduled = _state("SCHEDULED")
+    beats.dead(scheduled)
+    clock[0] += 3600  # no worker free for an hour: still waiting, not dead
+    assert beats.dead(scheduled) is None
+    pending = _state("PENDING")
+    assert beats.dead(pending) is None
+    clock[0] += 15
+    assert beats.dead(pending) is None
+    clock[0] += 2
+    assert "pending for 17 s" in beats.dead(pending)
+
+
+def test_a_missing_pool_is_one_line(prefect_harness):
+    from prefect_hyperband.trainers.errors import InputError
+
+    with pytest.raises(InputError, match="--trial-pool no-such-pool: no such work pool; create it"):
+        trial_flow.ensure_deployment("no-such-pool")
+
+
+def test_default_concurrency_is_the_pools_limit_or_one_per_online_worker(prefect_harness):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="limited", type="process", concurrency_limit=5), overwrite=True)
+        client.create_work_pool(WorkPoolCreate(name="open", type="process"), overwrite=True)
+        client.create_work_pool(WorkPoolCreate(name="empty", type="process"), overwrite=True)
+        for worker in ("machine-a", "machine-b", "machine-c"):
+            client.send_worker_heartbeat("open", worker, heartbeat_interval_seconds=30)
+    assert trial_flow.pool_concurrency("limited") == 5
+    assert trial_flow.pool_concurrency("open") == 3
+    assert trial_flow.pool_concurrency("empty") == 1  # workers may come later: one at a time until then

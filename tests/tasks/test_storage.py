@@ -1,0 +1,88 @@
+"""The job's storage: a folder used in place, or an object store (moto's S3 server on loopback, through s3fs)
+that a second machine's mirror reads back byte for byte."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefect_hyperband.flows.state import job_store
+from prefect_hyperband.tasks.storage import Storage, check, filesystem
+from prefect_hyperband.trainers.errors import InputError
+
+
+def test_a_folder_is_used_in_place(tmp_path):
+    store = Storage(str(tmp_path / "job"), str(tmp_path / "job"))
+    assert store.read_json("state.json") is None
+    store.write_json("state.json", {"rows": [1, 2]})
+    assert store.read_json("state.json") == {"rows": [1, 2]}
+    path = str(tmp_path / "job" / "checkpoints" / "t" / "r1.ubj")
+    assert store.publish(path) == path and store.fetch(path) == path  # no copies
+    store.delete("state.json")
+    assert store.read_json("state.json") is None
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    pytest.importorskip("moto")
+    import os
+
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="testing",
+                      AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    filesystem.cache_clear()
+    fs = filesystem("s3://bucket")
+    fs.mkdir("bucket")
+    yield fs
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    filesystem.cache_clear()
+
+
+def test_an_object_store_round_trips_state_and_checkpoints_between_two_mirrors(s3, tmp_path):
+    a = job_store(tmp_path / "machine-a" / "j1", "j1", "s3://bucket/jobs")
+    assert a.root == "s3://bucket/jobs/j1" and not a.local
+    a.write_json("state.json", {"rows": [{"trial_id": "t"}]}, indent=None)
+    assert s3.cat_file("bucket/jobs/j1/state.json") == b'{"rows": [{"trial_id": "t"}]}'
+
+    checkpoint = tmp_path / "machine-a" / "j1" / "checkpoints" / "t" / "r3.ubj"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"\x00booster")
+    folder = tmp_path / "machine-a" / "j1" / "checkpoints" / "t" / "r3"  # a script's checkpoint folder
+    (folder / "sub").mkdir(parents=True)
+    (folder / "model.pt").write_bytes(b"weights")
+    (folder / "sub" / "opt.pt").write_bytes(b"optimizer")
+    url, folder_url = a.publish(str(checkpoint)), a.publish(str(folder))
+    assert url == "s3://bucket/jobs/j1/checkpoints/t/r3.ubj"
+    a.publish(str(folder))  # again (a retried trial-rung): replaced, not nested
+    assert sorted(s3.find("bucket/jobs/j1/checkpoints/t/r3")) == [
+        "bucket/jobs/j1/checkpoints/t/r3/model.pt", "bucket/jobs/j1/checkpoints/t/r3/sub/opt.pt"]
+
+    b = job_store(tmp_path / "machine-b" / "j1", "j1", "s3://bucket/jobs")  # another machine: its own mirror
+    local = b.fetch(url)
+    assert local == str(tmp_path / "machine-b" / "j1" / "checkpoints" / "t" / "r3.ubj")
+    assert open(local, "rb").read() == b"\x00booster"
+    local_folder = b.fetch(folder_url)
+    assert open(f"{local_folder}/sub/opt.pt", "rb").read() == b"optimizer"
+    assert b.read_json("state.json") == {"rows": [{"trial_id": "t"}]}
+    assert b.read_json("missing.json") is None
+    b.delete("state.json")
+    b.delete("state.json")  # gone already: fine
+    assert a.read_json("state.json") is None
+
+
+def test_storage_that_cannot_be_used_is_one_line(s3, tmp_path):
+    with pytest.raises(InputError, match="cannot write there"):
+        check("s3://no-such-bucket/jobs")
+    with pytest.raises(InputError, match="no filesystem for nosuch://"):
+        check("nosuch://x/y")
+    check("s3://bucket/jobs")  # writable: no error, no probe left behind
+    assert not s3.find("bucket/jobs/.hyperband-probe")
