@@ -30,28 +30,29 @@ def launchers() -> list[psutil.Process]:
     return out
 
 
-def test_the_ddp_example_with_two_workers_trains_exactly_69_epochs_at_world_size_2(tracking_uri, tmp_path, capsys):
+def test_the_ddp_example_with_two_workers_trains_exactly_11_epochs_at_world_size_2(tracking_uri, tmp_path, capsys):
     from prefect_hyperband.flows import cli
 
     code = cli.main(["tune", "--script", DDP, "--workers", "2", "--space", DDP_SPACE, "--metric", "val_accuracy",
-                     "--direction", "maximize", "--min-resource", "1", "--max-resource", "9", "--eta", "3",
+                     "--direction", "maximize", "--min-resource", "1", "--max-resource", "3", "--eta", "3",
                      "--seed", "1", "--job-dir", str(tmp_path / "jobs"), "--experiment", "ddp", "--json"])
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     summary = result["summary"]
-    assert summary["configs"] == 17 and summary["reached_max_resource"] == 5 and summary["resource_used"] == 69
+    # (1, 3, 3): 3 configs at 1 epoch, the best continued to 3; 2 more at 3: 6 trial-rungs, 11 epochs
+    assert summary["configs"] == 5 and summary["reached_max_resource"] == 3 and summary["resource_used"] == 11
     assert summary["failed_trials"] == 0
 
     client, _, children = runs_of(tracking_uri, "ddp", result["parent_run_id"])
-    assert len(children) == 17 and all(c.info.status == "FINISHED" for c in children)
+    assert len(children) == 5 and all(c.info.status == "FINISHED" for c in children)
     # rank 0 reported every epoch it trained, once: resumes trained only the missing epochs
     histories = [client.get_metric_history(c.info.run_id, "val_accuracy") for c in children]
-    assert sum(len(h) for h in histories) == 69
+    assert sum(len(h) for h in histories) == 11
     world = [m.value for c in children for m in client.get_metric_history(c.info.run_id, "world_size")]
-    assert len(world) == 69 and set(world) == {2.0}  # every trial-rung ran two ranks
+    assert len(world) == 11 and set(world) == {2.0}  # every trial-rung ran two ranks
     winner = next(c for c in children if c.data.tags["hyperband.trial_id"] == result["best"]["trial_id"])
-    assert [m.step for m in client.get_metric_history(winner.info.run_id, "val_accuracy")] == list(range(1, 10))
-    assert result["best"]["score"] > 0.9  # digits with a small MLP
+    assert [m.step for m in client.get_metric_history(winner.info.run_id, "val_accuracy")] == [1, 2, 3]
+    assert result["best"]["score"] > 0.8  # digits with a small MLP, 3 epochs
     assert not launchers()  # no launcher or rank left behind
 
 
