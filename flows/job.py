@@ -31,6 +31,15 @@ def _cluster_size(address: str) -> int:
         raise InputError(f"cannot reach the Dask scheduler at {address}: {exc}") from exc
 
 
+def _on_every_machine(path: str | None, pool: str | None) -> str | None:
+    """A relative file path (data, --trainer's file, --script) made absolute for a pool's workers, which run
+    elsewhere (their own folder): the same path must hold the same file there. Names and modules stay as given."""
+    if not pool or not path:
+        return path
+    file, sep, rest = path.partition(":") if path.count(":") == 1 and not os.path.exists(path) else (path, "", "")
+    return str(Path(file).resolve()) + sep + rest if os.path.isfile(file) else path
+
+
 def new_job_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
@@ -94,7 +103,7 @@ def prepare(params: TuneParams) -> Job:
     else:
         space = spaces.parse(default_space, known, params.model)
     spec = datasets.DataSpec(
-        data=params.data,
+        data=_on_every_machine(params.data, params.trial_pool),
         target=params.target,
         validation_fraction=params.validation_fraction,
         seed=params.seed,
@@ -121,9 +130,9 @@ def prepare(params: TuneParams) -> Job:
         dask_address=params.dask_address,
         threads=max(1, cores // concurrency),
         rounds_per_unit=params.rounds_per_unit,
-        trainer=params.trainer,
+        trainer=_on_every_machine(params.trainer, params.trial_pool),
         timeout=params.trial_timeout,
-        script=params.script,
+        script=_on_every_machine(params.script, params.trial_pool),
         extra=model.extra(params),
     )
     if model.user_code:  # a trainer file that does not import, a script that is not a file: fail now, in one line

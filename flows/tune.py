@@ -201,5 +201,7 @@ def _run_params(job: Job, params: TuneParams) -> dict[str, Any]:
         "concurrency": job.concurrency,
         "rounds_per_unit": job.settings.rounds_per_unit if job.settings.model == "xgboost" else "",
         "dask_address": job.settings.dask_address or "",
+        "trial_pool": job.trial_pool or "",
+        "storage": job.store().root,
         "space": job.space,
     }
