@@ -67,7 +67,8 @@ def resume_params(job_dir: str, job_id: str, given: dict[str, Any] | None = None
     record = load_job_record(job_store(Path(root).resolve() / job_id, job_id, storage))
     if record is None:
         where = storage if storage and not storages.is_local(storage) else root
-        raise InputError(f"no job {job_id!r} to resume under {where} (expected {job_id}/job.json)")
+        hint = "" if storage else " (a job started with --storage needs it again to resume)"
+        raise InputError(f"no job {job_id!r} to resume under {where} (expected {job_id}/job.json){hint}")
     # a field an older version saved and this one no longer has (nnodes, rdzv_endpoint) is dropped
     saved = {k: v for k, v in record["params"].items() if k in TuneParams.model_fields}
     given = dict(given or {})

@@ -58,6 +58,9 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
 
         logger.info("trial-rungs run as flow runs of %s on the pool's workers; storage %s",
                     ensure_deployment(job.trial_pool), job.store().root)
+        if not params.storage:
+            logger.warning("no --storage: checkpoints stay in %s, which every worker of pool %s must see at that "
+                           "path (a shared folder); give --storage s3://... otherwise", job.job_dir, job.trial_pool)
     if job.parent_run_id is None:
         job = job.with_parent(start_job_run(job, _run_params(job, params), params.nest_under))
     save_job_record(job, params.model_dump(mode="json"))
