@@ -117,6 +117,36 @@ def _scenario(stack: Stack, tmp: Path) -> None:
     assert resumed["summary"]["best_score"] == s3["summary"]["best_score"]
     assert "6 trial-rungs kept" in (tmp / "s3-resume.log").read_text()
 
+    # Ctrl-C on the controller: the flow runs in flight are cancelled, the job exits 130 and resumes on the pool
+    argv = [_exe("hyperband"), "tune", "--model", "synthetic", "--unit-seconds", "0.5", "--max-resource", "3",
+            "--no-baseline", "--no-register", "--concurrency", "2", "--trial-pool", POOL, "--job-id", "cut",
+            "--storage", str(shared), "--tracking-uri", f"sqlite:///{tmp}/mlflow-cut.db", "--json"]
+    proc = subprocess.Popen(argv, cwd=tmp, env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    _wait_for_runs(stack, "job:cut", "RUNNING", 1)
+    began = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - began < 20, out[-3000:]
+    assert "--resume cut" in out
+    cut = _wait_for_runs(stack, "job:cut", "CANCELLED", 1)
+    assert not [r for r in cut if r["state_type"] in ("RUNNING", "PENDING", "SCHEDULED")], [r["state_type"] for r in cut]
+    resumed = _result(stack.run("cut-resume", [_exe("hyperband"), "tune", "--resume", "cut", "--storage", str(shared),
+                                               "--tracking-uri", f"sqlite:///{tmp}/mlflow-cut.db", "--json"], timeout=300))
+    assert resumed["summary"]["trial_rungs"] == 6 and resumed["summary"]["lost_worker_seconds"] > 0
+    shape = _mlflow_shape(f"sqlite:///{tmp}/mlflow-cut.db", resumed["parent_run_id"])
+    assert len(shape) == 5, shape  # (1, 3, 3): 5 configs, one child run each
+
+
+def _wait_for_runs(stack: Stack, tag: str, state: str, count: int, timeout: float = 120) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = _http("POST", f"{stack.prefect_url}/api/flow_runs/filter", {"flow_runs": {"tags": {"all_": [tag]}}})
+        if sum(r["state_type"] == state for r in runs) >= count:
+            return runs
+        time.sleep(0.3)
+    raise AssertionError(f"no {count} {state} flow runs tagged {tag} within {timeout:.0f} s")
+
 
 def _start_tune(stack: Stack, tmp: Path, job_id: str, extra: list[str], **env: str) -> subprocess.Popen:
     argv = [_exe("hyperband"), "tune", *JOB, "--job-id", job_id, "--tracking-uri", f"sqlite:///{tmp}/mlflow-{job_id}.db",
