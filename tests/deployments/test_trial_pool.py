@@ -112,8 +112,9 @@ def _scenario(stack: Stack, tmp: Path) -> None:
     assert len([k for k in keys.split() if "/checkpoints/" in k]) == 6
     assert not [k for k in keys.split() if "/results/" in k or "/heartbeats/" in k]  # read and removed
     # the state round-trips through the bucket: a resume reads it and has nothing left to train
-    resumed = _tune(stack, tmp, "s3-resume", ["--resume", "s3-job", "--storage", "s3://hyperband-bucket/jobs",
-                                              "--job-dir", str(tmp / "s3-job-dir")], job_flags=False)
+    resumed = _result(stack.run("s3-resume", [  # the saved job's flags; only where it is and its MLflow store
+        _exe("hyperband"), "tune", "--resume", "s3-job", "--storage", "s3://hyperband-bucket/jobs", "--json",
+        "--job-dir", str(tmp / "s3-job-dir"), "--tracking-uri", f"sqlite:///{tmp}/mlflow-s3-job.db"], timeout=420))
     assert resumed["summary"]["best_score"] == s3["summary"]["best_score"]
     assert "6 trial-rungs kept" in (tmp / "s3-resume.log").read_text()
 
@@ -148,21 +149,20 @@ def _wait_for_runs(stack: Stack, tag: str, state: str, count: int, timeout: floa
     raise AssertionError(f"no {count} {state} flow runs tagged {tag} within {timeout:.0f} s")
 
 
-def _start_tune(stack: Stack, tmp: Path, job_id: str, extra: list[str], **env: str) -> subprocess.Popen:
-    argv = [_exe("hyperband"), "tune", *JOB, "--job-id", job_id, "--tracking-uri", f"sqlite:///{tmp}/mlflow-{job_id}.db",
+def _job_argv(tmp: Path, job_id: str, extra: list[str]) -> list[str]:
+    """``hyperband tune`` with the shared job flags, this job's id and its own MLflow store."""
+    return [_exe("hyperband"), "tune", *JOB, "--job-id", job_id, "--tracking-uri", f"sqlite:///{tmp}/mlflow-{job_id}.db",
             *extra]
-    return subprocess.Popen(argv, cwd=tmp, env={**stack.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, stdin=subprocess.DEVNULL)
 
 
-def _tune(stack: Stack, tmp: Path, job_id: str, extra: list[str], job_flags: bool = True) -> dict:
-    if job_flags:
-        argv = [_exe("hyperband"), "tune", *JOB, "--job-id", job_id, "--tracking-uri", f"sqlite:///{tmp}/mlflow-{job_id}.db",
-                *extra]
-    else:  # a resume: the saved job's flags, its own MLflow store
-        argv = [_exe("hyperband"), "tune", "--json", "--tracking-uri", f"sqlite:///{tmp}/mlflow-{extra[1]}.db", *extra]
-    result = _result(stack.run(job_id, argv, timeout=420))
-    result["mlflow"] = _mlflow_shape(f"sqlite:///{tmp}/mlflow-{job_id if job_flags else extra[1]}.db", result["parent_run_id"])
+def _start_tune(stack: Stack, tmp: Path, job_id: str, extra: list[str], **env: str) -> subprocess.Popen:
+    return subprocess.Popen(_job_argv(tmp, job_id, extra), cwd=tmp, env={**stack.env, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+
+
+def _tune(stack: Stack, tmp: Path, job_id: str, extra: list[str]) -> dict:
+    result = _result(stack.run(job_id, _job_argv(tmp, job_id, extra), timeout=420))
+    result["mlflow"] = _mlflow_shape(f"sqlite:///{tmp}/mlflow-{job_id}.db", result["parent_run_id"])
     return result
 
 
