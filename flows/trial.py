@@ -39,7 +39,6 @@ from prefect_hyperband.trainers.base import TrainResult
 from prefect_hyperband.trainers.errors import InputError
 
 FLOW_NAME = "hyperband-trial"
-ENTRYPOINT = "prefect_hyperband.flows.trial:trial"
 #: seconds between a trial flow run's heartbeats (written to the job's storage)
 HEARTBEAT_SECONDS = 5.0
 
@@ -171,7 +170,7 @@ def run_remote(job: Job, tj: TrialJob) -> tuple[TrainResult | None, Evaluation |
     Raises ``TrialRunLost`` when the flow run leaves no result; a stop (Ctrl-C, a timeout) cancels it."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
-    from prefect.states import Cancelling, Crashed
+    from prefect.states import Cancelled, Cancelling, Crashed
 
     name = ensure_deployment(job.trial_pool)  # type: ignore[arg-type]
     beat_every = min(HEARTBEAT_SECONDS, heartbeat_timeout() / 4)
@@ -182,10 +181,12 @@ def run_remote(job: Job, tj: TrialJob) -> tuple[TrainResult | None, Evaluation |
     beats = _Beats(store, f"heartbeats/{run.id}.json", heartbeat_timeout())
     with get_client(sync_client=True) as client:
         while True:
-            if stopping.requested():  # Ctrl-C or this trial-rung's timeout: the worker kills its flow run
-                client.set_flow_run_state(run.id, Cancelling(message="the job is stopping"), force=True)
-                return None, None, "Stopped: the job is stopping", None, None
             state = client.read_flow_run(run.id).state
+            if stopping.requested():  # Ctrl-C or this trial-rung's timeout: its worker kills a started flow run
+                started = state is not None and state.type.value not in ("SCHEDULED", "PENDING")
+                ending = Cancelling if started else Cancelled  # one no worker has started: cancelled at once
+                client.set_flow_run_state(run.id, ending(message="the hyperband job is stopping"), force=True)
+                return None, None, "Stopped: the job is stopping", None, None
             if state is not None and state.is_final():
                 break
             dead = beats.dead(state)
