@@ -33,6 +33,10 @@ os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("PREFECT_SERVER_DATABASE_TIMEOUT", "60")
 os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
 
+from prefect_hyperband.flows.server import batch_server_writes  # noqa: E402
+
+batch_server_writes()  # the temporary server's event consumers write in batches, as the CLI's does
+
 
 def quiet() -> None:
     """Keep the benchmark's own table readable: Prefect/MLflow chatter to warnings only."""

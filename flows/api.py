@@ -39,10 +39,12 @@ def tune(
     this process) or its entry string, ``path/to/file.py:function`` / ``package.module:function``, or a
     training script, ``path/to/train.py`` (run under torch's launcher with ``workers`` ranks).
     """
+    from prefect_hyperband.flows.server import batch_server_writes
     from prefect_hyperband.flows.tune import tune as tune_flow
     from prefect_hyperband.trainers.function import entry_of
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    batch_server_writes()  # for the temporary server Prefect starts when no PREFECT_API_URL is set
     code: dict[str, str]
     if isinstance(train, str) and train.endswith(".py"):
         code = {"script": train}

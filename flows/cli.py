@@ -419,6 +419,10 @@ def _temporary_server():
     import subprocess
     from unittest import mock
 
+    from prefect_hyperband.flows.server import batch_server_writes
+
+    batch_server_writes()
+
     from prefect.server.api import server as prefect_server
 
     from pathlib import Path

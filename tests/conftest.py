@@ -10,6 +10,10 @@ os.environ.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "0.3")
 os.environ.setdefault("PREFECT_SERVER_DATABASE_TIMEOUT", "60")
 os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
 
+from prefect_hyperband.flows.server import batch_server_writes  # noqa: E402
+
+batch_server_writes()  # as the CLI's temporary server
+
 import pytest
 
 
