@@ -34,7 +34,7 @@ from prefect_hyperband.hyperband.promotion import sort_key
 from prefect_hyperband.hyperband.scheduler import Promotion, Scheduler, TrialJob, best_of
 from prefect_hyperband.tasks import report
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import close_trial_runs
+from prefect_hyperband.tasks.record import close_trial_runs, start_trial_run
 from prefect_hyperband.tasks.trials import promote_rung, train_default
 from prefect_hyperband.trainers import factory, stopping
 
@@ -64,10 +64,10 @@ def _signal_name(signum: int) -> str:
         return "request"
 
 
-def _recorded(job: Job, todo: TrialJob, out: runner.Outcome, logger) -> runner.Outcome:
+def _recorded(job: Job, todo: TrialJob, out: runner.Outcome, logger, creating: Future[str] | None) -> runner.Outcome:
     """A failed trial gets its child run too, with the error, when MLflow answers."""
     try:
-        return runner.record(job, todo, out.run_id, time.time(), out)
+        return runner.record(job, todo, out.run_id, time.time(), out, creating)
     except Exception as why:
         logger.warning("MLflow: no run for failed trial %s: %s", todo.trial_id, why)
         return out
@@ -154,15 +154,16 @@ class Drive:
 
 
 def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool,
-          lost: float = 0.0) -> Drive:
+          lost: float = 0.0, runs: dict[str, str] | None = None) -> Drive:
     """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every result.
+    ``runs``: trial id -> the child run a killed run of the job created for a trial its state does not hold yet.
 
     Ctrl-C or SIGTERM (in the main thread: the CLI, a deployment's flow-run process) stops the job: no new
     trial-rung starts, those in flight get ``STOP_GRACE`` seconds, the state is saved and ``JobStopped``
     raised. A second signal exits at once."""
     stopping.reset()
     with _stop_on_signals():
-        return _drive(job, scheduler, rows, spent, baseline, lost)
+        return _drive(job, scheduler, rows, spent, baseline, lost, runs)
 
 
 @contextlib.contextmanager
@@ -210,7 +211,7 @@ def stop_temporary_servers(kill: bool = False) -> None:
 
 
 def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool,
-           lost: float) -> Drive:
+           lost: float, runs: dict[str, str] | None) -> Drive:
     logger = get_run_logger()
     workers = job.settings.workers * job.settings.nnodes
     began = time.perf_counter()
@@ -228,6 +229,7 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
     tracker = _Tracker(job, scheduler, logger)
     limits = _Timeouts(job.trial_timeout)
     clocks: dict[Future, dict[str, Any]] = {}
+    creating: dict[str, Future[str]] = {}  # trial id -> its child run, being created on the MLflow writer
 
     def submit(fn, *args, **kwargs) -> Future:
         ctx = contextvars.copy_context()  # the flow run's context: task runs land under it
@@ -236,11 +238,14 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
     def submit_trial(todo: TrialJob) -> Future:
         clock: dict[str, Any] = {"limit": limits.limit(todo)}
         run_id = scheduler.run_id(todo.trial_id)
+        if run_id is None and todo.trial_id not in creating:  # a new trial: its run is created while it trains
+            creating[todo.trial_id] = tracker.create(todo, (runs or {}).get(todo.trial_id))
+        pending = creating.get(todo.trial_id) if run_id is None else None
 
         def call() -> runner.Outcome:
             clock.update(thread=threading.get_ident(), began=time.monotonic())
             stopping.clear_thread()
-            return runner.run_trial_rung(job, todo, run_id)
+            return runner.run_trial_rung(job, todo, run_id, pending)
 
         future = submit(call)
         clocks[future] = clock
@@ -277,7 +282,8 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
                 out = runner.Outcome(todo, scheduler.run_id(todo.trial_id), None, None,
                                      f"TimeoutError: the trial-rung took more than {clock['limit']:.0f} s "
                                      f"(--trial-timeout); its training was stopped")
-                ended += _settle(job, scheduler, rows, progress, logger, todo, _recorded(job, todo, out, logger))
+                ended += _settle(job, scheduler, rows, progress, logger, todo,
+                                 _recorded(job, todo, out, logger, creating.get(todo.trial_id)))
             for future in done:
                 todo = running.pop(future)
                 clock = clocks.pop(future, {})
@@ -303,7 +309,7 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
                         retry.append(todo)
                         continue
                     out = runner.Outcome(todo, scheduler.run_id(todo.trial_id), None, None, f"{type(exc).__name__}: {exc}")
-                    out = _recorded(job, todo, out, logger)
+                    out = _recorded(job, todo, out, logger, creating.get(todo.trial_id))
                 if out.trained is not None and out.error is None:
                     limits.observe(out.trained)
                 ended += _settle(job, scheduler, rows, progress, logger, todo, out)
@@ -315,7 +321,10 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
     finally:
         # after a stop, a training still running past the grace is left to end at its next unit
         pool.shutdown(wait=stop_began is None and not stuck(), cancel_futures=True)
-        tracker.drain()  # every run closed before the summary and the champion
+        tracker.drain()  # every run created and closed before the summary and the champion
+        for trial_id, future in creating.items():  # runs of trials stopped before their first result: kept for --resume
+            if scheduler.run_id(trial_id) is None and (run_id := runner.created_run(future)) is not None:
+                scheduler.set_run_id(trial_id, run_id)
         save_state(job, scheduler, rows, elapsed(), lost)
         progress.flush()
         display.stop()
@@ -323,11 +332,22 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
 
 
 class _Tracker:
-    """Closing the runs of decided trials, in order, on one writer thread."""
+    """MLflow writes off the trial-rungs' path, in order, on one writer thread: creating the child runs of
+    new trials (with their params) while they train, closing the runs of decided trials."""
 
     def __init__(self, job: Job, scheduler: Scheduler, logger) -> None:
         self.job, self.scheduler, self.logger = job, scheduler, logger
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
+
+    def create(self, todo: TrialJob, existing: str | None = None) -> Future[str]:
+        """The trial's child run, started now (its training starts now; retried), or ``existing``: the run a
+        killed run of the job created for it. Its params come with its first result, in the same write."""
+        if existing is not None:
+            done: Future[str] = Future()
+            done.set_result(existing)
+            return done
+        job, started = self.job, time.time()
+        return self.writer.submit(start_trial_run, job, todo.trial_id, todo.bracket, started)
 
     def close(self, trial_ids: list[str]) -> None:
         if not trial_ids:

@@ -3,15 +3,16 @@
 Runs in a worker thread of the driver (``flows.driver``), inside the job flow's context, so both
 tasks show up under the job's flow run. A trainer's failure is the trial's (an ``Outcome`` with an
 error); an error of the orchestration itself (the Prefect API, say) propagates, and the driver
-runs the trial-rung again. Its MLflow writes (the trial's child run when it has none, the
-trial-rung's metrics in one batch) happen here, before the driver records the result in the job's
-state: a job killed in between trains that trial-rung again, but never leaves a recorded result
-without its run.
+runs the trial-rung again. Its MLflow write (the trial-rung's metrics in one batch, to the trial's
+child run, which the driver's MLflow writer creates while a new trial trains) happens here, before the
+driver records the result in the job's state: a job killed in between trains that trial-rung again,
+but never leaves a recorded result without its run.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 from prefect_hyperband.hyperband.accounting import TrialRung
@@ -51,12 +52,12 @@ class Outcome:
         )
 
 
-def run_trial_rung(job: Job, tj: TrialJob, run_id: str | None) -> Outcome:
+def run_trial_rung(job: Job, tj: TrialJob, run_id: str | None, creating: Future[str] | None = None) -> Outcome:
     """Train ``tj`` (resuming its checkpoint), evaluate it, log it; never raises for the trainer's errors.
 
-    Here, or as a flow run on the job's trial pool (``flows.trial``). A trial's child run is created with
-    its first result, started at the time its training began, with its params, metrics and (when it
-    failed) its error in two writes.
+    Here, or as a flow run on the job's trial pool (``flows.trial``). A new trial's child run is created
+    on the driver's MLflow writer while the trial trains (``creating``), started then; its first result
+    goes to it with the trial's params, in one write. When that creation failed, the run is created here.
     """
     began = time.time()
     if job.trial_pool:
@@ -65,7 +66,15 @@ def run_trial_rung(job: Job, tj: TrialJob, run_id: str | None) -> Outcome:
         out = Outcome(tj, run_id, *run_remote(job, tj))
     else:
         out = replace(work(job, tj), run_id=run_id)
-    return record(job, tj, run_id, began, out)
+    return record(job, tj, run_id, began, out, creating)
+
+
+def created_run(creating: Future[str]) -> str | None:
+    """The run id a creation on the MLflow writer gave; None when it failed (the caller creates the run)."""
+    try:
+        return creating.result()
+    except Exception:  # noqa: BLE001  (MLflow unreachable even after retries: record() tries again)
+        return None
 
 
 def work(job: Job, tj: TrialJob) -> Outcome:
@@ -83,14 +92,20 @@ def work(job: Job, tj: TrialJob) -> Outcome:
     return Outcome(tj, None, trained, evaluated, None, started, ended)
 
 
-def record(job: Job, tj: TrialJob, run_id: str | None, began: float, out: Outcome) -> Outcome:
-    """The trial-rung's MLflow writes, before its result enters the job's state (the child run first, if new)."""
-    if out.error is not None and stopping.requested():
-        return out  # stopped, not failed: nothing to record, --resume trains it again
+def record(job: Job, tj: TrialJob, run_id: str | None, began: float, out: Outcome,
+           creating: Future[str] | None = None) -> Outcome:
+    """The trial-rung's MLflow writes, before its result enters the job's state. A new trial's first result
+    (``run_id`` None) goes to the run ``creating`` gives (else to one created now), with the trial's params."""
     params = None
     if run_id is None:
-        run_id = start_trial_run(job, tj.trial_id, tj.bracket, out.started or began)
+        run_id = created_run(creating) if creating is not None else None
+        if out.error is not None and stopping.requested():
+            return replace(out, run_id=run_id)  # stopped, not failed: nothing to record, --resume trains it again
+        if run_id is None:
+            run_id = start_trial_run(job, tj.trial_id, tj.bracket, out.started or began)
         params = trial_params(job, tj.trial_id, tj.bracket, tj.config)
+    elif out.error is not None and stopping.requested():
+        return out
     if out.error is None or params is not None:
         log_trial_rung(job, run_id, tj.resource, out.trained if out.error is None else None, out.score, params)
     return replace(out, run_id=run_id)

@@ -70,9 +70,10 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
     clock = lambda: spent + time.perf_counter() - began  # noqa: E731  (ASHA's time budget, across resumes)
     scheduler = make_scheduler(job, params.max_trials or plan["configs"], params.time_budget, clock,
                                saved["scheduler"] if saved else None)
+    runs: dict[str, str] = {}
     if saved:
         tracking.set_status(job.tracking_uri, job.parent_run_id, "RUNNING")  # it ended KILLED if the job was stopped
-        _adopt_runs(job, scheduler)
+        runs = _adopt_runs(job, scheduler)
         close_decided(job, scheduler)
         logger.info("job %s resumed: %d trial-rungs kept", job.job_id, len(rows))
     report.report_start(plan["trial_rungs"], job.job_id)
@@ -80,7 +81,8 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
         try:
-            run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config), lost=lost)
+            run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config), lost=lost,
+                        runs=runs)
         except JobStopped as stop:
             return _stopped(job, scheduler, stop, logger)
         records = scheduler.records()
@@ -152,17 +154,20 @@ def _stopped(job: Job, scheduler, stop: JobStopped, logger) -> State:
     return Cancelled(message=message, data={"job_id": job.job_id, "signal": stop.signum})
 
 
-def _adopt_runs(job: Job, scheduler) -> None:
+def _adopt_runs(job: Job, scheduler) -> dict[str, str]:
     """Child runs created before a kill but not yet saved in the state: reuse them, never create twice.
-    Their params are logged again (the same values: a kill may have come between the run and its params)."""
-    missing = [t for t in scheduler.records() if t.run_id is None]
-    if missing:
-        existing = tracking.existing_children(job.tracking_uri, job.parent_run_id)
-        for t in missing:
-            if t.trial_id in existing:
-                scheduler.set_run_id(t.trial_id, existing[t.trial_id])
-                tracking.log_params(job.tracking_uri, existing[t.trial_id],
-                                    trial_params(job, t.trial_id, t.bracket, t.config))
+    Their params are logged again (the same values: a kill may have come between the run and its params).
+    Returns the runs of trials the state does not hold at all (a new trial's run is created as it starts
+    training: sampled again after the resume, the trial gets that run back)."""
+    existing = tracking.existing_children(job.tracking_uri, job.parent_run_id)
+    records = scheduler.records()
+    for t in records:
+        if t.run_id is None and t.trial_id in existing:
+            scheduler.set_run_id(t.trial_id, existing[t.trial_id])
+            tracking.log_params(job.tracking_uri, existing[t.trial_id],
+                                trial_params(job, t.trial_id, t.bracket, t.config))
+    held = {t.trial_id for t in records}
+    return {trial_id: run_id for trial_id, run_id in existing.items() if trial_id not in held}
 
 
 def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], default_score: float | None,

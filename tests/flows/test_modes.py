@@ -135,10 +135,10 @@ def test_orchestration_failing_past_its_retries_fails_the_trial_only(tracking_ur
 
     real = driver.runner.run_trial_rung
 
-    def broken_for_one(job, todo, run_id):
+    def broken_for_one(job, todo, *args):
         if todo.trial_id == "s1-000":
             raise RuntimeError("simulated: API down for this trial")
-        return real(job, todo, run_id)
+        return real(job, todo, *args)
 
     monkeypatch.setattr(driver.runner, "run_trial_rung", broken_for_one)
     result = tune(TuneParams(model="synthetic", max_resource=3, eta=3, concurrency=2, seed=2,
