@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any, Iterator
 
 BIN = Path(sys.executable).parent
 
@@ -96,6 +98,22 @@ class Stack:
                 pass
             proc.wait(timeout=10)
         self.left = [p.pid for p in doomed if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@contextlib.contextmanager
+def running(request: Any, tmp: Path, env: dict[str, str]) -> Iterator[Stack]:
+    """A fixture's ``Stack``: its processes' logs printed when the test (or the fixture) failed, every
+    process stopped, none left running. pytest does not raise a test's failure inside its fixtures: the
+    outcome comes from ``request.node.rep_call`` (``tests/deployments/conftest.py``)."""
+    s = Stack(tmp, env)
+    try:
+        yield s
+    finally:
+        report = getattr(request.node, "rep_call", None)
+        if report is None or report.failed:
+            s.dump_logs()
+        s.stop()
+    assert not s.left, f"processes still running after teardown: {s.left}"
 
 
 def server_env(tmp: Path, database_url: str, prefect_port: int, **extra: str) -> dict[str, str]:

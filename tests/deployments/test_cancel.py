@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stack import Stack, _exe, _free_port, _http, _wait_http, server_env  # noqa: E402  (tests/deployments)
+from stack import Stack, running, _exe, _free_port, _http, _wait_http, server_env  # noqa: E402  (tests/deployments)
 
 pytestmark = pytest.mark.slow
 POOL = "hyperband-cancel"
@@ -24,21 +24,14 @@ DEPLOYMENT = "hyperband-tune/sklearn-digits-example"
 
 
 @pytest.fixture
-def stack(tmp_path):
+def stack(request, tmp_path):
     port = _free_port()
     env = server_env(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}", port,
                      PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false", PREFECT_CLI_PROMPT="false",
                      PREFECT_WORKER_QUERY_SECONDS="2")
-    s = Stack(tmp_path, env)
-    s.prefect_url = f"http://127.0.0.1:{port}"
-    try:
+    with running(request, tmp_path, env) as s:
+        s.prefect_url = f"http://127.0.0.1:{port}"
         yield s
-    except BaseException:
-        s.dump_logs()
-        raise
-    finally:
-        s.stop()
-    assert not s.left, f"processes still running after teardown: {s.left}"
 
 
 def _state(stack: Stack, flow_run_id: str) -> dict:

@@ -29,11 +29,11 @@ RUN_TIMEOUT = 360
 pytestmark = pytest.mark.slow
 
 
-from stack import Stack, _exe, _free_port, _http, _wait_http, _wait_log, server_env  # noqa: E402  (tests/deployments)
+from stack import Stack, running, _exe, _free_port, _http, _wait_http, _wait_log, server_env  # noqa: E402  (tests/deployments)
 
 
 @pytest.fixture
-def stack(tmp_path):
+def stack(request, tmp_path):
     prefect_port, mlflow_port, dask_port = _free_port(), _free_port(), _free_port()
     env = server_env(
         tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}", prefect_port,
@@ -41,15 +41,11 @@ def stack(tmp_path):
         PREFECT_CLI_PROMPT="false",
         PREFECT_WORKER_QUERY_SECONDS="2",
     )
-    s = Stack(tmp_path, env)
-    s.prefect_url = f"http://127.0.0.1:{prefect_port}"
-    s.mlflow_url = f"http://127.0.0.1:{mlflow_port}"
-    s.dask_address = f"tcp://127.0.0.1:{dask_port}"
-    try:
+    with running(request, tmp_path, env) as s:
+        s.prefect_url = f"http://127.0.0.1:{prefect_port}"
+        s.mlflow_url = f"http://127.0.0.1:{mlflow_port}"
+        s.dask_address = f"tcp://127.0.0.1:{dask_port}"
         yield s
-    finally:
-        s.stop()
-    assert not s.left, f"processes still running after teardown: {s.left}"
 
 
 def test_deploy_and_run_through_a_process_worker(stack, tmp_path):
@@ -57,9 +53,6 @@ def test_deploy_and_run_through_a_process_worker(stack, tmp_path):
     timings: dict[str, float] = {}
     try:
         _scenario(stack, tmp_path, timings)
-    except BaseException:
-        stack.dump_logs()
-        raise
     finally:
         timings["total"] = time.monotonic() - began
         print("e2e timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()), file=sys.stderr)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from stack import Stack, _exe, _free_port, _http, _wait_http, _wait_log, server_env  # noqa: E402  (tests/deployments)
+from stack import Stack, running, _exe, _free_port, _http, _wait_http, _wait_log, server_env  # noqa: E402  (tests/deployments)
 
 pytestmark = pytest.mark.slow
 EXPERIMENT = "pg-hyperband"
@@ -38,30 +38,23 @@ def _as_postgres(argv: list[str]) -> list[str]:
 
 
 @pytest.fixture
-def postgres_stack(tmp_path):
+def postgres_stack(request, tmp_path):
     pg_bin, pg_port, prefect_port, mlflow_port = _pg_bin(), _free_port(), _free_port(), _free_port()
     data = Path(tempfile.mkdtemp(prefix="hb-pg-"))  # outside pytest's 0700 tmp tree: the postgres user must reach it
     if os.geteuid() == 0:
         shutil.chown(data, "postgres", "postgres")
     env = server_env(tmp_path, f"postgresql+asyncpg://hyperband@127.0.0.1:{pg_port}/prefect", prefect_port)
-    s = Stack(tmp_path, env)
-    s.pg_port, s.prefect_port, s.mlflow_port = pg_port, prefect_port, mlflow_port
-    s.pg_bin, s.pg_data = pg_bin, data
     try:
-        yield s
+        with running(request, tmp_path, env) as s:
+            s.pg_port, s.prefect_port, s.mlflow_port = pg_port, prefect_port, mlflow_port
+            s.pg_bin, s.pg_data = pg_bin, data
+            yield s
     finally:
-        s.stop()
         shutil.rmtree(data, ignore_errors=True)
-    assert not s.left, f"processes still running after teardown: {s.left}"
 
 
 def test_a_job_against_prefect_and_mlflow_on_postgresql(postgres_stack, tmp_path):
-    s = postgres_stack
-    try:
-        _scenario(s, tmp_path)
-    except BaseException:
-        s.dump_logs()
-        raise
+    _scenario(postgres_stack, tmp_path)
 
 
 def _scenario(s: Stack, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stack import Stack, _exe, _free_port, _http, _wait_http, _wait_log, server_env  # noqa: E402  (tests/deployments)
+from stack import Stack, running, _exe, _free_port, _http, _wait_http, _wait_log, server_env  # noqa: E402  (tests/deployments)
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ JOB = ["--model", "xgboost", "--data", "breast-cancer", "--min-resource", "1", "
 
 
 @pytest.fixture
-def stack(tmp_path):
+def stack(request, tmp_path):
     prefect_port, s3_port = _free_port(), _free_port()
     env = server_env(
         tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}", prefect_port,
@@ -37,21 +37,13 @@ def stack(tmp_path):
         AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
         AWS_ENDPOINT_URL=f"http://127.0.0.1:{s3_port}",
     )
-    s = Stack(tmp_path, env)
-    s.prefect_url, s.s3_url = f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{s3_port}"
-    try:
+    with running(request, tmp_path, env) as s:
+        s.prefect_url, s.s3_url = f"http://127.0.0.1:{prefect_port}", f"http://127.0.0.1:{s3_port}"
         yield s
-    finally:
-        s.stop()
-    assert not s.left, f"processes still running after teardown: {s.left}"
 
 
 def test_trial_rungs_on_two_workers_shared_folder_then_s3_with_a_worker_killed(stack, tmp_path):
-    try:
-        _scenario(stack, tmp_path)
-    except BaseException:
-        stack.dump_logs()
-        raise
+    _scenario(stack, tmp_path)
 
 
 def _scenario(stack: Stack, tmp: Path) -> None:
