@@ -333,7 +333,7 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
 
 class _Tracker:
     """MLflow writes off the trial-rungs' path, in order, on one writer thread: creating the child runs of
-    new trials (with their params) while they train, closing the runs of decided trials."""
+    new trials while they train, closing the runs of decided trials."""
 
     def __init__(self, job: Job, scheduler: Scheduler, logger) -> None:
         self.job, self.scheduler, self.logger = job, scheduler, logger
