@@ -417,18 +417,15 @@ def _temporary_server():
     if PREFECT_API_URL.value():
         return None
     import subprocess
+    from pathlib import Path
     from unittest import mock
+
+    from prefect.server.api import server as prefect_server
+    from prefect.settings import PREFECT_HOME
 
     from prefect_hyperband.flows.server import batch_server_writes
 
-    batch_server_writes()
-
-    from prefect.server.api import server as prefect_server
-
-    from pathlib import Path
-
-    from prefect.settings import PREFECT_HOME
-
+    batch_server_writes()  # the server inherits them: its event consumers write in batches
     instance = prefect_server.SubprocessASGIServer()  # the process's singleton: Prefect's clients find it running
     real = subprocess.Popen
     # its own errors (a shutdown's CancelledError traceback, SQLite's "database is locked" it retries) go to a
