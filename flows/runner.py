@@ -96,16 +96,16 @@ def record(job: Job, tj: TrialJob, run_id: str | None, began: float, out: Outcom
            creating: Future[str] | None = None) -> Outcome:
     """The trial-rung's MLflow writes, before its result enters the job's state. A new trial's first result
     (``run_id`` None) goes to the run ``creating`` gives (else to one created now), with the trial's params."""
+    first = run_id is None
+    if first and creating is not None:
+        run_id = created_run(creating)
+    if out.error is not None and stopping.requested():
+        return replace(out, run_id=run_id)  # stopped, not failed: nothing to record, --resume trains it again
     params = None
-    if run_id is None:
-        run_id = created_run(creating) if creating is not None else None
-        if out.error is not None and stopping.requested():
-            return replace(out, run_id=run_id)  # stopped, not failed: nothing to record, --resume trains it again
+    if first:
         if run_id is None:
             run_id = start_trial_run(job, tj.trial_id, tj.bracket, out.started or began)
         params = trial_params(job, tj.trial_id, tj.bracket, tj.config)
-    elif out.error is not None and stopping.requested():
-        return out
     if out.error is None or params is not None:
         log_trial_rung(job, run_id, tj.resource, out.trained if out.error is None else None, out.score, params)
     return replace(out, run_id=run_id)
