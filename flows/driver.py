@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
 from prefect import get_run_logger
+from prefect.utilities.annotations import quote
 
 from prefect_hyperband.flows import progress as display
 from prefect_hyperband.flows import runner
@@ -86,7 +87,7 @@ def _settle(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], progress
     if out.error:
         logger.warning("trial %s failed at r=%d: %s", todo.trial_id, todo.resource, out.error)
     for s, rung in scheduler.closable():
-        promotion = promote_rung(scheduler, s, rung)
+        promotion = promote_rung(quote(scheduler), s, rung)  # quoted: Prefect would walk the whole scheduler
         ended += promotion.ended
         _log_rung(logger, job, scheduler, promotion)
     if job.mode == "asha":
@@ -253,6 +254,15 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
 
     _show_start(job, rows)
     stop_began: float | None = None
+
+    def fill() -> None:
+        """Trial-rungs into the free slots, unless the job is stopping."""
+        while stop_began is None and not stopping.requested() and len(running) < job.concurrency:
+            todo = retry.pop(0) if retry else scheduler.next_job()
+            if todo is None:
+                return
+            running[submit_trial(todo)] = todo
+
     try:
         if baseline:
             running[submit(train_default, job, return_state=True)] = _BASELINE
@@ -262,11 +272,7 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
                 logger.warning("stopping: %d trial-rungs in flight are given %.0f s; the job is saved for --resume",
                                len(running), STOP_GRACE)
                 factory.interrupt(job.settings)  # trainings in processes end now; threads at their next unit
-            while stop_began is None and len(running) < job.concurrency:
-                todo = retry.pop(0) if retry else scheduler.next_job()
-                if todo is None:
-                    break
-                running[submit_trial(todo)] = todo
+            fill()
             if not running or (stop_began is not None and time.monotonic() - stop_began > STOP_GRACE):
                 break
             done, _ = wait(running, timeout=0.25, return_when=FIRST_COMPLETED)
@@ -313,6 +319,7 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
                 if out.trained is not None and out.error is None:
                     limits.observe(out.trained)
                 ended += _settle(job, scheduler, rows, progress, logger, todo, out)
+            fill()  # the next trial-rungs train while the state is saved and runs are closed
             save_state(job, scheduler, rows, elapsed(), lost)
             tracker.close(ended)
         if stop_began is not None:

@@ -188,3 +188,30 @@ def test_progress_observers_see_the_plan_and_every_result(mode, tracking_uri, tm
     assert live.progress is None  # stopped with the job
     shown = live.console.file.getvalue()
     assert f"best val_loss {result['summary']['best_score']:.4f}" in shown
+
+
+def test_each_trial_rung_is_a_train_and_an_evaluate_task_run_and_each_closed_rung_a_promote(tracking_uri, tmp_path):
+    """The job's DAG in the Prefect UI: under the job's flow run, train and evaluate per trial-rung, promote per rung."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from prefect_hyperband.flows.tune import tune
+
+    state = tune(TuneParams(model="synthetic", max_resource=9, eta=3, concurrency=2, job_dir=str(tmp_path),
+                            experiment="dag", baseline=False), return_state=True)
+    summary = state.result()["summary"]
+    assert summary["trial_rungs"] == 22
+    only_this_job = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+    names: list[str] = []
+    with get_client(sync_client=True) as client:
+        for _ in range(60):  # the server records task runs from their events, within a second or so
+            names = [t.name for t in client.read_task_runs(flow_run_filter=only_this_job, limit=200)]
+            if len(names) >= 2 * 22 + 6:
+                break
+            time.sleep(0.5)
+    kinds = [n.split(" ")[0] for n in names]
+    assert kinds.count("train") == 22 and kinds.count("evaluate") == 22
+    # (1, 9, 3): bracket s=2 closes 3 rungs, s=1 two, s=0 one
+    assert sorted(n for n in names if n.startswith("promote")) == sorted(
+        [f"promote bracket s=2 rung {r}" for r in range(3)] + [f"promote bracket s=1 rung {r}" for r in range(2)]
+        + ["promote bracket s=0 rung 0"])
