@@ -8,7 +8,7 @@ top ⌊n_i/η⌋ to the next rung.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 import numpy as np
@@ -116,7 +116,7 @@ class BracketState:
         return {
             "s": self.s,
             "eta": self.eta,
-            "rungs": [asdict(r) for r in self.rungs],
+            "rungs": [dict(vars(r)) for r in self.rungs],  # not ``asdict``: it recurses, and this runs per result
             "direction": self.direction,
             "rung_index": self.rung_index,
             "active": list(self.active),
