@@ -4,9 +4,11 @@ Submit while slots are free, report each result as it arrives, close the rungs t
 (a ``promote`` task), save the state, close the MLflow runs of trials whose fate is decided.
 Trial-rungs run in a bounded pool of ``concurrency`` threads inside the job flow's context,
 so their ``train`` and ``evaluate`` task runs belong to the job's flow run, called with values
-(no futures for Prefect to resolve). A trial-rung's own MLflow writes happen in its thread,
-before its result enters the state; closing the runs of decided trials goes through one writer
-thread, so the driver never waits on the tracking store (a resume closes them again).
+(no futures for Prefect to resolve). Every MLflow write goes through one writer thread, in order:
+a new trial's child run is created while it trains, a trial-rung's metrics are written once it is
+evaluated (its thread takes the next trial-rung meanwhile), and only then does its result enter
+the state; the runs of decided trials are closed after it (a resume closes them again). So no trial
+thread waits on the tracking store.
 """
 
 from __future__ import annotations
@@ -231,6 +233,7 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
     limits = _Timeouts(job.trial_timeout)
     clocks: dict[Future, dict[str, Any]] = {}
     creating: dict[str, Future[str]] = {}  # trial id -> its child run, being created on the MLflow writer
+    recording: dict[Future, TrialJob] = {}  # trial-rungs trained, their MLflow writes on the writer
 
     def submit(fn, *args, **kwargs) -> Future:
         ctx = contextvars.copy_context()  # the flow run's context: task runs land under it
@@ -241,12 +244,11 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
         run_id = scheduler.run_id(todo.trial_id)
         if run_id is None and todo.trial_id not in creating:  # a new trial: its run is created while it trains
             creating[todo.trial_id] = tracker.create(todo, (runs or {}).get(todo.trial_id))
-        pending = creating.get(todo.trial_id) if run_id is None else None
 
         def call() -> runner.Outcome:
             clock.update(thread=threading.get_ident(), began=time.monotonic())
             stopping.clear_thread()
-            return runner.run_trial_rung(job, todo, run_id, pending)
+            return runner.run_trial_rung(job, todo, run_id)
 
         future = submit(call)
         clocks[future] = clock
@@ -254,6 +256,23 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
 
     _show_start(job, rows)
     stop_began: float | None = None
+
+    def orchestration_failed(todo: TrialJob, exc: Exception) -> runner.Outcome | None:
+        """The orchestration failed, not the trainer (the Prefect API, the tracking store past its retries):
+        the trial-rung runs again (None), or, past its retries, the trial fails (recorded when MLflow answers)."""
+        key = (todo.trial_id, todo.resource)
+        attempts[key] += 1
+        if attempts[key] <= ORCHESTRATION_RETRIES:
+            logger.warning("trial %s at r=%d: %s: %s; running it again", todo.trial_id, todo.resource, type(exc).__name__, exc)
+            retry.append(todo)
+            return None
+        out = runner.Outcome(todo, scheduler.run_id(todo.trial_id), None, None, f"{type(exc).__name__}: {exc}")
+        return _recorded(job, todo, out, logger, creating.get(todo.trial_id))
+
+    def settle(todo: TrialJob, out: runner.Outcome) -> list[str]:
+        if out.trained is not None and out.error is None:
+            limits.observe(out.trained)
+        return _settle(job, scheduler, rows, progress, logger, todo, out)
 
     def fill() -> None:
         """Trial-rungs into the free slots, unless the job is stopping."""
@@ -273,10 +292,11 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
                                len(running), STOP_GRACE)
                 factory.interrupt(job.settings)  # trainings in processes end now; threads at their next unit
             fill()
-            if not running or (stop_began is not None and time.monotonic() - stop_began > STOP_GRACE):
+            if (not running and not recording) or (stop_began is not None and time.monotonic() - stop_began > STOP_GRACE):
                 break
-            done, _ = wait(running, timeout=0.25, return_when=FIRST_COMPLETED)
+            done, _ = wait([*running, *recording], timeout=0.25, return_when=FIRST_COMPLETED)
             ended: list[str] = []
+            settled = len(rows)
             given_up = [] if stop_began is not None else _overdue(running, clocks)
             for future in given_up:  # past its timeout: the trial fails, its training stops at its next unit
                 todo = running.pop(future)
@@ -291,6 +311,17 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
                 ended += _settle(job, scheduler, rows, progress, logger, todo,
                                  _recorded(job, todo, out, logger, creating.get(todo.trial_id)))
             for future in done:
+                if future in recording:  # its MLflow writes are done: the result enters the state
+                    todo = recording.pop(future)
+                    try:
+                        out = future.result()
+                    except Exception as exc:  # the tracking store failed past its retries
+                        failed = orchestration_failed(todo, exc)
+                        if failed is None:
+                            continue
+                        out = failed
+                    ended += settle(todo, out)
+                    continue
                 todo = running.pop(future)
                 clock = clocks.pop(future, {})
                 if todo == _BASELINE:
@@ -307,20 +338,16 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
                     continue
                 try:
                     out = future.result()
-                except Exception as exc:  # the orchestration failed, not the trainer: run it again
-                    key = (todo.trial_id, todo.resource)
-                    attempts[key] += 1
-                    if attempts[key] <= ORCHESTRATION_RETRIES:
-                        logger.warning("trial %s at r=%d: %s: %s; running it again", todo.trial_id, todo.resource, type(exc).__name__, exc)
-                        retry.append(todo)
-                        continue
-                    out = runner.Outcome(todo, scheduler.run_id(todo.trial_id), None, None, f"{type(exc).__name__}: {exc}")
-                    out = _recorded(job, todo, out, logger, creating.get(todo.trial_id))
-                if out.trained is not None and out.error is None:
-                    limits.observe(out.trained)
-                ended += _settle(job, scheduler, rows, progress, logger, todo, out)
+                except Exception as exc:
+                    failed = orchestration_failed(todo, exc)
+                    if failed is not None:
+                        ended += settle(todo, failed)
+                    continue
+                # its MLflow writes go to the writer thread; the trial's slot takes the next trial-rung now
+                recording[tracker.record(todo, out, creating.get(todo.trial_id))] = todo
             fill()  # the next trial-rungs train while the state is saved and runs are closed
-            save_state(job, scheduler, rows, elapsed(), lost)
+            if len(rows) > settled:  # a result entered the state (not just a trial-rung handed to the writer)
+                save_state(job, scheduler, rows, elapsed(), lost)
             tracker.close(ended)
         if stop_began is not None:
             raise JobStopped(stopping.signal_number() or 0, len(running))
@@ -340,11 +367,16 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
 
 class _Tracker:
     """MLflow writes off the trial-rungs' path, in order, on one writer thread: creating the child runs of
-    new trials while they train, closing the runs of decided trials."""
+    new trials while they train, each trial-rung's metrics, closing the runs of decided trials."""
 
     def __init__(self, job: Job, scheduler: Scheduler, logger) -> None:
         self.job, self.scheduler, self.logger = job, scheduler, logger
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
+
+    def record(self, todo: TrialJob, out: runner.Outcome, creating: Future[str] | None) -> Future[runner.Outcome]:
+        """A trial-rung's MLflow writes (a new trial's first result with its params, to the run ``creating``
+        gives: created earlier on this same thread), in order; the outcome with its run id."""
+        return self.writer.submit(runner.record, self.job, todo, out.run_id, out.started or time.time(), out, creating)
 
     def create(self, todo: TrialJob, existing: str | None = None) -> Future[str]:
         """The trial's child run, started now (its training starts now; retried), or ``existing``: the run a

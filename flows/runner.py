@@ -3,10 +3,10 @@
 Runs in a worker thread of the driver (``flows.driver``), inside the job flow's context, so both
 tasks show up under the job's flow run. A trainer's failure is the trial's (an ``Outcome`` with an
 error); an error of the orchestration itself (the Prefect API, say) propagates, and the driver
-runs the trial-rung again. Its MLflow write (the trial-rung's metrics in one batch, to the trial's
-child run, which the driver's MLflow writer creates while a new trial trains) happens here, before the
-driver records the result in the job's state: a job killed in between trains that trial-rung again,
-but never leaves a recorded result without its run.
+runs the trial-rung again. Its MLflow write (``record``: the trial-rung's metrics in one batch, to
+the trial's child run, which the driver's MLflow writer creates while a new trial trains) runs on
+that writer, before the driver records the result in the job's state: a job killed in between
+trains that trial-rung again, but never leaves a recorded result without its run.
 """
 
 from __future__ import annotations
@@ -52,21 +52,14 @@ class Outcome:
         )
 
 
-def run_trial_rung(job: Job, tj: TrialJob, run_id: str | None, creating: Future[str] | None = None) -> Outcome:
-    """Train ``tj`` (resuming its checkpoint), evaluate it, log it; never raises for the trainer's errors.
-
-    Here, or as a flow run on the job's trial pool (``flows.trial``). A new trial's child run is created
-    on the driver's MLflow writer while the trial trains (``creating``), started then; its first result
-    goes to it with the trial's params, in one write. When that creation failed, the run is created here.
-    """
-    began = time.time()
+def run_trial_rung(job: Job, tj: TrialJob, run_id: str | None) -> Outcome:
+    """Train ``tj`` (resuming its checkpoint) and evaluate it, here or as a flow run on the job's trial pool
+    (``flows.trial``); never raises for the trainer's errors. ``record`` logs it after."""
     if job.trial_pool:
         from prefect_hyperband.flows.trial import run_remote
 
-        out = Outcome(tj, run_id, *run_remote(job, tj))
-    else:
-        out = replace(work(job, tj), run_id=run_id)
-    return record(job, tj, run_id, began, out, creating)
+        return Outcome(tj, run_id, *run_remote(job, tj))
+    return replace(work(job, tj), run_id=run_id)
 
 
 def created_run(creating: Future[str]) -> str | None:
@@ -95,7 +88,8 @@ def work(job: Job, tj: TrialJob) -> Outcome:
 def record(job: Job, tj: TrialJob, run_id: str | None, began: float, out: Outcome,
            creating: Future[str] | None = None) -> Outcome:
     """The trial-rung's MLflow writes, before its result enters the job's state. A new trial's first result
-    (``run_id`` None) goes to the run ``creating`` gives (else to one created now), with the trial's params."""
+    (``run_id`` None) goes to the run ``creating`` gives (created on the driver's MLflow writer while the
+    trial trained; else to one created now), with the trial's params; ``began`` starts a run created now."""
     first = run_id is None
     if first and creating is not None:
         run_id = created_run(creating)

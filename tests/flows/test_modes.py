@@ -215,3 +215,48 @@ def test_each_trial_rung_is_a_train_and_an_evaluate_task_run_and_each_closed_run
     assert sorted(n for n in names if n.startswith("promote")) == sorted(
         [f"promote bracket s=2 rung {r}" for r in range(3)] + [f"promote bracket s=1 rung {r}" for r in range(2)]
         + ["promote bracket s=0 rung 0"])
+
+
+def test_trial_rung_metrics_are_written_by_the_mlflow_writer_before_the_result_enters_the_state(tracking_uri, tmp_path,
+                                                                                                 monkeypatch):
+    """No trial thread waits on the tracking store, and a saved result always has its MLflow write behind it."""
+    import threading
+
+    from prefect_hyperband.flows import driver, runner
+    from prefect_hyperband.flows.tune import tune
+
+    written: set[tuple[str, int]] = set()
+    writers: set[str] = set()
+    real_log, real_save = runner.log_trial_rung, driver.save_state
+
+    def slow_log(job, run_id, resource, *args, **kwargs):
+        time.sleep(0.02)  # a tracking server that takes its time
+        real_log(job, run_id, resource, *args, **kwargs)
+        trial_id = next(t for t, r in runs_by_trial.items() if r == run_id)
+        written.add((trial_id, resource))
+        writers.add(threading.current_thread().name)
+
+    runs_by_trial: dict[str, str] = {}
+    real_record = runner.record
+
+    def first_run_ids(job, tj, run_id, began, out, creating=None):  # which trial a run id belongs to
+        if run_id is None and creating is not None:
+            runs_by_trial[tj.trial_id] = runner.created_run(creating)
+        elif run_id is not None:
+            runs_by_trial[tj.trial_id] = run_id
+        return real_record(job, tj, run_id, began, out, creating)
+
+    def checked_save(job, scheduler, rows, *args, **kwargs):
+        missing = {(r["trial_id"], r["resource"]) for r in rows} - written
+        assert not missing, f"saved before their MLflow write: {sorted(missing)}"
+        return real_save(job, scheduler, rows, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "log_trial_rung", slow_log)
+    monkeypatch.setattr(runner, "record", first_run_ids)
+    monkeypatch.setattr(driver, "save_state", checked_save)
+    result = tune(TuneParams(model="synthetic", max_resource=9, eta=3, concurrency=2, job_dir=str(tmp_path),
+                             experiment="writer", baseline=False))
+    assert result["summary"]["trial_rungs"] == 22 and len(written) == 22
+    assert writers and all(name.startswith("mlflow") for name in writers)
+    state = json.loads((Path(result["job_dir"]) / "state.json").read_text())
+    assert {(r["trial_id"], r["resource"]) for r in state["rows"]} == written
