@@ -308,8 +308,7 @@ def _drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: fl
                 out = runner.Outcome(todo, scheduler.run_id(todo.trial_id), None, None,
                                      f"TimeoutError: the trial-rung took more than {clock['limit']:.0f} s "
                                      f"(--trial-timeout); its training was stopped")
-                ended += _settle(job, scheduler, rows, progress, logger, todo,
-                                 _recorded(job, todo, out, logger, creating.get(todo.trial_id)))
+                ended += settle(todo, _recorded(job, todo, out, logger, creating.get(todo.trial_id)))
             for future in done:
                 if future in recording:  # its MLflow writes are done: the result enters the state
                     todo = recording.pop(future)

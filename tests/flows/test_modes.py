@@ -227,32 +227,21 @@ def test_trial_rung_metrics_are_written_by_the_mlflow_writer_before_the_result_e
 
     written: set[tuple[str, int]] = set()
     writers: set[str] = set()
-    real_log, real_save = runner.log_trial_rung, driver.save_state
+    real_record, real_save = runner.record, driver.save_state
 
-    def slow_log(job, run_id, resource, *args, **kwargs):
+    def slow_record(job, tj, *args, **kwargs):
         time.sleep(0.02)  # a tracking server that takes its time
-        real_log(job, run_id, resource, *args, **kwargs)
-        trial_id = next(t for t, r in runs_by_trial.items() if r == run_id)
-        written.add((trial_id, resource))
+        out = real_record(job, tj, *args, **kwargs)
+        written.add((tj.trial_id, tj.resource))
         writers.add(threading.current_thread().name)
-
-    runs_by_trial: dict[str, str] = {}
-    real_record = runner.record
-
-    def first_run_ids(job, tj, run_id, began, out, creating=None):  # which trial a run id belongs to
-        if run_id is None and creating is not None:
-            runs_by_trial[tj.trial_id] = runner.created_run(creating)
-        elif run_id is not None:
-            runs_by_trial[tj.trial_id] = run_id
-        return real_record(job, tj, run_id, began, out, creating)
+        return out
 
     def checked_save(job, scheduler, rows, *args, **kwargs):
         missing = {(r["trial_id"], r["resource"]) for r in rows} - written
         assert not missing, f"saved before their MLflow write: {sorted(missing)}"
         return real_save(job, scheduler, rows, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "log_trial_rung", slow_log)
-    monkeypatch.setattr(runner, "record", first_run_ids)
+    monkeypatch.setattr(runner, "record", slow_record)
     monkeypatch.setattr(driver, "save_state", checked_save)
     result = tune(TuneParams(model="synthetic", max_resource=9, eta=3, concurrency=2, job_dir=str(tmp_path),
                              experiment="writer", baseline=False))
