@@ -84,6 +84,20 @@ def run_tune(attempts: int = 2, **fields: Any) -> tuple[dict[str, Any], float]:
     raise RuntimeError(f"tune failed {attempts} times: {state.message}")
 
 
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and its children so far: the temporary Prefect server is one."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:  # ended meanwhile
+            pass
+    return total
+
+
 def machine() -> str:
     return f"{platform.node() or 'host'}: {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform(terse=True)}"
 

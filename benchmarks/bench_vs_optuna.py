@@ -9,6 +9,16 @@ the default XGBoost search space, the seed's split for every method. Per seed:
   callback that stops the trial when it is pruned. Optuna stops after Hyperband's number of configs.
 * ``hyperband, concurrency c``: the real ``tune`` flow (Prefect with a temporary server, MLflow to a
   fresh sqlite store, baseline and registration off); wall = the flow's own ``wall_seconds``.
+* The floor under the flow (``--no-floor`` skips it): the trial-rungs the concurrency-1 flow trained, replayed
+  one after another in this process with ``XGBoostTrainer`` (``bench_efficiency.replay``, all cores): a
+  plain loop; the loop with the job's MLflow writes (a child run per trial, one ``log_batch`` per
+  trial-rung, each run's tags and end); and that with train and evaluate as Prefect task runs in a flow.
+  The last is what any job that keeps the issue's requirements (train and evaluate as task runs in the UI,
+  a child run per trial with its per-step metrics) costs on this machine before its own code: the driver,
+  the state file, the promote tasks. Walls exclude loading the data, as the flow's ``wall_seconds`` does.
+
+Also printed: CPU seconds (user + system) of this process and its children (the temporary Prefect
+server) during each method, which shows whether the cores, not waiting, bound the wall.
 
 Printed per method: mean best AUC, mean rounds trained, mean wall, and wall / wall(optuna random+HB)
 measured in the same run. Run from the repository root::
@@ -86,7 +96,36 @@ def run_flow(tmp: Path, seed: int, max_r: int, eta: int, concurrency: int) -> di
         tracking_uri=uri, experiment="bench-vs-optuna", register_model=False, baseline=False,
     )
     s = result["summary"]
-    return {"best": s["best_score"], "units": s["resource_used"], "wall": s["wall_seconds"]}
+    return {"best": s["best_score"], "units": s["resource_used"], "wall": s["wall_seconds"], "job_dir": result["job_dir"]}
+
+
+def run_floor(tmp: Path, job_dir: str, seed: int, max_r: int, eta: int) -> dict[str, dict[str, Any]]:
+    """The flow's trial-rungs replayed one after another: a plain loop, + its MLflow writes, + task runs."""
+    import os
+
+    import bench_efficiency as efficiency
+    from prefect_hyperband.tasks import tracking
+
+    rows = efficiency.read_job(job_dir)
+    out: dict[str, dict[str, Any]] = {}
+    for label, mlflow, tasks in (("floor: plain loop of the c=1 trial-rungs", False, False),
+                                 ("floor: + its MLflow writes", True, False),
+                                 ("floor: + train/evaluate task runs", True, True)):
+        uri = None
+        if mlflow:
+            uri = f"sqlite:///{tmp}/floor-{seed}-{len(out)}.db"
+            tracking.check_reachable(uri)  # creates the store, untimed (as for the flow)
+        cpu = common.cpu_seconds()
+        r = efficiency.replay(rows, seed, 1, max_r, eta, tmp / f"floor-{seed}-{len(out)}", nthread=os.cpu_count(),
+                              rounds_per_unit=1, tracking_uri=uri, tasks=tasks)
+        best = max(r["scores"].values())
+        out[label] = {"best": best, "units": r["units"], "wall": r["wall"] - r["setup"], "cpu": common.cpu_seconds() - cpu}
+    return out
+
+
+def show(results: dict[str, list[dict[str, Any]]], seed: int, label: str, r: dict[str, Any]) -> None:
+    results.setdefault(label, []).append({k: v for k, v in r.items() if k != "job_dir"})
+    print(f"   seed {seed} {label}: AUC {r['best']:.4f}, {r['units']} rounds, {r['wall']:.1f} s, cpu {r['cpu']:.1f} s", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max-resource", type=int, default=81)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--no-floor", dest="floor", action="store_false", help="skip the floor rows (replays of the c=1 flow)")
     args = parser.parse_args(argv)
     max_r, eta = args.max_resource, 3
     from prefect_hyperband.hyperband import schedule
@@ -107,22 +147,25 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             problem = quality.Problem(seed, rounds_per_unit=1)
             for label, sampler in (("optuna random+HB", "random"), ("optuna TPE+HB", "tpe")):
+                cpu = common.cpu_seconds()
                 r = run_optuna(problem, sampler, max_r, eta, configs, seed)
-                results.setdefault(label, []).append(r)
-                print(f"   seed {seed} {label}: AUC {r['best']:.4f}, {r['units']} rounds, {r['wall']:.1f} s", flush=True)
+                show(results, seed, label, {**r, "cpu": common.cpu_seconds() - cpu})
             for c in args.concurrency:
-                label = f"hyperband, concurrency {c}"
+                cpu = common.cpu_seconds()
                 r = run_flow(tmp, seed, max_r, eta, c)
-                results.setdefault(label, []).append(r)
-                print(f"   seed {seed} {label}: AUC {r['best']:.4f}, {r['units']} rounds, {r['wall']:.1f} s", flush=True)
+                show(results, seed, f"hyperband, concurrency {c}", {**r, "cpu": common.cpu_seconds() - cpu})
+                if c == 1 and args.floor:
+                    for label, f in run_floor(tmp, r["job_dir"], seed, max_r, eta).items():
+                        show(results, seed, label, f)
     base = statistics.mean(r["wall"] for r in results["optuna random+HB"])
     rows = [
         (label, f"{statistics.mean(r['best'] for r in rs):.4f}", round(statistics.mean(r["units"] for r in rs)),
-         statistics.mean(r["wall"] for r in rs), statistics.mean(r["wall"] for r in rs) / base)
+         statistics.mean(r["wall"] for r in rs), statistics.mean(r["wall"] for r in rs) / base,
+         statistics.mean(r["cpu"] for r in rs))
         for label, rs in results.items()
     ]
     print()
-    print(common.table(rows, ["method", "mean best AUC", "rounds", "mean wall s", "x optuna random+HB"]))
+    print(common.table(rows, ["method", "mean best AUC", "rounds", "mean wall s", "x optuna random+HB", "cpu s"]))
     print(json.dumps({"bench": "vs_optuna", "max_resource": max_r, "results": results}))
     return 0
 

@@ -40,3 +40,28 @@ def test_table_formats_rows():
     text = common.table([("a", 1.23456, 3)], ["x", "y", "z"])
     assert "1.235" in text and text.splitlines()[1].startswith("-")
     assert common.mean_sd([1.0, 3.0], 1) == "2.0 ± 1.4"
+
+
+def test_replay_makes_the_jobs_mlflow_writes(tmp_path):
+    """The floor's replay with a tracking store: a child run per trial, its params once, a metric per trial-rung."""
+    from mlflow import MlflowClient
+
+    from prefect_hyperband.tasks import tracking
+
+    config = {"eta": 0.3, "max_depth": 3}
+    rows = [{"trial_id": "t0", "bracket": 1, "rung": 0, "resource": 1, "config": config},
+            {"trial_id": "t1", "bracket": 1, "rung": 0, "resource": 1, "config": {**config, "max_depth": 4}},
+            {"trial_id": "t0", "bracket": 1, "rung": 1, "resource": 3, "config": config}]
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracking.check_reachable(uri)
+    result = _load("bench_efficiency").replay(rows, 0, 1, 3, 3, tmp_path / "replay", nthread=1, rounds_per_unit=1,
+                                              tracking_uri=uri)
+    assert result["units"] == 4 and set(result["scores"]) == {("t0", 1), ("t1", 1), ("t0", 3)}
+    client = MlflowClient(uri)
+    runs = {r.data.tags["hyperband.trial_id"]: r for r in client.search_runs(
+        [client.get_experiment_by_name("replay").experiment_id], filter_string="tags.hyperband.trial_id != ''")}
+    assert set(runs) == {"t0", "t1"}
+    assert all(r.info.status == "FINISHED" and r.data.params["max_depth"] for r in runs.values())
+    steps = [m.step for m in client.get_metric_history(runs["t0"].info.run_id, "auc")]
+    assert steps == [1, 3]
+    assert client.get_metric_history(runs["t0"].info.run_id, "auc")[-1].value == result["scores"][("t0", 3)]
