@@ -65,6 +65,8 @@ def replay(rows: list[dict[str, Any]], seed: int, min_r: int, max_r: int, eta: i
            nthread: int | None = None, rounds_per_unit: int = 10, tracking_uri: str | None = None,
            tasks: bool = False) -> dict[str, Any]:
     """Train and evaluate the job's trial-rungs back to back; resume each trial from its previous checkpoint.
+    Returns ``wall`` (loading the data included), ``setup`` (that loading), ``loop`` (the trial-rungs alone,
+    without the data or the flow run around them, as a job's ``wall_seconds``), and what was trained.
 
     ``tracking_uri``: also make the job's MLflow writes, as the job makes them, one after another: a parent run,
     a child run per trial when it first trains, one ``log_batch`` per trial-rung (the trial's params with its
@@ -85,6 +87,7 @@ def replay(rows: list[dict[str, Any]], seed: int, min_r: int, max_r: int, eta: i
     train, evaluate = _as_tasks(trainer) if tasks else (trainer.train, trainer.evaluate)
 
     def loop() -> dict[str, Any]:
+        entered = time.perf_counter()
         held: dict[str, str] = {}  # trial id -> its latest checkpoint
         runs: dict[str, str] = {}  # trial id -> its child run
         scores: dict[tuple[str, int], float] = {}
@@ -112,7 +115,7 @@ def replay(rows: list[dict[str, Any]], seed: int, min_r: int, max_r: int, eta: i
         for t, run_id in runs.items():  # the job closes a run when the trial's fate is decided
             tracking.set_tags(tracking_uri, run_id, {"hyperband.status": "completed", "hyperband.resource": str(max_r)})
             tracking.end_run(tracking_uri, run_id, "FINISHED")
-        return {"train": train_s, "eval": eval_s, "units": units, "scores": scores}
+        return {"train": train_s, "eval": eval_s, "units": units, "scores": scores, "loop": time.perf_counter() - entered}
 
     if tasks:
         from prefect import flow

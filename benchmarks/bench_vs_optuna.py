@@ -15,7 +15,8 @@ the default XGBoost search space, the seed's split for every method. Per seed:
   trial-rung, each run's tags and end); and that with train and evaluate as Prefect task runs in a flow.
   The last is what any job that keeps the issue's requirements (train and evaluate as task runs in the UI,
   a child run per trial with its per-step metrics) costs on this machine before its own code: the driver,
-  the state file, the promote tasks. Walls exclude loading the data, as the flow's ``wall_seconds`` does.
+  the state file, the promote tasks. Walls exclude loading the data and starting the flow run, as the
+  flow's ``wall_seconds`` does.
 
 Also printed: CPU seconds (user + system) of this process and its children (the temporary Prefect
 server) during each method, which shows whether the cores, not waiting, bound the wall.
@@ -119,7 +120,7 @@ def run_floor(tmp: Path, job_dir: str, seed: int, max_r: int, eta: int) -> dict[
         r = efficiency.replay(rows, seed, 1, max_r, eta, tmp / f"floor-{seed}-{len(out)}", nthread=os.cpu_count(),
                               rounds_per_unit=1, tracking_uri=uri, tasks=tasks)
         best = max(r["scores"].values())
-        out[label] = {"best": best, "units": r["units"], "wall": r["wall"] - r["setup"], "cpu": common.cpu_seconds() - cpu}
+        out[label] = {"best": best, "units": r["units"], "wall": r["loop"], "cpu": common.cpu_seconds() - cpu}
     return out
 
 
