@@ -98,7 +98,7 @@ def replay(rows: list[dict[str, Any]], seed: int, min_r: int, max_r: int, eta: i
             first = t not in held
             path = out / t / f"r{resource}.ubj"
             path.parent.mkdir(parents=True, exist_ok=True)
-            if parent is not None and t not in runs:  # created as it starts training, as the job does
+            if parent is not None and first:  # its run is created as it starts training, as the job does
                 runs[t] = tracking.create_child(tracking_uri, parent, t, {"hyperband.trial_id": t, "hyperband.status": "running"})
             a = time.perf_counter()
             trained = train(row["config"], resource, held.get(t), str(path))
