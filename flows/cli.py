@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any, Sequence
 
+from prefect_hyperband.trainers.errors import InputError
+
 EXIT_USAGE = 2
 
 
@@ -424,6 +426,7 @@ def _temporary_server():
     from prefect.settings import PREFECT_HOME
 
     from prefect_hyperband.flows.server import batch_server_writes
+    from prefect_hyperband.trainers.base import file_lock
 
     batch_server_writes()  # the server inherits them: its event consumers write in batches
     instance = prefect_server.SubprocessASGIServer()  # the process's singleton: Prefect's clients find it running
@@ -441,7 +444,10 @@ def _temporary_server():
             kwargs.setdefault("stderr", subprocess.STDOUT)
             return real(*args, **kwargs)
 
-    with mock.patch.object(prefect_server.subprocess, "Popen", in_own_session):
+    # one start at a time per PREFECT_HOME: two jobs started together would both migrate its new database (one
+    # server then fails its start-up and Prefect retries it on another port); the second waits for the first's
+    with file_lock(log_path.with_name("temporary-server.lock")), \
+            mock.patch.object(prefect_server.subprocess, "Popen", in_own_session):
         instance.start()
     return instance
 
@@ -477,6 +483,8 @@ class _TerminalFilter:
         if record.name.startswith("prefect.task_runs") and record.levelno < 30:  # below WARNING
             return False
         if self.live and record.name.startswith("prefect.flow_runs") and record.levelno < 30:
+            return False
+        if record.exc_info and isinstance(record.exc_info[1], InputError):  # the CLI says it in one line, exit 2
             return False
         return getattr(record, "hyperband_terminal", True)  # the summary: printed by the CLI itself
 

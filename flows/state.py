@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, Sampler, Scheduler
 from prefect_hyperband.hyperband.space import parse
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.storage import Storage, is_local, join
+from prefect_hyperband.tasks.storage import PREVIOUS, Storage, is_local, join
 from prefect_hyperband.trainers.errors import InputError
+
+T = TypeVar("T")
 
 
 def lock_path(job_dir: str | Path) -> Path:
@@ -76,22 +79,61 @@ def job_store(job_dir: str | Path, job_id: str, storage: str | None = None) -> S
 
 
 def save_job_record(job: Job, params: dict[str, Any]) -> None:
-    job.store().write_json("job.json", {"job_id": job.job_id, "params": params, "parent_run_id": job.parent_run_id})
+    """``job.json``, and the same record as its previous version: a resume reads either."""
+    record = {"job_id": job.job_id, "params": params, "parent_run_id": job.parent_run_id}
+    store = job.store()
+    store.write_json("job.json" + PREVIOUS, record)
+    store.write_json("job.json", record)
+
+
+def _job_record(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict) or not isinstance(value.get("params"), dict) or not value.get("job_id"):
+        raise ValueError("not a job record (job_id and params expected)")
+    return value
 
 
 def load_job_record(store: Storage) -> dict[str, Any] | None:
-    return store.read_json("job.json")
+    """The job's record, from its previous version when ``job.json`` is damaged (said in one line); None when the
+    job has none; ``InputError`` naming the file when neither is good."""
+    record, notice = store.read_kept("job.json", _job_record)
+    if notice:
+        _say(notice)
+    return record
 
 
 def save_state(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], elapsed: float, lost: float = 0.0) -> None:
     """The scheduler (with its sampler), every finished trial-rung, the seconds spent so far and the
-    worker-seconds of trainings that left no result (``lost``); atomic."""
+    worker-seconds of trainings that left no result (``lost``); atomic, the state it replaces kept as the
+    previous version (a resume falls back on it when this one is damaged)."""
     job.store().write_json("state.json", {"scheduler": scheduler.to_json(), "rows": rows, "elapsed": elapsed, "lost": lost},
-                           indent=None)
+                           indent=None, keep_previous=True)
 
 
-def load_state(job: Job) -> dict[str, Any] | None:
-    return job.store().read_json("state.json")
+def load_state(job: Job, build: Callable[[dict[str, Any]], T]) -> tuple[dict[str, Any], T] | None:
+    """The saved state and ``build`` of it (the scheduler), from the previous version when ``state.json`` is
+    damaged or ``build`` rejects it (said in one line: the results since then are trained again); None for a
+    new job; ``InputError`` naming the file when neither is good."""
+    def check(saved: Any) -> tuple[dict[str, Any], T]:
+        rows, elapsed, lost = saved["rows"], float(saved["elapsed"]), float(saved.get("lost", 0.0))
+        if not isinstance(rows, list) or elapsed < 0 or lost < 0:
+            raise ValueError("rows, elapsed or lost out of shape")
+        return saved, build(saved["scheduler"])
+
+    found, notice = job.store().read_kept("state.json", check)
+    if notice:
+        _say(notice)
+    return found
+
+
+def _say(text: str) -> None:
+    """One line: in the flow run's log (the terminal and the UI) inside a run, on stderr before one starts."""
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        get_run_logger().warning(text)
+    except MissingContextError:
+        print(f"hyperband: {text}", file=sys.stderr, flush=True)
 
 
 def make_sampler(job: Job, saved: dict[str, Any] | None = None) -> Sampler:

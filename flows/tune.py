@@ -64,12 +64,12 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
     if job.parent_run_id is None:
         job = job.with_parent(start_job_run(job, _run_params(job, params), params.nest_under))
     save_job_record(job, params.model_dump(mode="json"))
-    saved = load_state(job)
+    clock = lambda: spent + time.perf_counter() - began  # noqa: E731  (ASHA's time budget, across resumes)
+    max_trials = params.max_trials or plan["configs"]
+    found = load_state(job, lambda state: make_scheduler(job, max_trials, params.time_budget, clock, state))
+    saved, scheduler = found if found else (None, make_scheduler(job, max_trials, params.time_budget, clock))
     rows, spent = (saved["rows"], float(saved["elapsed"])) if saved else ([], 0.0)
     lost = float(saved.get("lost", 0.0)) if saved else 0.0
-    clock = lambda: spent + time.perf_counter() - began  # noqa: E731  (ASHA's time budget, across resumes)
-    scheduler = make_scheduler(job, params.max_trials or plan["configs"], params.time_budget, clock,
-                               saved["scheduler"] if saved else None)
     runs: dict[str, str] = {}
     if saved:
         tracking.set_status(job.tracking_uri, job.parent_run_id, "RUNNING")  # it ended KILLED if the job was stopped

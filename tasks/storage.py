@@ -13,10 +13,16 @@ import functools
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from prefect_hyperband.trainers.base import write_json_atomic
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.errors import InputError, first_line
+
+T = TypeVar("T")
+#: the suffix of a document's previous version, kept by ``Storage.write_json(keep_previous=True)``
+PREVIOUS = ".prev"
+#: what reading or building a damaged document raises (JSONDecodeError and UnicodeDecodeError are ValueErrors)
+DAMAGE = (ValueError, KeyError, TypeError, IndexError, AttributeError)
 
 
 def is_local(url: str) -> bool:
@@ -54,12 +60,67 @@ class Storage:
         except FileNotFoundError:
             return None
 
-    def write_json(self, key: str, value: Any, indent: int | None = 2) -> None:
-        """Atomic on a folder (a temporary file renamed); one PUT on an object store."""
+    def write_json(self, key: str, value: Any, indent: int | None = 2, keep_previous: bool = False) -> None:
+        """Atomic on a folder (a temporary file renamed); one PUT on an object store. ``keep_previous``: the
+        document it replaces stays as ``<key>.prev`` (a hard link on a folder, a server-side copy on an object
+        store), so one bad write (a full disk, a copy cut short, a hand edit) still leaves a good one."""
+        if keep_previous:
+            self._keep(key)
         if self.local:
             write_json_atomic(self.url(key), value, indent=indent)
         else:
             self.fs.pipe_file(self.url(key), json.dumps(value, indent=indent).encode())
+
+    def _keep(self, key: str) -> None:
+        url, prev = self.url(key), self.url(key + PREVIOUS)
+        if self.local:
+            tmp = f"{prev}.{os.getpid()}.tmp"
+            try:
+                os.link(url, tmp)
+            except FileNotFoundError:
+                return
+            os.replace(tmp, prev)  # ``key`` is never missing: its old version is linked, then replaced
+        else:
+            try:
+                self.fs.copy(url, prev)
+            except FileNotFoundError:
+                pass
+
+    def read_kept(self, key: str, build: Callable[[Any], T]) -> tuple[T | None, str | None]:
+        """``build`` of the document at ``key``, or of its previous version (``write_json(keep_previous=True)``)
+        when ``key`` is damaged (not JSON, or a document ``build`` rejects) or missing: then a damaged ``key`` is
+        set aside as ``<key>.damaged``, restored from the previous version, and the notice (one line) says so.
+        ``(None, None)`` when neither exists; an ``InputError`` naming the file when nothing good is left."""
+        damage: dict[str, str] = {}
+        for name in (key, key + PREVIOUS):
+            try:
+                raw = self.read_json(name)
+                if raw is None:
+                    continue
+                built = build(raw)
+            except DAMAGE as exc:  # not JSON, a missing key, a wrong type: all mean damaged
+                damage[name] = f"{type(exc).__name__}: {first_line(exc)}"
+                continue
+            if name == key:
+                return built, None
+            if key in damage:
+                self.move(key, key + ".damaged")
+            self.write_json(key, raw, indent=None)  # ``key`` good again: the next write keeps this version
+            how = f"damaged ({damage[key]}); the damaged file is kept as {key}.damaged" if key in damage else "missing"
+            return built, f"{self.url(key)} is {how}; restored from its previous version {key + PREVIOUS}"
+        if not damage:
+            return None, None
+        first = f"damaged ({damage[key]})" if key in damage else "missing"
+        prev = damage.get(key + PREVIOUS)
+        raise InputError(f"{self.url(key)} is {first} and "
+                         + (f"so is its previous version ({prev})" if prev else "it has no previous version")
+                         + "; nothing good is left to resume from: start a new job, or restore the file")
+
+    def move(self, key: str, to: str) -> None:
+        if self.local:
+            os.replace(self.url(key), self.url(to))
+        else:
+            self.fs.mv(self.url(key), self.url(to))
 
     def delete(self, key: str) -> None:
         if self.local:

@@ -6,12 +6,16 @@ its hyperparameters as params and ``val_<metric>`` at step = cumulative resource
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
+
+from prefect_hyperband.trainers.base import file_lock
+from prefect_hyperband.trainers.errors import InputError, first_line
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 CHAMPION = "champion"
@@ -44,15 +48,52 @@ def tracking_uri(explicit: str | None = None) -> str:
 def client(uri: str):
     from mlflow import MlflowClient
 
-    c = MlflowClient(tracking_uri=uri, registry_uri=uri)
     if uri.startswith("sqlite:") and uri not in _tuned:
         with _tuning:
             if uri not in _tuned:
-                _tune_sqlite(uri, c)
-    return c
+                with _creation_lock(uri):  # WAL's first switch too: it wants the database to itself
+                    c = _open_stores(uri)
+                    _tune_sqlite(uri, c)
+                return c
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 _tuned: set[str] = set()
+
+
+@contextlib.contextmanager
+def _creation_lock(uri: str) -> Iterator[None]:
+    """Across processes, one at a time: ``<database>.lock`` beside a SQLite file. Two jobs started together on a
+    new ``mlflow.db`` would both run MLflow's schema migration on it and one would fail (``table runs already
+    exists``, ``Online migration expected to match one row``)."""
+    from sqlalchemy.engine import make_url
+
+    database = make_url(uri).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        yield
+        return
+    with file_lock(os.path.abspath(database) + ".lock"):
+        yield
+
+
+def _open_stores(uri: str) -> Any:
+    """A client of a SQLite URI with its tracking and registry stores open (MLflow creates and migrates a new
+    database as it opens it, then caches the store per URI): under ``_creation_lock``, the second job finds it
+    created."""
+    from mlflow import MlflowClient
+
+    try:
+        c = MlflowClient(tracking_uri=uri, registry_uri=uri)  # opens the tracking store
+        c._get_registry_client().store  # noqa: B018  (opening is the point)
+        return c
+    except Exception as exc:
+        raise StoreError(f"MLflow store {uri}: cannot open it: {type(exc).__name__}: {first_line(exc)}; if the file "
+                         "is not an MLflow database (or one of another MLflow version), move it away or pass "
+                         "--tracking-uri sqlite:///another.db") from exc
+
+
+class StoreError(InputError):
+    """The tracking store cannot be opened; the message names it and what to do (one line, exit 2)."""
 
 
 def _tune_sqlite(uri: str, c: Any) -> None:

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_hyperband.hyperband.scheduler import Promotion, Scheduler
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.trainers import factory
-from prefect_hyperband.trainers.base import TrainResult
+from prefect_hyperband.trainers import factory, registry
+from prefect_hyperband.trainers.base import TrainResult, checkpoint_damage
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,65 @@ class Evaluation:
 @task(name="train", task_run_name="train {trial_id} to r={resource}", cache_policy=NO_CACHE)
 def train_trial(job: Job, trial_id: str, config: dict[str, Any], resource: int, checkpoint: str | None) -> TrainResult:
     """Train one config to ``resource`` units, resuming from its checkpoint (fetched from the job's storage, the
-    new one published there: both no-ops on a folder)."""
+    new one published there: both no-ops on a folder). A damaged checkpoint is trained again first."""
     trainer = factory.get(job.settings)
     store = job.store()
-    trained = trainer.train(config, resource, store.fetch(checkpoint) if checkpoint else None,
-                            job.checkpoint_path(trial_id, resource))
+    local = store.fetch(checkpoint) if checkpoint else None
+    rebuilt: TrainResult | None = None
+    if local is not None and (why := checkpoint_damage(local)) is not None:
+        rebuilt = rebuild(job, trainer, trial_id, config, _resource_of(job, checkpoint))
+        get_run_logger().warning("trial %s: checkpoint %s is %s; trained it again from %s (%d units, %.1f s)",
+                                 trial_id, checkpoint, why, rebuilt.info.get("rebuilt_from", "scratch"),
+                                 rebuilt.resource_trained, rebuilt.seconds)
+        local = rebuilt.checkpoint
+    trained = trainer.train(config, resource, local, job.checkpoint_path(trial_id, resource))
+    if rebuilt is not None:  # the units and seconds spent rebuilding are this call's: counted, not hidden
+        trained = replace(trained, resource_trained=trained.resource_trained + rebuilt.resource_trained,
+                          seconds=trained.seconds + rebuilt.seconds,
+                          info={**trained.info, "rebuilt_units": float(rebuilt.resource_trained)})
     return replace(trained, checkpoint=store.publish(trained.checkpoint))
+
+
+def rebuild(job: Job, trainer: Any, trial_id: str, config: dict[str, Any], resource: int) -> TrainResult:
+    """The trial's checkpoint at ``resource`` written again by the calls that first wrote it: from its newest
+    whole checkpoint below (or from scratch where the trial began), one rung at a time, so a deterministic trainer
+    writes the same bytes. Its ``resource_trained`` and ``seconds`` add up every call."""
+    store = job.store()
+    chain: list[int] = [resource]
+    start: str | None = None
+    below = [m for m in job.settings.milestones if m < resource]
+    for m in reversed(below):  # the trial's rungs are consecutive milestones
+        local = _local(store, job.checkpoint_url(trial_id, m))
+        if local is None:  # no checkpoint at m: the trial began above it, from scratch
+            break
+        if checkpoint_damage(local) is None:
+            start = local
+            break
+        chain.insert(0, m)
+    units, seconds, checkpoint = 0, 0.0, start
+    for m in chain:
+        trained = trainer.train(config, m, checkpoint, job.checkpoint_path(trial_id, m))
+        checkpoint = trained.checkpoint
+        store.publish(checkpoint)
+        units, seconds = units + trained.resource_trained, seconds + trained.seconds
+    origin = {"rebuilt_from": f"r={_resource_of(job, start)}"} if start else {}
+    return replace(trained, resource_trained=units, seconds=seconds, info={**trained.info, **origin})
+
+
+def _local(store: Any, url: str) -> str | None:
+    """A local copy of a checkpoint in the job's storage; None when there is none."""
+    try:
+        local = store.fetch(url)
+    except FileNotFoundError:
+        return None
+    return local if os.path.exists(local) else None
+
+
+def _resource_of(job: Job, checkpoint: str) -> int:
+    """The units a checkpoint holds, from its name (``.../r<resource><suffix>``): its sidecar may be the damage."""
+    name = os.path.basename(checkpoint)
+    suffix = registry.get(job.settings.model).checkpoint_suffix
+    return int(name[1:len(name) - len(suffix)])
 
 
 @task(name="evaluate", task_run_name="evaluate {trial_id} at r={resource}", cache_policy=NO_CACHE)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Iterator, Mapping, Protocol
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,48 @@ def write_json_atomic(path: str | os.PathLike[str], payload: Mapping[str, Any], 
     os.replace(tmp, path)
 
 
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created if missing), across processes on this machine; released on
+    exit, or by the kernel when the process dies."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def checkpoint_resource(meta_path: str | os.PathLike[str]) -> int:
     """Units held by a checkpoint, from the JSON file written beside it."""
     return int(json.loads(Path(meta_path).read_text())["resource"])
+
+
+def write_sidecar(checkpoint: str, resource: int, **extra: Any) -> None:
+    """``<checkpoint>.json``, written after the checkpoint: the units it holds and its size in bytes (so a
+    checkpoint cut short is recognised, whatever its format)."""
+    write_json_atomic(f"{checkpoint}.json", {"resource": resource, "bytes": os.path.getsize(checkpoint), **extra})
+
+
+def checkpoint_damage(checkpoint: str) -> str | None:
+    """Why a checkpoint file cannot be the one its trainer wrote (missing, empty, shorter or longer than its
+    sidecar says, a JSON checkpoint or sidecar that does not parse); None when it looks whole."""
+    path = Path(checkpoint)
+    if not path.is_file():
+        return "missing"
+    size = path.stat().st_size
+    if size == 0:
+        return "empty (0 bytes)"
+    try:
+        if path.suffix == ".json":  # the checkpoint of synthetic and user code: its own record
+            int(json.loads(path.read_text())["resource"])
+        meta = Path(f"{checkpoint}.json")
+        if meta.is_file():
+            held = json.loads(meta.read_text())
+            int(held["resource"])
+            if "bytes" in held and int(held["bytes"]) != size:
+                return f"{size} bytes where {held['bytes']} were written"
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"unreadable ({type(exc).__name__})"
+    return None

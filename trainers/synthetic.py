@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from prefect_hyperband.trainers import stopping
-from prefect_hyperband.trainers.base import TrainResult, write_json_atomic
+from prefect_hyperband.trainers.base import TrainResult, write_json_atomic, write_sidecar
 from prefect_hyperband.trainers.errors import InputError
 
 DEFAULT_SPACE: dict[str, dict[str, Any]] = {
@@ -149,7 +149,7 @@ class SyntheticTrainer:
             stopping.sleep(self.seconds_per_unit * (resource - start))  # ends early when the job stops
         history = [{"step": float(u), "val_loss": self.curve(resolved, u)} for u in range(start + 1, resource + 1)]
         write_json_atomic(out, {"resource": resource, "config": resolved})
-        write_json_atomic(out + ".json", {"resource": resource})
+        write_sidecar(out, resource)
         return TrainResult(out, resource, resource - start, time.perf_counter() - began, self.workers, history)
 
     def evaluate(self, checkpoint: str) -> float:

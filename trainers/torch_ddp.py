@@ -36,7 +36,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_json_atomic
+from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_json_atomic, write_sidecar
 from prefect_hyperband.trainers.data import DataSpec, Dataset, load, metric_direction, score
 from prefect_hyperband.trainers.errors import InputError
 from prefect_hyperband.trainers.torch_models import Predictor, build_model
@@ -362,7 +362,7 @@ class TorchTrainer:
                 result = self._run(cfg, resource, checkpoint, out, workdir)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
-        write_json_atomic(f"{out}.json", {"resource": resource})
+        write_sidecar(out, resource)
         return TrainResult(
             checkpoint=out,
             resource=resource,
@@ -515,7 +515,7 @@ class TorchTrainer:
         """A trial already at ``resource``: copy its checkpoint, train nothing."""
         if Path(checkpoint).resolve() != Path(out).resolve():
             shutil.copyfile(checkpoint, out)
-        write_json_atomic(f"{out}.json", {"resource": resource})
+        write_sidecar(out, resource)
         return TrainResult(out, resource, 0, time.perf_counter() - started, self.workers)
 
 

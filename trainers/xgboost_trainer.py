@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from prefect_hyperband.trainers import stopping
-from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_json_atomic
+from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_sidecar
 from prefect_hyperband.trainers.data import DataSpec, Dataset, check_metric, load, score
 from prefect_hyperband.trainers.errors import InputError
 
@@ -230,7 +230,7 @@ class XGBoostTrainer:
                 booster = self._train_dask(seeded, rounds, booster)
             stopping.check()  # a stop came mid-segment: the booster holds fewer rounds than due, save nothing
         booster.save_model(out)
-        write_json_atomic(out + ".json", {"resource": resource, "rounds": booster.num_boosted_rounds()})
+        write_sidecar(out, resource, rounds=booster.num_boosted_rounds())
         self._local.last = (out, booster)  # evaluate() of this checkpoint, next in this thread, skips loading it
         seconds = time.perf_counter() - began
         return TrainResult(out, resource, resource - start, seconds, self.workers)

@@ -86,3 +86,54 @@ def test_storage_that_cannot_be_used_is_one_line(s3, tmp_path):
         check("nosuch://x/y")
     check("s3://bucket/jobs")  # writable: no error, no probe left behind
     assert not s3.find("bucket/jobs/.hyperband-probe")
+
+
+def _damage(path, how: str) -> None:
+    text = path.read_text()
+    path.write_text("" if how == "empty" else text[: len(text) // 2])
+
+
+@pytest.mark.parametrize("how", ["empty", "truncated"])
+def test_a_damaged_document_falls_back_on_its_previous_version_and_says_so_once(tmp_path, how):
+    store = Storage(str(tmp_path / "job"), str(tmp_path / "job"))
+    store.write_json("state.json", {"rows": [1]}, keep_previous=True)
+    store.write_json("state.json", {"rows": [1, 2]}, keep_previous=True)
+    _damage(tmp_path / "job" / "state.json", how)
+
+    value, notice = store.read_kept("state.json", lambda v: v["rows"])
+    assert value == [1]  # the previous version: one result back
+    assert notice.startswith(f"{store.url('state.json')} is damaged (JSONDecodeError") and "state.json.prev" in notice
+    assert (tmp_path / "job" / "state.json.damaged").exists()
+    assert store.read_kept("state.json", lambda v: v["rows"]) == ([1], None)  # restored: said once
+    store.write_json("state.json", {"rows": [1, 3]}, keep_previous=True)  # the job goes on from it
+    assert store.read_json("state.json.prev") == {"rows": [1]}
+
+
+def test_a_document_its_reader_rejects_is_damaged_too(tmp_path):
+    store = Storage(str(tmp_path), str(tmp_path))
+    store.write_json("job.json", {"params": {}}, keep_previous=True)
+    store.write_json("job.json", {"hand": "edited"}, keep_previous=True)
+    value, notice = store.read_kept("job.json", lambda v: v["params"])
+    assert value == {} and "damaged (KeyError" in notice
+
+
+def test_nothing_good_left_is_one_line_naming_the_file(tmp_path):
+    store = Storage(str(tmp_path), str(tmp_path))
+    assert store.read_kept("state.json", lambda v: v) == (None, None)  # a new job
+    store.write_json("state.json", {"rows": []})  # no previous version
+    (tmp_path / "state.json").write_text("{")
+    with pytest.raises(InputError, match=r"state.json is damaged \(JSONDecodeError.*and it has no previous version"):
+        store.read_kept("state.json", lambda v: v)
+    (tmp_path / "state.json.prev").write_text("")
+    with pytest.raises(InputError) as err:
+        store.read_kept("state.json", lambda v: v)
+    assert "and so is its previous version" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_object_store_keeps_the_previous_version_too(s3, tmp_path):
+    store = Storage("s3://bucket/kept", str(tmp_path))
+    store.write_json("state.json", {"rows": [1]}, keep_previous=True)
+    store.write_json("state.json", {"rows": [1, 2]}, keep_previous=True)
+    s3.pipe_file("bucket/kept/state.json", b'{"rows": [1,')
+    value, notice = store.read_kept("state.json", lambda v: v["rows"])
+    assert value == [1] and "damaged" in notice and s3.exists("bucket/kept/state.json.damaged")

@@ -75,7 +75,8 @@ def test_resume_equals_training_at_once(digits_runs):
     assert [h["step"] for h in full.history] == list(range(1, 10))
     assert max_difference(weights(resumed.checkpoint), weights(full.checkpoint)) < 1e-6
     assert resumed.history[-1]["val_accuracy"] == pytest.approx(full.history[-1]["val_accuracy"])
-    assert json.loads(Path(resumed.checkpoint + ".json").read_text()) == {"resource": 9}
+    assert json.loads(Path(resumed.checkpoint + ".json").read_text()) == {"resource": 9,
+                                                                          "bytes": Path(resumed.checkpoint).stat().st_size}
     # nothing to train: the checkpoint is passed on, no processes started
     again = trainer.train(DEFAULT_CONFIG, 9, resumed.checkpoint, resumed.checkpoint + ".copy")
     assert again.resource_trained == 0 and max_difference(weights(again.checkpoint), weights(full.checkpoint)) == 0
