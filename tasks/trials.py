@@ -52,10 +52,10 @@ def rebuild(job: Job, trainer: Any, trial_id: str, config: dict[str, Any], resou
     chain: list[int] = [resource]
     start: str | None = None
     below = [m for m in job.settings.milestones if m < resource]
-    for m in reversed(below):  # the trial's rungs are consecutive milestones
+    for m in reversed(below):  # the trial's earlier rungs: the milestones below it where it left a checkpoint
         local = _local(store, job.checkpoint_url(trial_id, m))
-        if local is None:  # no checkpoint at m: the trial began above it, from scratch
-            break
+        if local is None:  # not one of its rungs (none left below its first: it began from scratch)
+            continue
         if checkpoint_damage(local) is None:
             start = local
             break
