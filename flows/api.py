@@ -7,6 +7,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.trainers import stopping
+from prefect_hyperband.trainers.stopping import StopToken
+
+
+class JobCancelled(Exception):
+    """The job stopped on request (``stop.request()``, a signal); its state is saved for a resume."""
 
 
 @dataclass(frozen=True)
@@ -31,9 +37,14 @@ def tune(
     max_resource: int = 81,
     eta: int = 3,
     min_resource: int = 1,
+    stop: StopToken | None = None,
     **options: Any,
 ) -> JobResult:
     """Tune ``train(trial) -> {metric: value}`` over ``space`` with Hyperband; any ``TuneParams`` field in ``options``.
+
+    ``stop``: a ``StopToken`` whose ``request()`` (from another thread) stops this job as Ctrl-C would: its state
+    saved, ``--resume`` (``resume=True, job_id=...``) finishes it; the flow run ends Cancelled and this raises
+    ``JobCancelled``. Jobs run side by side in one process (threads) each have their own.
 
     ``train`` is a function (importable, or defined right here: then a killed job resumes only in
     this process) or its entry string, ``path/to/file.py:function`` / ``package.module:function``, or a
@@ -52,7 +63,11 @@ def tune(
         code = {"trainer": train if isinstance(train, str) else entry_of(train)}
     params = TuneParams(**code, space=dict(space) if isinstance(space, Mapping) else space, metric=metric,
                         direction=direction, max_resource=max_resource, eta=eta, min_resource=min_resource, **options)
-    result = tune_flow(params)
+    with stopping.bind(stop or StopToken()):
+        state = tune_flow(params, return_state=True)
+    if state.is_cancelled():
+        raise JobCancelled(state.message or "the job was stopped")
+    result = state.result()
     best = result.get("best") or {}
     return JobResult(
         best_config=dict(best.get("config") or {}), best_score=best.get("score"), best_trial=best.get("trial_id"),

@@ -360,11 +360,11 @@ def _run(params, args: argparse.Namespace) -> int:
             live.stop()
             progress.detach(live)
     if state.is_cancelled():
+        import re
         import signal
 
-        from prefect_hyperband.trainers import stopping
-
-        signum = stopping.signal_number() or signal.SIGINT
+        named = re.search(r"stopped by (SIG[A-Z]+)", state.message or "")
+        signum = signal.Signals[named.group(1)] if named else signal.SIGINT
         print(f"hyperband: job {params.job_id} stopped by {signal.Signals(signum).name}; resume with: "
               f"hyperband tune {_resume_flags(params)}", file=sys.stderr)
         return _exit(128 + signum)
@@ -388,79 +388,15 @@ def _run(params, args: argparse.Namespace) -> int:
 
 
 def _exit(code: int) -> int:
-    """``code``, or, when a training given up on its timeout still runs in this process (user code that
-    hangs and never reports), exit now: Prefect's workers drained, the temporary server stopped, the
-    hung thread not waited for."""
-    from prefect_hyperband.flows import driver
+    from prefect_hyperband.flows.process import exit_without_stuck
 
-    hung = driver.stuck()
-    if not hung:
-        return code
-    print(f"hyperband: {hung} training(s) given up on --trial-timeout still run; exiting without them", file=sys.stderr)
-    try:
-        from prefect._internal.concurrency.services import QueueService
-
-        QueueService.drain_all(timeout=10)
-        driver.stop_temporary_servers()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    return exit_without_stuck(code)
 
 
 def _temporary_server():
-    """Without ``PREFECT_API_URL``, the temporary Prefect server the job talks to, started here in its own
-    session: a terminal's Ctrl-C reaches the job's process group only, so the server outlives the signal
-    long enough for the job to save its state and end its runs, and is stopped at exit by Prefect's own hook,
-    after its event and log workers have drained (Prefect starts it in the job's group, where the same Ctrl-C
-    killed it first and left those workers retrying forever)."""
-    from prefect.settings import PREFECT_API_URL
+    from prefect_hyperband.flows.process import temporary_server
 
-    if PREFECT_API_URL.value():
-        return None
-    import subprocess
-    from pathlib import Path
-    from unittest import mock
-
-    from prefect.server.api import server as prefect_server
-    from prefect.settings import PREFECT_HOME
-
-    from prefect_hyperband.flows.server import batch_server_writes
-    from prefect_hyperband.trainers.base import file_lock
-
-    batch_server_writes()  # the server inherits them: its event consumers write in batches
-    instance = prefect_server.SubprocessASGIServer()  # the process's singleton: Prefect's clients find it running
-    real = subprocess.Popen
-    # its own errors (a shutdown's CancelledError traceback, SQLite's "database is locked" it retries) go to a
-    # log file, not into the job's output
-    log_path = Path(PREFECT_HOME.value()) / "temporary-server.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-
-    def in_own_session(*args: Any, **kwargs: Any):
-        kwargs.setdefault("start_new_session", True)
-        kwargs.setdefault("preexec_fn", _die_with_parent)
-        with log_path.open("ab") as log:
-            kwargs.setdefault("stdout", log)
-            kwargs.setdefault("stderr", subprocess.STDOUT)
-            return real(*args, **kwargs)
-
-    # one start at a time per PREFECT_HOME: two jobs started together would both migrate its new database (one
-    # server then fails its start-up and Prefect retries it on another port); the second waits for the first's
-    with file_lock(log_path.with_name("temporary-server.lock")), \
-            mock.patch.object(prefect_server.subprocess, "Popen", in_own_session):
-        instance.start()
-    return instance
-
-
-def _die_with_parent() -> None:
-    """In the server's process, before it runs: SIGTERM it when the job's process dies, even by SIGKILL (Linux)."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+    return temporary_server()
 
 
 def _live_display():

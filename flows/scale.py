@@ -76,7 +76,11 @@ def scale(params: TuneParams, workers: list[int], target_score: float | None = N
 def transfer(params: TuneParams, n: int, job_id: str, config: dict[str, Any], uri: str, study_run: str) -> float | None:
     """``config`` (tuned at the smallest N) trained from scratch to R at ``n`` workers, unchanged; its score."""
     job = prepare(params.model_copy(update={"workers": n, "job_id": job_id, "resume": False}))
-    trainer = factory.get(job.settings)
+    with factory.scope() as trainers:
+        return _transfer(job, trainers.get(job.settings), n, config, uri, study_run)
+
+
+def _transfer(job, trainer, n: int, config: dict[str, Any], uri: str, study_run: str) -> float | None:
     run_id = tracking.create_child(uri, study_run, f"transfer w={n}", {"hyperband.transfer_workers": str(n)})
     try:
         began = time.perf_counter()
@@ -94,8 +98,6 @@ def transfer(params: TuneParams, n: int, job_id: str, config: dict[str, Any], ur
         tracking.end_run(uri, run_id, "FAILED")
         get_run_logger().warning("transfer to %d workers failed: %s", n, exc)
         return None
-    finally:
-        factory.release(job.settings)
 
 
 def _record(uri: str, run_id: str, result: dict[str, Any], rows: list[scaling.ScaleRow], metric: str) -> None:

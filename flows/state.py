@@ -101,12 +101,13 @@ def load_job_record(store: Storage) -> dict[str, Any] | None:
     return record
 
 
-def save_state(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], elapsed: float, lost: float = 0.0) -> None:
-    """The scheduler (with its sampler), every finished trial-rung, the seconds spent so far and the
-    worker-seconds of trainings that left no result (``lost``); atomic, the state it replaces kept as the
-    previous version (a resume falls back on it when this one is damaged)."""
-    job.store().write_json("state.json", {"scheduler": scheduler.to_json(), "rows": rows, "elapsed": elapsed, "lost": lost},
-                           indent=None, keep_previous=True)
+def save_state(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], elapsed: float, lost: float = 0.0,
+               runs: dict[str, str] | None = None) -> None:
+    """The scheduler (with its sampler), every finished trial-rung, the seconds spent so far, the
+    worker-seconds of trainings that left no result (``lost``) and the trials' MLflow runs (``runs``); atomic,
+    the state it replaces kept as the previous version (a resume falls back on it when this one is damaged)."""
+    state = {"scheduler": scheduler.to_json(), "rows": rows, "elapsed": elapsed, "lost": lost, "runs": runs or {}}
+    job.store().write_json("state.json", state, indent=None, keep_previous=True)
 
 
 def load_state(job: Job, build: Callable[[dict[str, Any]], T]) -> tuple[dict[str, Any], T] | None:
@@ -115,8 +116,8 @@ def load_state(job: Job, build: Callable[[dict[str, Any]], T]) -> tuple[dict[str
     new job; ``InputError`` naming the file when neither is good."""
     def check(saved: Any) -> tuple[dict[str, Any], T]:
         rows, elapsed, lost = saved["rows"], float(saved["elapsed"]), float(saved.get("lost", 0.0))
-        if not isinstance(rows, list) or elapsed < 0 or lost < 0:
-            raise ValueError("rows, elapsed or lost out of shape")
+        if not isinstance(rows, list) or elapsed < 0 or lost < 0 or not isinstance(saved.get("runs", {}), dict):
+            raise ValueError("rows, elapsed, lost or runs out of shape")
         return saved, build(saved["scheduler"])
 
     found, notice = job.store().read_kept("state.json", check)

@@ -65,7 +65,7 @@ def trial(job: dict[str, Any], trial_job: dict[str, Any], heartbeat_seconds: flo
     tj = TrialJob(**{**trial_job, "config": dict(trial_job["config"])})
     run_id = str(FlowRunContext.get().flow_run.id)
     store = spec.store()
-    try:
+    with factory.scope():
         with _heartbeat(spec, run_id, heartbeat_seconds):
             out = runner.work(spec, tj)
         result = {
@@ -76,8 +76,6 @@ def trial(job: dict[str, Any], trial_job: dict[str, Any], heartbeat_seconds: flo
         }
         store.write_json(f"results/{run_id}.json", result)
         return result
-    finally:
-        factory.release(spec.settings)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
 from prefect_hyperband.tasks import report, tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import (
-    finish_job_run, keep_best_checkpoint, register_champion, start_job_run, trial_params,
+    finish_job_run, keep_best_checkpoint, register_champion, start_job_run,
 )
 from prefect_hyperband.trainers import factory, registry
 
@@ -41,7 +41,7 @@ def tune(params: TuneParams) -> dict[str, Any]:
     began = time.perf_counter()
     params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
     job = prepare(params)
-    with job_lock(job.job_dir, job.job_id):  # one process per job: a second run or resume is refused
+    with job_lock(job.job_dir, job.job_id), factory.scope():  # one process per job; the job's own trainers
         return _run_job(params, job, logger, began)
 
 
@@ -70,78 +70,75 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
     saved, scheduler = found if found else (None, make_scheduler(job, max_trials, params.time_budget, clock))
     rows, spent = (saved["rows"], float(saved["elapsed"])) if saved else ([], 0.0)
     lost = float(saved.get("lost", 0.0)) if saved else 0.0
-    runs: dict[str, str] = {}
+    runs: dict[str, str] = dict(saved.get("runs") or {}) if saved else {}  # trial id -> its child run
     if saved:
         tracking.set_status(job.tracking_uri, job.parent_run_id, "RUNNING")  # it ended KILLED if the job was stopped
-        runs = _adopt_runs(job, scheduler)
-        close_decided(job, scheduler)
+        _adopt_runs(job, runs)
+        close_decided(job, scheduler, runs)
         logger.info("job %s resumed: %d trial-rungs kept", job.job_id, len(rows))
     report.report_start(plan["trial_rungs"], job.job_id)
     if not job.trial_pool:
         factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
-        try:
-            run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config), lost=lost,
-                        runs=runs)
-        except JobStopped as stop:
-            return _stopped(job, scheduler, stop, logger)
-        records = scheduler.records()
-        summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed, run.lost)
-        version = None
-        best_file = job.store().fetch(best["checkpoint"]) if best is not None else None  # local, wherever it was trained
-        if best is not None and params.register_model and registry.get(job.settings.model).log_model is not None:
-            registered = register_champion(job, best["run_id"], best_file, return_state=True)
-            if registered.is_completed():
-                version = registered.result()
-            else:  # the results stand without a registered model: say so, keep the job
-                logger.error("could not register the champion model: %s", registered.message)
-        if best is not None and version is None:  # no flavour to log it in: its files, on the parent run
-            keep_best_checkpoint(job, best_file)
-            logger.info("no model registered (%s); the best checkpoint is on the parent run under best_checkpoint/",
-                        "registration off" if not params.register_model else "the model has no MLflow flavour")
-        metrics = {
-            f"best_{job.metric_key}": summary.best_score,
-            f"default_{job.metric_key}": summary.default_score,
-            "configs": summary.configs,
-            "resource_used": summary.resource_used,
-            "resource_without_early_stopping": summary.resource_without_early_stopping,
-            "worker_seconds": summary.worker_seconds,
-            "lost_worker_seconds": summary.lost_worker_seconds,
-            "worker_seconds_without_early_stopping": summary.worker_seconds_without_early_stopping,
-            "wall_seconds": run.elapsed,
-            "sequential_seconds": summary.sequential_seconds,
-            "failed_trials": summary.failed_trials,
-        }
-        best_config = (
-            {"trial_id": best["trial_id"], "resource": best["resource"], job.metric_key: best["score"], "config": best["config"]}
-            if best
-            else {}
-        )
-        report.report_results(
-            [TrialRung(**r) for r in run.rows], {t.trial_id: t.config for t in records}, summary, job.metric,
-            job.direction, job.tracking_uri, job.parent_run_id, title=f"Hyperband job {job.job_id}",
-            extra={"MLflow parent run": job.parent_run_id, "champion version": version}, job_id=job.job_id,
-        )
-        finish_job_run(job, metrics, best_config, summary.to_json(), table(summary))
-        logger.info("summary\n%s", table(summary), extra={"hyperband_terminal": False})  # the CLI prints it once
-        return {
-            "job_id": job.job_id,
-            "job_dir": job.job_dir,
-            "storage": job.store().root,
-            "parent_run_id": job.parent_run_id,
-            "direction": job.direction,
-            "summary": summary.to_json(),
-            "table": table(summary),
-            "best": best,
-            "champion_version": version,
-        }
-    finally:
-        factory.release(job.settings)
+        run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config), lost=lost,
+                    runs=runs)
+    except JobStopped as stop:
+        return _stopped(job, scheduler, runs, stop, logger)
+    records = scheduler.records()
+    summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed, run.lost, runs)
+    version = None
+    best_file = job.store().fetch(best["checkpoint"]) if best is not None else None  # local, wherever it was trained
+    if best is not None and params.register_model and registry.get(job.settings.model).log_model is not None:
+        registered = register_champion(job, best["run_id"], best_file, return_state=True)
+        if registered.is_completed():
+            version = registered.result()
+        else:  # the results stand without a registered model: say so, keep the job
+            logger.error("could not register the champion model: %s", registered.message)
+    if best is not None and version is None:  # no flavour to log it in: its files, on the parent run
+        keep_best_checkpoint(job, best_file)
+        logger.info("no model registered (%s); the best checkpoint is on the parent run under best_checkpoint/",
+                    "registration off" if not params.register_model else "the model has no MLflow flavour")
+    metrics = {
+        f"best_{job.metric_key}": summary.best_score,
+        f"default_{job.metric_key}": summary.default_score,
+        "configs": summary.configs,
+        "resource_used": summary.resource_used,
+        "resource_without_early_stopping": summary.resource_without_early_stopping,
+        "worker_seconds": summary.worker_seconds,
+        "lost_worker_seconds": summary.lost_worker_seconds,
+        "worker_seconds_without_early_stopping": summary.worker_seconds_without_early_stopping,
+        "wall_seconds": run.elapsed,
+        "sequential_seconds": summary.sequential_seconds,
+        "failed_trials": summary.failed_trials,
+    }
+    best_config = (
+        {"trial_id": best["trial_id"], "resource": best["resource"], job.metric_key: best["score"], "config": best["config"]}
+        if best
+        else {}
+    )
+    report.report_results(
+        [TrialRung(**r) for r in run.rows], {t.trial_id: t.config for t in records}, summary, job.metric,
+        job.direction, job.tracking_uri, job.parent_run_id, title=f"Hyperband job {job.job_id}",
+        extra={"MLflow parent run": job.parent_run_id, "champion version": version}, job_id=job.job_id,
+    )
+    finish_job_run(job, metrics, best_config, summary.to_json(), table(summary))
+    logger.info("summary\n%s", table(summary), extra={"hyperband_terminal": False})  # the CLI prints it once
+    return {
+        "job_id": job.job_id,
+        "job_dir": job.job_dir,
+        "storage": job.store().root,
+        "parent_run_id": job.parent_run_id,
+        "direction": job.direction,
+        "summary": summary.to_json(),
+        "table": table(summary),
+        "best": best,
+        "champion_version": version,
+    }
 
 
-def _stopped(job: Job, scheduler, stop: JobStopped, logger) -> State:
+def _stopped(job: Job, scheduler, runs: dict[str, str], stop: JobStopped, logger) -> State:
     """The job stopped on request: open runs end KILLED, the flow run ends Cancelled; ``--resume`` finishes it."""
-    open_runs = [t.run_id for t in scheduler.records() if t.status == "running" and t.run_id]
+    open_runs = [runs[t.trial_id] for t in scheduler.records() if t.status == "running" and t.trial_id in runs]
     for run_id in [*open_runs, job.parent_run_id]:
         try:
             tracking.end_run(job.tracking_uri, run_id, "KILLED")
@@ -154,30 +151,22 @@ def _stopped(job: Job, scheduler, stop: JobStopped, logger) -> State:
     return Cancelled(message=message, data={"job_id": job.job_id, "signal": stop.signum})
 
 
-def _adopt_runs(job: Job, scheduler) -> dict[str, str]:
-    """Child runs created before a kill but not yet saved in the state: reuse them, never create twice.
-    Their params are logged again (the same values: a kill may have come between the run and its params).
-    Returns the runs of trials the state does not hold at all (a new trial's run is created as it starts
-    training: sampled again after the resume, the trial gets that run back)."""
-    existing = tracking.existing_children(job.tracking_uri, job.parent_run_id)
-    records = scheduler.records()
-    for t in records:
-        if t.run_id is None and t.trial_id in existing:
-            scheduler.set_run_id(t.trial_id, existing[t.trial_id])
-            tracking.log_params(job.tracking_uri, existing[t.trial_id],
-                                trial_params(job, t.trial_id, t.bracket, t.config))
-    held = {t.trial_id for t in records}
-    return {trial_id: run_id for trial_id, run_id in existing.items() if trial_id not in held}
+def _adopt_runs(job: Job, runs: dict[str, str]) -> None:
+    """Child runs created before a kill but not yet saved in the state: into ``runs``, reused, never created
+    twice (a trial the state does not hold yet, sampled again after the resume, gets its run back; its params
+    come with its first result, as a new trial's do)."""
+    for trial_id, run_id in tracking.existing_children(job.tracking_uri, job.parent_run_id).items():
+        runs.setdefault(trial_id, run_id)
 
 
 def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], default_score: float | None,
-               wall: float, lost: float = 0.0) -> tuple[Summary, dict | None]:
+               wall: float, lost: float = 0.0, runs: dict[str, str] | None = None) -> tuple[Summary, dict | None]:
     found = best_of(records, job.direction)  # type: ignore[arg-type]
     best = None
     if found is not None:
         t, resource, value = found
         best = {"trial_id": t.trial_id, "resource": resource, "score": value, "config": t.config,
-                "run_id": t.run_id, "checkpoint": job.checkpoint_url(t.trial_id, resource), "bracket": t.bracket}
+                "run_id": (runs or {}).get(t.trial_id), "checkpoint": job.checkpoint_url(t.trial_id, resource), "bracket": t.bracket}
     summary = summarise(
         [TrialRung(**r) for r in rows],
         metric=job.metric,

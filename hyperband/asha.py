@@ -57,7 +57,6 @@ class AshaTrial:
     status: Status = "running"
     in_flight: bool = True
     error: str | None = None
-    run_id: str | None = None  # tracking id, opaque here
 
 
 @dataclass
@@ -264,7 +263,8 @@ class AshaState:
             tuple(raw["brackets"]),
             rungs={int(s): [dict(r) for r in rungs] for s, rungs in raw["rungs"].items()},
             promoted={int(s): [set(p) for p in rungs] for s, rungs in raw["promoted"].items()},
-            trials={t: AshaTrial(**v) for t, v in raw["trials"].items()},
+            # states saved before run ids left the core carry one per trial: the tracking side keeps them now
+            trials={t: AshaTrial(**{k: x for k, x in v.items() if k != "run_id"}) for t, v in raw["trials"].items()},
             started={int(s): n for s, n in raw["started"].items()},
         )
 

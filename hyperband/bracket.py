@@ -33,7 +33,6 @@ class Trial:
     scores: dict[int, float | None] = field(default_factory=dict)  # resource -> metric (None: failed)
     status: Status = "running"
     error: str | None = None
-    run_id: str | None = None  # tracking id, opaque here
 
     @property
     def last_score(self) -> float | None:
@@ -128,7 +127,7 @@ class BracketState:
     def from_json(cls, raw: dict[str, Any]) -> "BracketState":
         trials = {}
         for t, v in raw["trials"].items():
-            v = dict(v)
+            v = {k: x for k, x in v.items() if k != "run_id"}  # states saved before run ids left the core
             v["scores"] = {int(k): s for k, s in v["scores"].items()}
             trials[t] = Trial(**v)
         return cls(

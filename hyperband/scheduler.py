@@ -1,10 +1,11 @@
 """One scheduler interface for synchronous Hyperband and ASHA (Syne Tune's third layer).
 
-A driver keeps its slots busy with ``next_job()``, hands each result to ``report()``, closes
-the rungs ``closable()`` names with ``close(s)`` (synchronous brackets only: ASHA never closes a
-rung), and stops when ``done``. ``finish()`` ends the trials still waiting. Both schedulers
-speak ids and numbers, hold their sampler, and round-trip through JSON so a killed job resumes:
-jobs that were in flight when the state was saved are offered again first.
+A driver keeps its slots busy with ``next_job()``, hands each result to ``report()``, which
+returns what the result decided (``Decision``: trials failed, completed, promoted or stopped, a rung
+closed), and stops when ``done``; ``finish()`` ends the trials still waiting. The synchronous rung
+barrier lives inside ``HyperbandScheduler``: the result that completes a rung closes it. Both
+schedulers speak ids and numbers, hold their sampler, and round-trip through JSON so a killed job
+resumes: jobs that were in flight when the state was saved are offered again first.
 
 * ``HyperbandScheduler``: the brackets of ``schedule.brackets(r, R, η)`` side by side (or one
   after another, ``sequential=True``: BOHB's order, each bracket sampling from what the earlier
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Literal, Mapping, Protocol
 
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.bracket import BracketState, Status
@@ -40,19 +41,30 @@ class TrialRecord:
     resource: int  # units its checkpoint holds
     scores: dict[int, float | None]  # resource -> metric (None: failed there)
     error: str | None = None
-    run_id: str | None = None
+
+
+Kind = Literal["failed", "completed", "stopped", "promoted", "rung_closed"]
+#: the kinds that settle a trial's fate (its tracking run can be closed)
+ENDED: frozenset[str] = frozenset({"failed", "completed", "stopped"})
 
 
 @dataclass(frozen=True)
-class Promotion:
-    """What closing a rung decided: who goes up, whose trial ended (stopped or completed)."""
+class Decision:
+    """One thing a result decided. A trial ``failed``, ``completed`` (reached R), was ``promoted`` to the next
+    rung or ``stopped`` there; or rung ``rung`` of bracket ``bracket`` closed (``rung_closed``, no trial id:
+    synchronous brackets, after the decisions of its trials)."""
 
+    kind: Kind
     bracket: int
-    rung: int  # index of the rung closed
-    n_rungs: int
-    resource: int
-    promoted: list[str]
-    ended: list[str]
+    rung: int  # index of the rung the decision was taken at
+    resource: int  # that rung's resource
+    trial_id: str | None = None
+    n_rungs: int = 0  # rungs of the bracket
+
+
+def ended(decisions: list[Decision]) -> list[str]:
+    """The trials whose fate ``decisions`` settled."""
+    return [d.trial_id for d in decisions if d.kind in ENDED and d.trial_id is not None]
 
 
 class Sampler(Protocol):
@@ -63,15 +75,12 @@ class Sampler(Protocol):
 
 class Scheduler(Protocol):
     def next_job(self) -> TrialJob | None: ...
-    def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None, error: str | None = None) -> list[str]: ...
-    def closable(self) -> list[tuple[int, int]]: ...
-    def close(self, s: int) -> Promotion: ...
-    def finish(self) -> list[str]: ...
+    def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None,
+               error: str | None = None) -> list[Decision]: ...
+    def finish(self) -> list[Decision]: ...
     @property
     def done(self) -> bool: ...
     def records(self) -> list[TrialRecord]: ...
-    def set_run_id(self, trial_id: str, run_id: str) -> None: ...
-    def run_id(self, trial_id: str) -> str | None: ...
     def to_json(self) -> dict[str, Any]: ...
 
 
@@ -138,28 +147,29 @@ class HyperbandScheduler:
                     return TrialJob(t, state.s, state.rung_index, state.current.resource, dict(trial.config), trial.checkpoint)
         return None
 
-    def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None, error: str | None = None) -> list[str]:
+    def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None,
+               error: str | None = None) -> list[Decision]:
+        """Record a result; the one that completes its rung closes it (the top ⌊n_i/η⌋ go up, the rest stop)."""
         state = self.states[_bracket_of(trial_id)]
         if trial_id not in self.in_flight:
             raise ValueError(f"trial {trial_id} has no job in flight; report each job once")
+        i, rung = state.rung_index, state.current
         state.record(trial_id, resource, score, checkpoint, error)
         self.in_flight.discard(trial_id)
         if self.sampler is not None:
             self.sampler.tell(state.trials[trial_id].config, resource, None if _failed(score) else score)
-        return [trial_id] if state.trials[trial_id].status == "failed" else []
-
-    def closable(self) -> list[tuple[int, int]]:
-        """(s, rung index) of every bracket whose current rung has all its results."""
-        return [(s, st.rung_index) for s, st in self.states.items() if not st.done and not st.pending()]
-
-    def close(self, s: int) -> Promotion:
-        state = self.states[s]
-        i, resource, before = state.rung_index, state.current.resource, list(state.active)
+        n = len(state.rungs)
+        decisions = [Decision("failed", state.s, i, rung.resource, trial_id, n)] if state.trials[trial_id].status == "failed" else []
+        if state.pending():
+            return decisions
+        before = list(state.active)
         up = state.advance()
-        ended = [t for t in before if t not in up and state.trials[t].status in ("stopped", "completed")]
-        return Promotion(s, i, len(state.rungs), resource, up, ended)
+        decisions += [Decision("promoted", state.s, i, rung.resource, t, n) for t in up]
+        decisions += [Decision(state.trials[t].status, state.s, i, rung.resource, t, n)  # type: ignore[arg-type]
+                      for t in before if t not in up and state.trials[t].status in ("stopped", "completed")]
+        return decisions + [Decision("rung_closed", state.s, i, rung.resource, None, n)]
 
-    def finish(self) -> list[str]:
+    def finish(self) -> list[Decision]:
         if self.in_flight:
             raise ValueError(f"cannot finish with jobs in flight: report {', '.join(sorted(self.in_flight))} first")
         return []
@@ -170,15 +180,9 @@ class HyperbandScheduler:
 
     def records(self) -> list[TrialRecord]:
         return [
-            TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, dict(t.scores), t.error, t.run_id)
+            TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, dict(t.scores), t.error)
             for b in self._plan if b.s in self.states for t in self.states[b.s].trials.values()
         ]
-
-    def set_run_id(self, trial_id: str, run_id: str) -> None:
-        self.states[_bracket_of(trial_id)].trials[trial_id].run_id = run_id
-
-    def run_id(self, trial_id: str) -> str | None:
-        return self.states[_bracket_of(trial_id)].trials[trial_id].run_id
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -228,20 +232,23 @@ class AshaScheduler:
             return TrialJob(t.trial_id, t.bracket, t.rung, resource, dict(t.config), t.checkpoint)
         return self.state.next_job(self.sampler.ask, self._can_start())
 
-    def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None, error: str | None = None) -> list[str]:
+    def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None,
+               error: str | None = None) -> list[Decision]:
+        """Record a result; ASHA never closes a rung (its promotions happen in ``next_job``)."""
         self.state.report(trial_id, resource, score, checkpoint if not _failed(score) else None, error)
         trial = self.state.trials[trial_id]
         self.sampler.tell(trial.config, resource, None if _failed(score) else score)
-        return [trial_id] if trial.status in ("failed", "completed") else []
+        if trial.status not in ("failed", "completed"):
+            return []
+        n = len(self.state.plan(trial.bracket).rungs)
+        return [Decision(trial.status, trial.bracket, trial.rung, resource, trial_id, n)]
 
-    def closable(self) -> list[tuple[int, int]]:
-        return []
-
-    def close(self, s: int) -> Promotion:
-        raise ValueError("ASHA never closes a rung: promotions happen in next_job")
-
-    def finish(self) -> list[str]:
-        return self.state.finish()
+    def finish(self) -> list[Decision]:
+        """The trials still waiting in a rung are stopped there."""
+        stopped = self.state.finish()
+        plan = self.state.plan
+        return [Decision("stopped", (t := self.state.trials[i]).bracket, t.rung, t.resource, i, len(plan(t.bracket).rungs))
+                for i in stopped]
 
     @property
     def done(self) -> bool:
@@ -252,15 +259,9 @@ class AshaScheduler:
         for r in self.state.rows():
             scores[r["trial_id"]][r["resource"]] = r["score"]
         return [
-            TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, scores[t.trial_id], t.error, t.run_id)
+            TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, scores[t.trial_id], t.error)
             for t in self.state.trials.values()
         ]
-
-    def set_run_id(self, trial_id: str, run_id: str) -> None:
-        self.state.trials[trial_id].run_id = run_id
-
-    def run_id(self, trial_id: str) -> str | None:
-        return self.state.trials[trial_id].run_id
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "asha", "state": self.state.to_json(), "sampler": self.sampler.to_json(),

@@ -29,9 +29,11 @@ _LAZY = {
     "JobResult": ("prefect_hyperband.flows.api", "JobResult"),
     "Trial": ("prefect_hyperband.trainers.function", "Trial"),
     "report": ("prefect_hyperband.trainers.function", "report"),
+    "StopToken": ("prefect_hyperband.trainers.stopping", "StopToken"),
+    "JobCancelled": ("prefect_hyperband.flows.api", "JobCancelled"),
 }
 
-__all__ = ["JobResult", "Trial", "__version__", "report", "tune"]
+__all__ = ["JobCancelled", "JobResult", "StopToken", "Trial", "__version__", "report", "tune"]
 
 
 def __getattr__(name: str) -> Any:

@@ -73,17 +73,19 @@ def log_trial_rung(job: Job, run_id: str, resource: int, trained: TrainResult | 
     retrying(tracking.log_result, job.tracking_uri, run_id, history, metrics, resource, params)
 
 
-def close_trial_runs(job: Job, trials: list[TrialRecord]) -> None:
-    """Status tags of trials whose fate is known (stopped, failed, completed); their runs end."""
+def close_trial_runs(job: Job, trials: list[TrialRecord], runs: dict[str, str]) -> None:
+    """Status tags of trials whose fate is known (stopped, failed, completed); their runs (``runs``: trial id ->
+    run id) end."""
     for t in trials:
-        if t.run_id is None:
+        run_id = runs.get(t.trial_id)
+        if run_id is None:
             continue
         tags = {"hyperband.highest_rung": str(t.rung), "hyperband.resource": str(t.resource), "hyperband.status": t.status}
         if t.error:
             tags["hyperband.error"] = t.error[-4000:]
-        retrying(tracking.set_tags, job.tracking_uri, t.run_id, tags)
+        retrying(tracking.set_tags, job.tracking_uri, run_id, tags)
         if t.status != "running":
-            retrying(tracking.end_run, job.tracking_uri, t.run_id, "FAILED" if t.status == "failed" else "FINISHED")
+            retrying(tracking.end_run, job.tracking_uri, run_id, "FAILED" if t.status == "failed" else "FINISHED")
 
 
 @task(name="finish parent run", **RETRY)

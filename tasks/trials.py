@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from prefect_hyperband.hyperband.scheduler import Promotion, Scheduler
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers import factory, registry
-from prefect_hyperband.trainers.base import TrainResult, checkpoint_damage
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    score: float
-    seconds: float
+from prefect_hyperband.trainers.base import Evaluation, TrainResult, checkpoint_damage
 
 
 @task(name="train", task_run_name="train {trial_id} to r={resource}", cache_policy=NO_CACHE)
@@ -95,9 +88,10 @@ def evaluate_trial(job: Job, trial_id: str, resource: int, trained: TrainResult)
 
 
 @task(name="promote", task_run_name="promote bracket s={s} rung {rung}", cache_policy=NO_CACHE)
-def promote_rung(scheduler: Scheduler, s: int, rung: int) -> Promotion:
-    """Close a rung of bracket s: the top ⌊n_i/η⌋ go up, the rest stop."""
-    return scheduler.close(s)
+def promote_rung(s: int, rung: int, resource: int, promoted: list[str], stopped: list[str]) -> list[str]:
+    """A rung of bracket s closed (the scheduler ranked it): the top ⌊n_i/η⌋, ``promoted``, go up from ``resource``
+    units, ``stopped`` end there. Its task run puts the decision in the job's DAG in the Prefect UI."""
+    return promoted
 
 
 @task(name="train default config", cache_policy=NO_CACHE)

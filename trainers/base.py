@@ -13,6 +13,14 @@ from typing import Any, Iterator, Mapping, Protocol
 
 
 @dataclass(frozen=True)
+class Evaluation:
+    """The validation metric of a checkpoint, and the seconds it took."""
+
+    score: float
+    seconds: float
+
+
+@dataclass(frozen=True)
 class TrainResult:
     """One call of ``train``: the trial now holds ``resource`` units in ``checkpoint``."""
 

@@ -1,10 +1,12 @@
-"""Build a job's trainer from plain settings, once per process, and share it between its trials."""
+"""Build a job's trainer from plain settings, once per job, and share it between its trials."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.base import Trainer
@@ -43,41 +45,62 @@ def build(settings: TrainerSettings) -> Trainer:
     return registry.get(settings.model).build(settings)
 
 
-_trainers: dict[TrainerSettings, Trainer] = {}
-_lock = threading.Lock()
+class Trainers:
+    """One job's trainers: each built on first use for its settings (a cluster starts, the data loads, once per
+    job) and shared by the job's trials; all closed when the job ends. Two jobs, even with equal settings, have
+    two: one job's end never closes the other's trainer."""
+
+    def __init__(self) -> None:
+        self._built: dict[TrainerSettings, Trainer] = {}
+        self._lock = threading.Lock()
+
+    def get(self, settings: TrainerSettings) -> Trainer:
+        with self._lock:
+            trainer = self._built.get(settings)
+            if trainer is None:
+                trainer = self._built[settings] = build(settings)
+            return trainer
+
+    def interrupt(self, settings: TrainerSettings) -> None:
+        """Stop the trainings of these settings that run in processes (launchers, ranks, a local cluster)."""
+        with self._lock:
+            trainer = self._built.get(settings)
+        if trainer is not None:
+            trainer.close()
+
+    def close_all(self) -> None:
+        """Close and forget every trainer (the job's end; a second Ctrl-C)."""
+        with self._lock:
+            built, self._built = list(self._built.values()), {}
+        for trainer in built:
+            try:
+                trainer.close()
+            except Exception:  # closing what is left: one that fails must not keep the others open
+                pass
+
+
+_scope: contextvars.ContextVar[Trainers | None] = contextvars.ContextVar("hyperband_trainers", default=None)
+
+
+@contextlib.contextmanager
+def scope() -> Iterator[Trainers]:
+    """The trainers of the code run in this context and the contexts copied from it (one job), closed at the end."""
+    trainers = Trainers()
+    reset = _scope.set(trainers)
+    try:
+        yield trainers
+    finally:
+        _scope.reset(reset)
+        trainers.close_all()
+
+
+def current() -> Trainers:
+    trainers = _scope.get()
+    if trainers is None:
+        raise RuntimeError("no trainer scope: run this inside factory.scope() (a job sets one up)")
+    return trainers
 
 
 def get(settings: TrainerSettings) -> Trainer:
-    """The process's trainer for these settings, built on first use (a cluster starts once per job)."""
-    with _lock:
-        trainer = _trainers.get(settings)
-        if trainer is None:
-            trainer = _trainers[settings] = build(settings)
-        return trainer
-
-
-def interrupt(settings: TrainerSettings) -> None:
-    """Stop the trainings of these settings that run in processes (launchers, ranks, a local cluster): the job is stopping."""
-    with _lock:
-        trainer = _trainers.get(settings)
-    if trainer is not None:
-        trainer.close()
-
-
-def interrupt_all() -> None:
-    """Every trainer of this process, at once (a second Ctrl-C)."""
-    with _lock:
-        trainers = list(_trainers.values())
-    for trainer in trainers:
-        try:
-            trainer.close()
-        except Exception:
-            pass
-
-
-def release(settings: TrainerSettings) -> None:
-    """Close and forget the trainer of these settings (end of job)."""
-    with _lock:
-        trainer = _trainers.pop(settings, None)
-    if trainer is not None:
-        trainer.close()
+    """The job's trainer for these settings, built on first use."""
+    return current().get(settings)

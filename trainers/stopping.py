@@ -1,68 +1,102 @@
-"""A stop requested for the whole job (Ctrl-C, SIGTERM, a cancellation from the Prefect UI).
+"""A job's stop request (Ctrl-C, SIGTERM, a cancellation from the Prefect UI), one token per job.
 
-Plain Python, shared by the driver and the trainers: the driver requests the stop from its signal
-handler; trainers that run in the job's own threads look at it between units (XGBoost after each
-boosting round, the synthetic model while it sleeps, a user function when it reports) and give up
-with ``Stopped``, saving no checkpoint for the units they did not finish. Trainers that run in
-processes are stopped by killing them (``interrupt()``).
+Plain Python, shared by the driver and the trainers: the driver makes a ``StopToken`` per job and binds
+it to the job's context (``bind``), which every thread of its trial-rungs copies; the signal handler
+requests the stop on it. Trainers that run in the job's own threads look at it between units
+(``check``, ``sleep``, ``requested``: XGBoost after each boosting round, the synthetic model while it
+sleeps, a user function when it reports) and give up with ``Stopped``, saving no checkpoint for the
+units they did not finish. Trainers that run in processes are stopped by killing them. Two jobs in
+one process have two tokens: stopping one leaves the other running.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 import time
-
-_requested = threading.Event()
-_signal: list[int] = []
-_cancelled: set[int] = set()  # threads whose trial-rung was given up (a timeout): their training stops too
+from typing import Iterator
 
 
 class Stopped(Exception):
     """The job is stopping: this training gave up before its resource; nothing was saved."""
 
 
-def request(signum: int = 0) -> None:
-    if not _requested.is_set():
-        _signal.append(signum)
-    _requested.set()
+class StopToken:
+    """One job's stop request, and the threads whose trial-rung was given up (a timeout)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._signum: int | None = None
+        self._cancelled: set[int] = set()
+
+    def request(self, signum: int = 0) -> None:
+        if self._signum is None:
+            self._signum = signum
+        self._event.set()
+
+    def requested(self) -> bool:
+        """The whole job is stopping."""
+        return self._event.is_set()
+
+    @property
+    def signum(self) -> int:
+        """The signal that asked for the stop (0: none did, or no stop)."""
+        return self._signum or 0
+
+    def cancel_thread(self, ident: int) -> None:
+        """Stop the training running in thread ``ident`` at its next unit (its trial-rung timed out)."""
+        self._cancelled.add(ident)
+
+    def clear_thread(self) -> None:
+        """The calling thread starts a new trial-rung: an earlier cancellation no longer applies."""
+        self._cancelled.discard(threading.get_ident())
+
+    def here(self) -> bool:
+        """The job is stopping, or the calling thread's trial-rung was given up."""
+        return self._event.is_set() or threading.get_ident() in self._cancelled
+
+    def wait(self, seconds: float) -> bool:
+        return self._event.wait(seconds)
+
+
+_token: contextvars.ContextVar[StopToken | None] = contextvars.ContextVar("hyperband_stop", default=None)
+
+
+@contextlib.contextmanager
+def bind(token: StopToken) -> Iterator[StopToken]:
+    """``token`` is the job's for the code run in this context (and in the contexts copied from it)."""
+    reset = _token.set(token)
+    try:
+        yield token
+    finally:
+        _token.reset(reset)
+
+
+def current() -> StopToken | None:
+    return _token.get()
 
 
 def requested() -> bool:
-    """The job is stopping, or the calling thread's trial-rung was given up."""
-    return _requested.is_set() or threading.get_ident() in _cancelled
-
-
-def cancel_thread(ident: int) -> None:
-    """Stop the training running in thread ``ident`` at its next unit (its trial-rung timed out)."""
-    _cancelled.add(ident)
-
-
-def clear_thread() -> None:
-    """A thread starts a new trial-rung: an earlier cancellation no longer applies."""
-    _cancelled.discard(threading.get_ident())
-
-
-def signal_number() -> int | None:
-    """The signal that asked for the stop (0 when none did), or None when no stop was requested."""
-    return _signal[0] if _signal else None
-
-
-def reset() -> None:
-    """For a new job in the same process (tests, notebooks)."""
-    _requested.clear()
-    _signal.clear()
-    _cancelled.clear()
+    """The job of this context is stopping, or this thread's trial-rung was given up; False outside a job."""
+    token = _token.get()
+    return token is not None and token.here()
 
 
 def check() -> None:
-    if requested():
-        raise Stopped("the job is stopping" if _requested.is_set() else "the trial-rung was given up")
+    token = _token.get()
+    if token is not None and token.here():
+        raise Stopped("the job is stopping" if token.requested() else "the trial-rung was given up")
 
 
 def sleep(seconds: float) -> None:
     """``time.sleep`` that ends early, with ``Stopped``, when a stop is requested."""
+    token = _token.get()
+    if token is None:
+        time.sleep(seconds)
+        return
     deadline = time.monotonic() + seconds
-    while not _requested.wait(timeout=max(0.0, min(0.2, deadline - time.monotonic()))):
+    while not token.wait(max(0.0, min(0.2, deadline - time.monotonic()))):
         check()
         if time.monotonic() >= deadline:
             return

@@ -100,6 +100,7 @@ def test_a_trial_pool_without_a_prefect_server_for_its_workers_is_one_line(tmp_p
                                    "`prefect server start`)")
 
 
+@pytest.mark.slow  # processes end to end (the fast tier keeps its loop behaviours on fakes)
 def test_tune_printed_to_a_file_is_short_no_task_run_lines_one_summary(tmp_path):
     """Non-TTY output (CI, logs): the job's own lines and the summary once; Prefect's per-task-run lines stay in its UI."""
     import os

@@ -110,7 +110,7 @@ def test_a_trial_rung_whose_orchestration_fails_is_run_again_not_failed(tracking
     from prefect_hyperband.flows import driver
     from prefect_hyperband.flows.tune import tune
 
-    real, calls = driver.runner.run_trial_rung, {"n": 0}
+    real, calls = driver.runner.work, {"n": 0}
 
     def flaky(*args, **kwargs):
         calls["n"] += 1
@@ -118,7 +118,7 @@ def test_a_trial_rung_whose_orchestration_fails_is_run_again_not_failed(tracking
             raise RuntimeError("simulated: Prefect API answered 503")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(driver.runner, "run_trial_rung", flaky)
+    monkeypatch.setattr(driver.runner, "work", flaky)
     result = tune(TuneParams(model="synthetic", max_resource=9, eta=3, concurrency=1, seed=2,
                              job_dir=str(tmp_path), experiment="retry", baseline=False))
     summary = result["summary"]
@@ -133,14 +133,14 @@ def test_orchestration_failing_past_its_retries_fails_the_trial_only(tracking_ur
     from prefect_hyperband.flows import driver
     from prefect_hyperband.flows.tune import tune
 
-    real = driver.runner.run_trial_rung
+    real = driver.runner.work
 
     def broken_for_one(job, todo, *args):
         if todo.trial_id == "s1-000":
             raise RuntimeError("simulated: API down for this trial")
         return real(job, todo, *args)
 
-    monkeypatch.setattr(driver.runner, "run_trial_rung", broken_for_one)
+    monkeypatch.setattr(driver.runner, "work", broken_for_one)
     result = tune(TuneParams(model="synthetic", max_resource=3, eta=3, concurrency=2, seed=2,
                              job_dir=str(tmp_path), experiment="broken", baseline=False))
     assert result["summary"]["failed_trials"] == 1 and result["summary"]["configs"] == 5
@@ -226,17 +226,18 @@ def test_trial_rung_metrics_are_written_by_the_mlflow_writer_before_the_result_e
     """No trial thread waits on the tracking store, and a saved result always has its MLflow write behind it."""
     import threading
 
-    from prefect_hyperband.flows import driver, runner
+    from prefect_hyperband.flows import driver
+    from prefect_hyperband.flows.tracker import MlflowTracker
     from prefect_hyperband.flows.tune import tune
 
     written: set[tuple[str, int]] = set()
     writers: set[str] = set()
-    real_record, real_save = runner.record, driver.save_state
+    real_record, real_save = MlflowTracker._write, driver.save_state
 
-    def slow_record(job, tj, *args, **kwargs):
+    def slow_record(self, out):
         time.sleep(0.02)  # a tracking server that takes its time
-        out = real_record(job, tj, *args, **kwargs)
-        written.add((tj.trial_id, tj.resource))
+        out = real_record(self, out)
+        written.add((out.job.trial_id, out.job.resource))
         writers.add(threading.current_thread().name)
         return out
 
@@ -245,7 +246,7 @@ def test_trial_rung_metrics_are_written_by_the_mlflow_writer_before_the_result_e
         assert not missing, f"saved before their MLflow write: {sorted(missing)}"
         return real_save(job, scheduler, rows, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "record", slow_record)
+    monkeypatch.setattr(MlflowTracker, "_write", slow_record)
     monkeypatch.setattr(driver, "save_state", checked_save)
     result = tune(TuneParams(model="synthetic", max_resource=9, eta=3, concurrency=2, job_dir=str(tmp_path),
                              experiment="writer", baseline=False))

@@ -15,6 +15,7 @@ SPACE = str(ROOT / "examples" / "sklearn_space.yaml")
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
+@pytest.mark.slow  # processes end to end (the fast tier keeps its loop behaviours on fakes)
 def test_the_sklearn_example_from_the_cli_trains_exactly_69_epochs(tracking_uri, tmp_path, capsys):
     from prefect_hyperband.flows import cli
 

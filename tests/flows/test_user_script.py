@@ -30,6 +30,7 @@ def launchers() -> list[psutil.Process]:
     return out
 
 
+@pytest.mark.slow  # processes end to end (the fast tier keeps its loop behaviours on fakes)
 def test_the_ddp_example_with_two_workers_trains_exactly_11_epochs_at_world_size_2(tracking_uri, tmp_path, capsys):
     from prefect_hyperband.flows import cli
 
@@ -62,6 +63,7 @@ def script(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # processes end to end (the fast tier keeps its loop behaviours on fakes)
 def test_a_failing_script_fails_its_trial_with_the_last_lines_of_its_output(tracking_uri, tmp_path, capsys):
     """Non-zero exit, a missing report, a NaN: each fails that trial only, with the reason on its child run."""
     from prefect_hyperband.flows import cli

@@ -9,7 +9,7 @@ import pytest
 
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.sampler import RandomSampler
-from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, TrialRecord, best_of
+from prefect_hyperband.hyperband.scheduler import AshaScheduler, Decision, HyperbandScheduler, TrialRecord, best_of, ended
 from prefect_hyperband.hyperband.space import parse
 
 SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}})
@@ -34,8 +34,6 @@ def run(scheduler, concurrency=2, stop_after=None):
             return jobs
         job = flying.pop(0)
         scheduler.report(job.trial_id, job.resource, score(job.config, job.resource), f"ck/{job.trial_id}/{job.resource}")
-        for s, _ in scheduler.closable():
-            scheduler.close(s)
 
 
 def test_hyperband_81_3_hands_out_table_1_and_resumes_every_promotion():
@@ -94,13 +92,15 @@ def test_a_failed_trial_ends_at_its_report_and_is_never_promoted():
     sched = HyperbandScheduler(1, 3, 3, "min", SPACE, seed=0)
     jobs = [sched.next_job() for _ in range(3)]
     assert [j.bracket for j in jobs] == [1, 1, 1]
-    assert sched.report(jobs[0].trial_id, 1, None, None, "boom") == [jobs[0].trial_id]
-    for j in jobs[1:]:
-        assert sched.report(j.trial_id, 1, score(j.config, 1), "ck") == []
-    ((s, rung),) = sched.closable()
-    promotion = sched.close(s)
-    assert (promotion.bracket, promotion.rung, promotion.n_rungs) == (1, 0, 2)
-    assert jobs[0].trial_id not in promotion.promoted and len(promotion.promoted) == 1
+    assert sched.report(jobs[0].trial_id, 1, None, None, "boom") == [Decision("failed", 1, 0, 1, jobs[0].trial_id, 2)]
+    assert sched.report(jobs[1].trial_id, 1, 0.9, "ck") == []  # the rung still waits for jobs[2]
+    closing = sched.report(jobs[2].trial_id, 1, 0.1, "ck")  # the last result closes the rung: the barrier is the scheduler's
+    assert closing == [
+        Decision("promoted", 1, 0, 1, jobs[2].trial_id, 2),
+        Decision("stopped", 1, 0, 1, jobs[1].trial_id, 2),
+        Decision("rung_closed", 1, 0, 1, None, 2),
+    ]
+    assert ended(closing) == [jobs[1].trial_id]
     with pytest.raises(ValueError, match="report each job once"):
         sched.report(jobs[1].trial_id, 1, 0.5, "ck")
 
@@ -115,7 +115,8 @@ def test_asha_scheduler_stops_at_max_trials_and_resumes_its_backlog():
     assert resumed.backlog and set(resumed.backlog) <= {j.trial_id for j in jobs}
     run(resumed, concurrency=3)
     assert resumed.done and resumed.state.configs_started == 20
-    resumed.finish()
+    stopped = resumed.finish()
+    assert {d.kind for d in stopped} <= {"stopped"} and len(ended(stopped)) == len(stopped)
     assert all(t.status in ("stopped", "completed") for t in resumed.records())
 
 

@@ -102,6 +102,7 @@ def test_digits_default_config_two_workers_reaches_95_percent(digits_runs):
         assert np.allclose(model(torch.from_numpy(X)).numpy(), proba, atol=1e-6)
 
 
+@pytest.mark.slow  # processes end to end (the fast tier keeps its loop behaviours on fakes)
 def test_killed_rank_fails_only_its_call_fast_and_leaves_no_processes(tmp_path):
     scratch = tmp_path / "failing"
     scratch.mkdir()
@@ -122,6 +123,7 @@ def test_killed_rank_fails_only_its_call_fast_and_leaves_no_processes(tmp_path):
     assert torch_descendants(os.getpid()) == []
 
 
+@pytest.mark.slow  # processes end to end (the fast tier keeps its loop behaviours on fakes)
 def test_hanging_rank_is_killed_at_the_trial_timeout(tmp_path):
     trainer = TorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=256, trial_timeout=8)
     started = time.monotonic()

@@ -1,0 +1,103 @@
+"""Where a job's trial-rungs run: the loop's ``Executor`` and ``Clock`` over threads of this process.
+
+``local``: each trial-rung's ``train`` and ``evaluate`` tasks in a thread of the job (a trainer may start its
+own processes: DDP ranks, a Dask cluster). ``trial_pool``: each trial-rung as a flow run on a Prefect work
+pool, watched from a thread. Both run inside a copy of the job flow's context, so task runs and flow runs
+land under the job's flow run and trainers see the job's stop token. Another engine (a Dask cluster's
+workers, say) is one more class with the same four methods; the loop does not change.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from prefect_hyperband.flows.loop import Outcome
+from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.trainers.stopping import StopToken
+
+#: threads beyond the job's slots, for trial-rungs given up on their timeout while their training stops
+SPARE_THREADS = 4
+#: the name of a thread that runs a trial-rung (``stuck`` counts those that still do after their job)
+THREAD_PREFIX = "hyperband-trial"
+
+
+class RealClock:
+    """Seconds of ``time.monotonic``; waits on real futures."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, futures: Iterable[Future], timeout: float) -> set[Future]:
+        done, _ = wait(list(futures), timeout=timeout, return_when=FIRST_COMPLETED)
+        return done
+
+
+@dataclass
+class _Work:
+    """A trial-rung's thread and the time its work began (None while it waits for a thread)."""
+
+    began: float | None = None
+    thread: int | None = None
+
+
+class ThreadExecutor:
+    """``work(todo)`` in a pool of threads, each call in a copy of the caller's context (the flow run's)."""
+
+    def __init__(self, work: Callable[[TrialJob], Outcome], slots: int, stop: StopToken,
+                 interrupt: Callable[[], None] = lambda: None) -> None:
+        self.work, self.stop, self._interrupt = work, stop, interrupt
+        self.pool = ThreadPoolExecutor(max_workers=slots + SPARE_THREADS, thread_name_prefix=THREAD_PREFIX)
+        self.running: dict[Future, _Work] = {}
+        self.abandoned: list[Future] = []
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """``fn()`` in a thread of the pool, in a copy of this context (the baseline's training)."""
+        return self.pool.submit(contextvars.copy_context().run, fn)
+
+    def submit(self, todo: TrialJob) -> Future[Outcome]:
+        record = _Work()
+
+        def call() -> Outcome:
+            record.thread, record.began = threading.get_ident(), time.monotonic()
+            self.stop.clear_thread()
+            here = threading.current_thread()
+            here.hyperband_busy = True  # type: ignore[attr-defined]  (``stuck`` reads it)
+            try:
+                return self.work(todo)
+            finally:
+                here.hyperband_busy = False  # type: ignore[attr-defined]
+
+        future = self.call(call)
+        self.running[future] = record
+        return future
+
+    def began(self, future: Future[Outcome]) -> float | None:
+        record = self.running.get(future)
+        return record.began if record is not None else None
+
+    def give_up(self, future: Future[Outcome]) -> None:
+        record = self.running.get(future)
+        if record is not None and record.thread is not None:
+            self.stop.cancel_thread(record.thread)
+        self.abandoned.append(future)
+
+    def interrupt(self) -> None:
+        self._interrupt()
+
+    def shutdown(self, wait: bool) -> None:
+        """After a stop, or with a training given up on its timeout still running, nothing is waited for."""
+        self.pool.shutdown(wait=wait and not self.stuck(), cancel_futures=True)
+
+    def stuck(self) -> int:
+        return sum(1 for f in self.abandoned if not f.done())
+
+
+def stuck() -> int:
+    """Threads of this process still running a trial-rung after their job ended (a hung user function given up
+    on its timeout): the CLI exits without waiting for them."""
+    return sum(1 for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX) and getattr(t, "hyperband_busy", False))

@@ -1,0 +1,341 @@
+"""The job's loop: keep the slots busy, hand each result to the scheduler, save, stop on request.
+
+Plain Python over what is passed in: the scheduler (what runs next, what a result decided), an
+``Executor`` (where trial-rungs run: threads of this process, flow runs on a work pool, ...), a
+``Tracker`` (where a trial-rung is recorded before its result enters the state), a ``Clock`` and a
+stop token. No Prefect and no MLflow here: ``flows.driver`` wires the real ones, the tests fakes.
+
+One trial-rung's path: ``_fill`` takes it from ``scheduler.next_job()`` and submits it; once trained,
+``_trained`` hands it to the tracker; once recorded, ``_settle`` reports it to the scheduler, adds its
+row and passes the decisions on; the state is saved after every pass that settled a result.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Protocol
+
+from prefect_hyperband.hyperband.accounting import TrialRung
+from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, ended
+from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.trainers.base import Evaluation, TrainResult
+
+#: a trial-rung whose orchestration (not its trainer) failed is run again this many times
+ORCHESTRATION_RETRIES = 2
+#: seconds the trial-rungs in flight get to end after a stop is requested (then they are abandoned)
+STOP_GRACE = 8.0
+#: seconds the loop waits for a result before it looks at the clock (timeouts, a stop) again
+POLL = 0.25
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one trial-rung gave: trained and evaluated, or the error that ended it (the trainer's)."""
+
+    job: TrialJob
+    trained: TrainResult | None
+    evaluated: Evaluation | None
+    error: str | None
+    started: float | None = None  # epoch seconds: training began, evaluation ended
+    ended: float | None = None
+
+    @property
+    def score(self) -> float | None:
+        return self.evaluated.score if self.evaluated is not None else None
+
+    @property
+    def checkpoint(self) -> str | None:
+        return self.trained.checkpoint if self.trained is not None and self.evaluated is not None else None
+
+    def row(self) -> TrialRung:
+        j, t, e = self.job, self.trained, self.evaluated
+        return TrialRung(
+            trial_id=j.trial_id, bracket=j.bracket, rung=j.rung, resource=j.resource,
+            resource_trained=t.resource_trained if t else 0, train_seconds=t.seconds if t else 0.0,
+            eval_seconds=e.seconds if e else 0.0, workers=t.workers if t else 1, score=self.score,
+            started=self.started, ended=self.ended,
+        )
+
+
+class Executor(Protocol):
+    """Where trial-rungs run. A future's exception is the orchestration's failure, never the trainer's."""
+
+    def submit(self, todo: TrialJob) -> Future[Outcome]: ...
+    def began(self, future: Future[Outcome]) -> float | None: ...  # clock time its work began; None: queued
+    def give_up(self, future: Future[Outcome]) -> None: ...  # past its timeout: its training stops at its next unit
+    def interrupt(self) -> None: ...  # the job stops: trainings in processes end now
+    def shutdown(self, wait: bool) -> None: ...
+
+
+class Tracker(Protocol):
+    """Where results are recorded (MLflow), in order, before they enter the state."""
+
+    def start(self, todo: TrialJob) -> None: ...  # a new trial's run is made while it trains (else nothing)
+    def record(self, out: Outcome) -> Future[Outcome]: ...
+    def record_failure(self, out: Outcome) -> Outcome: ...  # at once; never raises
+    def close(self, trial_ids: list[str]) -> None: ...  # the trials' fates are decided
+    def drain(self) -> None: ...
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+    def wait(self, futures: Iterable[Future], timeout: float) -> set[Future]: ...
+
+
+class Stop(Protocol):
+    def requested(self) -> bool: ...
+    @property
+    def signum(self) -> int: ...
+
+
+class Events(Protocol):
+    """What the loop tells whoever watches: logs, displays, the Prefect UI."""
+
+    def settled(self, out: Outcome, decisions: list[Decision]) -> None: ...
+    def warning(self, message: str) -> None: ...
+
+
+class JobStopped(Exception):
+    """The job stopped on request (a signal, a cancellation); its state is saved and ``--resume`` finishes it."""
+
+    def __init__(self, signum: int, abandoned: int) -> None:
+        super().__init__(f"stopped by {signal_name(signum)}")
+        self.signum, self.abandoned = signum, abandoned
+
+
+def signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "request"
+
+
+class Timeouts:
+    """Seconds a trial-rung may take: ``--trial-timeout`` when given; else, from the job's own measurements,
+    ``max(FLOOR, FACTOR x the 90th percentile of seconds per unit x the units to reach)``, and ``FIRST`` until
+    ``MEASURED`` trial-rungs have been measured."""
+
+    FIRST, FLOOR, FACTOR, MEASURED = 3600.0, 300.0, 20.0, 3
+
+    def __init__(self, fixed: float | None) -> None:
+        self.fixed = fixed
+        self.per_unit: list[float] = []
+
+    def observe(self, trained: TrainResult) -> None:
+        if trained.resource_trained > 0:
+            self.per_unit.append(trained.seconds / trained.resource_trained)
+
+    def limit(self, todo: TrialJob) -> float:
+        if self.fixed:
+            return float(self.fixed)
+        if len(self.per_unit) < self.MEASURED:
+            return self.FIRST
+        ordered = sorted(self.per_unit)
+        p90 = ordered[int(0.9 * (len(ordered) - 1))]
+        return max(self.FLOOR, self.FACTOR * p90 * todo.resource)
+
+
+@dataclass
+class Drive:
+    """What the loop leaves: every finished trial-rung (``TrialRung`` fields) and the baseline's score."""
+
+    rows: list[dict[str, Any]]
+    default_score: float | None
+    elapsed: float
+    #: worker-seconds of trainings that left no result: failed, stopped, timed out, run again (measured)
+    lost: float = 0.0
+
+
+@dataclass
+class Flight:
+    """A trial-rung in flight: training (``limit``: seconds it may take) or, once trained, being recorded."""
+
+    todo: TrialJob
+    limit: float
+    recording: bool = False
+
+
+@dataclass
+class Loop:
+    """Run ``scheduler`` to the end with ``concurrency`` trial-rungs in flight (``workers`` each); ``save(elapsed,
+    lost)`` after every pass that settled a result. ``baseline``: the default config's training, in a slot too."""
+
+    scheduler: Scheduler
+    executor: Executor
+    tracker: Tracker
+    clock: Clock
+    stop: Stop
+    events: Events
+    save: Callable[[list[dict[str, Any]], float, float], None]
+    concurrency: int
+    workers: int = 1
+    trial_timeout: float | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    spent: float = 0.0  # seconds of earlier runs of the job (a resume)
+    lost: float = 0.0
+    baseline: Future[float | None] | None = None
+    grace: float = STOP_GRACE
+    flights: dict[Future, Flight] = field(default_factory=dict, init=False)
+    retry: list[TrialJob] = field(default_factory=list, init=False)
+    attempts: Counter = field(default_factory=Counter, init=False)
+    to_close: list[str] = field(default_factory=list, init=False)
+    default_score: float | None = field(default=None, init=False)
+    stop_began: float | None = field(default=None, init=False)
+    baseline_done: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.began = self.clock.now()
+        self.timeouts = Timeouts(self.trial_timeout)
+
+    def elapsed(self) -> float:
+        return self.spent + self.clock.now() - self.began
+
+    def run(self) -> Drive:
+        """The loop; ``JobStopped`` when a stop was requested (the state saved first)."""
+        try:
+            while True:
+                self._notice_stop()
+                self._fill()
+                if self._over():
+                    break
+                watched = [*self.flights, *([self.baseline] if self._baseline_running() else [])]
+                done = self.clock.wait(watched, POLL)
+                settled = len(self.rows)
+                self._give_up_overdue()
+                for future in [f for f in [*self.flights, self.baseline] if f in done]:  # in the order submitted
+                    self._done(future)
+                self._fill()  # the next trial-rungs train while the state is saved and runs are closed
+                if len(self.rows) > settled:
+                    self.save(self.rows, self.elapsed(), self.lost)
+                self._close()
+            if self.stop_began is not None:
+                raise JobStopped(self.stop.signum, sum(not f.recording for f in self.flights.values()))
+            self.to_close += ended(self.scheduler.finish())
+            self._close()
+        finally:
+            self.executor.shutdown(wait=self.stop_began is None)
+            self.tracker.drain()  # every run created and closed before the summary and the champion
+            self.save(self.rows, self.elapsed(), self.lost)
+        return Drive(self.rows, self.default_score, self.elapsed(), self.lost)
+
+    def _notice_stop(self) -> None:
+        if self.stop.requested() and self.stop_began is None:  # Ctrl-C, SIGTERM, a cancellation
+            self.stop_began = self.clock.now()
+            training = sum(not f.recording for f in self.flights.values())
+            self.events.warning(f"stopping: {training} trial-rungs in flight are given {self.grace:.0f} s; "
+                                "the job is saved for --resume")
+            self.executor.interrupt()  # trainings in processes end now; threads at their next unit
+
+    def _baseline_running(self) -> bool:
+        return self.baseline is not None and not self.baseline_done
+
+    def _fill(self) -> None:
+        """Trial-rungs into the free slots, unless the job is stopping."""
+        while self.stop_began is None and not self.stop.requested() and self._busy() < self.concurrency:
+            todo = self.retry.pop(0) if self.retry else self.scheduler.next_job()
+            if todo is None:
+                return
+            self.tracker.start(todo)
+            self.flights[self.executor.submit(todo)] = Flight(todo, self.timeouts.limit(todo))
+
+    def _busy(self) -> int:
+        return sum(not f.recording for f in self.flights.values()) + self._baseline_running()
+
+    def _over(self) -> bool:
+        if self.stop_began is not None and self.clock.now() - self.stop_began > self.grace:
+            return True
+        return not self.flights and not self._baseline_running()
+
+    def _done(self, future: Future) -> None:
+        if future is self.baseline:
+            self.baseline_done = True
+            self.default_score = None if self.stop_began is not None else self._baseline_score(future)
+            return
+        flight = self.flights.pop(future, None)
+        if flight is None:  # given up on its timeout in this same pass
+            return
+        if flight.recording:
+            self._recorded(flight.todo, future)
+        else:
+            self._trained(flight, future)
+
+    def _baseline_score(self, future: Future) -> float | None:
+        try:
+            return future.result()
+        except Exception as exc:  # the orchestration failed: the job goes on without its baseline
+            self.events.warning(f"default config failed: {exc}")
+            return None
+
+    def _trained(self, flight: Flight, future: Future[Outcome]) -> None:
+        """A trial-rung's training ended: its record goes to the tracker; its slot takes the next trial-rung."""
+        try:
+            out: Outcome | None = future.result()
+        except Exception as exc:
+            out, failure = None, exc
+        began = self.executor.began(future)
+        discarded = self.stop.requested() and (out is None or out.error is not None)
+        if began is not None and (discarded or out is None or out.trained is None):
+            self.lost += (self.clock.now() - began) * self.workers  # cost with no training seconds on record
+        if discarded:  # stopped mid-training: not the trial's failure; --resume trains it again
+            return
+        if out is None:
+            self._orchestration_failed(flight.todo, failure)
+            return
+        self.flights[self.tracker.record(out)] = Flight(flight.todo, flight.limit, recording=True)
+
+    def _recorded(self, todo: TrialJob, future: Future[Outcome]) -> None:
+        try:
+            out = future.result()
+        except Exception as exc:  # the tracking store failed past its retries
+            self._orchestration_failed(todo, exc)
+            return
+        self._settle(todo, out)
+
+    def _orchestration_failed(self, todo: TrialJob, exc: Exception) -> None:
+        """The orchestration failed, not the trainer (the Prefect API, the tracking store past its retries): the
+        trial-rung runs again, or, past its retries, the trial fails (recorded when the tracker answers)."""
+        key = (todo.trial_id, todo.resource)
+        self.attempts[key] += 1
+        if self.attempts[key] <= ORCHESTRATION_RETRIES:
+            self.events.warning(f"trial {todo.trial_id} at r={todo.resource}: {type(exc).__name__}: {exc}; running it again")
+            self.retry.append(todo)
+            return
+        out = Outcome(todo, None, None, f"{type(exc).__name__}: {exc}")
+        self._settle(todo, self.tracker.record_failure(out))
+
+    def _give_up_overdue(self) -> None:
+        """Trial-rungs past their timeout: the trial fails, its training stops at its next unit."""
+        if self.stop_began is not None:
+            return
+        now = self.clock.now()
+        for future, flight in list(self.flights.items()):
+            began = self.executor.began(future)
+            if flight.recording or future.done() or began is None or now - began <= flight.limit:
+                continue
+            del self.flights[future]
+            self.executor.give_up(future)
+            self.lost += (now - began) * self.workers
+            out = Outcome(flight.todo, None, None, f"TimeoutError: the trial-rung took more than {flight.limit:.0f} s "
+                          "(--trial-timeout); its training was stopped")
+            self._settle(flight.todo, self.tracker.record_failure(out))
+
+    def _settle(self, todo: TrialJob, out: Outcome) -> None:
+        """A trial-rung's outcome into the scheduler and the rows; its decisions to the watchers."""
+        if out.trained is not None and out.error is None:
+            self.timeouts.observe(out.trained)
+        decisions = self.scheduler.report(todo.trial_id, todo.resource, out.score, out.checkpoint, out.error)
+        self.rows.append(asdict(out.row()))
+        self.events.settled(out, decisions)
+        self.to_close += ended(decisions)
+
+    def _close(self) -> None:
+        if self.to_close:
+            self.tracker.close(self.to_close)
+            self.to_close = []
+
+
+__all__ = ["Clock", "Drive", "Events", "Executor", "JobStopped", "Loop", "Outcome", "Stop", "Timeouts", "Tracker"]

@@ -1,0 +1,130 @@
+"""The process around a job, and everything here that touches Prefect's internals: signals that stop the job,
+a second signal that exits at once, and Prefect's temporary server (started in its own session, stopped)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from typing import Any, Callable, Iterator
+
+from prefect_hyperband.flows.loop import signal_name
+from prefect_hyperband.trainers.stopping import StopToken
+
+
+@contextlib.contextmanager
+def stop_on_signals(token: StopToken, kill: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Ctrl-C or SIGTERM (in the main thread: the CLI, a deployment's flow-run process) requests the stop on
+    ``token``; a second signal calls ``kill`` (what the job started), stops the temporary server and exits."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum: int, frame: Any) -> None:
+        if token.requested():
+            kill()
+            stop_temporary_servers(kill=True)
+            os._exit(128 + signum)
+        token.request(signum)
+        print(f"hyperband: {signal_name(signum)}: stopping within ~10 s, the job is saved for --resume "
+              "(again to exit at once)", file=sys.stderr, flush=True)
+
+    for s in previous:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def stop_temporary_servers(kill: bool = False) -> None:
+    """Prefect's temporary servers started by this process: killed at once, or stopped (terminate, then kill)."""
+    try:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        for server in list(SubprocessASGIServer._instances.values()):
+            if kill and server.server_process is not None:
+                server.server_process.kill()
+            elif not kill:
+                server.stop()
+    except Exception:  # leaving the process anyway: what could not be stopped dies with its parent
+        pass
+
+
+def temporary_server():
+    """Without ``PREFECT_API_URL``, the temporary Prefect server the job talks to, started here in its own
+    session: a terminal's Ctrl-C reaches the job's process group only, so the server outlives the signal
+    long enough for the job to save its state and end its runs, and is stopped at exit by Prefect's own hook,
+    after its event and log workers have drained (Prefect starts it in the job's group, where the same Ctrl-C
+    killed it first and left those workers retrying forever)."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return None
+    import subprocess
+    from pathlib import Path
+    from unittest import mock
+
+    from prefect.server.api import server as prefect_server
+    from prefect.settings import PREFECT_HOME
+
+    from prefect_hyperband.flows.server import batch_server_writes
+    from prefect_hyperband.trainers.base import file_lock
+
+    batch_server_writes()  # the server inherits them: its event consumers write in batches
+    instance = prefect_server.SubprocessASGIServer()  # the process's singleton: Prefect's clients find it running
+    real = subprocess.Popen
+    # its own errors (a shutdown's CancelledError traceback, SQLite's "database is locked" it retries) go to a
+    # log file, not into the job's output
+    log_path = Path(PREFECT_HOME.value()) / "temporary-server.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def in_own_session(*args: Any, **kwargs: Any):
+        kwargs.setdefault("start_new_session", True)
+        kwargs.setdefault("preexec_fn", _die_with_parent)
+        with log_path.open("ab") as log:
+            kwargs.setdefault("stdout", log)
+            kwargs.setdefault("stderr", subprocess.STDOUT)
+            return real(*args, **kwargs)
+
+    # one start at a time per PREFECT_HOME: two jobs started together would both migrate its new database (one
+    # server then fails its start-up and Prefect retries it on another port); the second waits for the first's
+    with file_lock(log_path.with_name("temporary-server.lock")), \
+            mock.patch.object(prefect_server.subprocess, "Popen", in_own_session):
+        instance.start()
+    return instance
+
+
+def _die_with_parent() -> None:
+    """In the server's process, before it runs: SIGTERM it when the job's process dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def exit_without_stuck(code: int) -> int:
+    """``code``, or, when a training given up on its timeout still runs in this process (user code that
+    hangs and never reports), exit now: Prefect's workers drained, the temporary server stopped, the
+    hung thread not waited for."""
+    from prefect_hyperband.flows.executors import stuck
+
+    hung = stuck()
+    if not hung:
+        return code
+    print(f"hyperband: {hung} training(s) given up on --trial-timeout still run; exiting without them", file=sys.stderr)
+    try:
+        from prefect._internal.concurrency.services import QueueService
+
+        QueueService.drain_all(timeout=10)
+        stop_temporary_servers()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -1,0 +1,299 @@
+"""The job's loop on fakes: a simulated executor and clock (trial-rungs take simulated seconds, waiting moves
+the time), a recording tracker and stop token. No threads, no sleeps, no Prefect, no MLflow: milliseconds."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+from concurrent.futures import Future
+
+import pytest
+
+from prefect_hyperband.flows.loop import ORCHESTRATION_RETRIES, POLL, JobStopped, Loop, Outcome
+from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.sampler import RandomSampler
+from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler
+from prefect_hyperband.hyperband.space import parse
+from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.trainers.base import Evaluation, TrainResult
+
+SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}})
+HANG = float("inf")
+
+
+def score(todo: TrialJob) -> float:
+    """Lower is better; improves with resource."""
+    return todo.config["x"] + 1.0 / todo.resource
+
+
+def trained(todo: TrialJob, seconds: float) -> Outcome:
+    done = TrainResult(f"ck/{todo.trial_id}/{todo.resource}", todo.resource,
+                       todo.resource - (0 if todo.checkpoint is None else int(todo.checkpoint.rsplit("/", 1)[1])),
+                       seconds, 1)
+    return Outcome(todo, done, Evaluation(score(todo), 0.0), None)
+
+
+class Sim:
+    """The loop's Executor and Clock in one. ``behave(todo, attempt)`` gives (seconds, Outcome or Exception)."""
+
+    def __init__(self, behave=None) -> None:
+        self.behave = behave or (lambda todo, attempt: (float(todo.resource), trained(todo, float(todo.resource))))
+        self.t = 0.0
+        self.queue: list = []
+        self.seq = itertools.count()
+        self.began_at: dict[Future, float] = {}
+        self.submitted: list[TrialJob] = []
+        self.given_up: list[TrialJob] = []
+        self.flying = self.most = self.interrupted = 0
+        self.on_submit = lambda todo: None
+
+    # -- Clock
+    def now(self) -> float:
+        return self.t
+
+    def wait(self, futures, timeout):
+        futures = list(futures)
+        if not any(f.done() for f in futures):
+            due = [at for at, _, f, _, _ in self.queue if f in futures]
+            self.t = min([self.t + timeout, *due])
+            while self.queue and self.queue[0][0] <= self.t:
+                _, _, future, result, _ = heapq.heappop(self.queue)
+                self.flying -= 1
+                future.set_exception(result) if isinstance(result, Exception) else future.set_result(result)
+        return {f for f in futures if f.done()}
+
+    # -- Executor
+    def submit(self, todo: TrialJob) -> Future:
+        attempt = sum(1 for s in self.submitted if (s.trial_id, s.resource) == (todo.trial_id, todo.resource))
+        self.submitted.append(todo)
+        self.on_submit(todo)
+        future: Future = Future()
+        seconds, result = self.behave(todo, attempt)
+        self.began_at[future] = self.t
+        self.flying += 1
+        self.most = max(self.most, self.flying)
+        heapq.heappush(self.queue, (self.t + seconds, next(self.seq), future, result, todo))
+        return future
+
+    def began(self, future):
+        return self.began_at.get(future)
+
+    def give_up(self, future):
+        self.given_up.extend(todo for _, _, f, _, todo in self.queue if f is future)
+
+    def interrupt(self):
+        self.interrupted += 1
+
+    def shutdown(self, wait):
+        self.shut_down_waiting = wait
+
+
+class Tracker:
+    def __init__(self, fail_record=lambda out, n: False) -> None:
+        self.started, self.recorded, self.failures, self.closed = [], [], [], []
+        self.fail_record = fail_record
+        self.drained = False
+
+    def start(self, todo):
+        self.started.append(todo.trial_id)
+
+    def record(self, out):
+        future: Future = Future()
+        if self.fail_record(out, len(self.recorded)):
+            future.set_exception(ConnectionError("simulated: the tracking store is down"))
+        else:
+            self.recorded.append((out.job.trial_id, out.job.resource))
+            future.set_result(out)
+        return future
+
+    def record_failure(self, out):
+        self.failures.append((out.job.trial_id, out.error))
+        return out
+
+    def close(self, trial_ids):
+        self.closed.extend(trial_ids)
+
+    def drain(self):
+        self.drained = True
+
+
+class Stop:
+    def __init__(self) -> None:
+        self.on, self.signum = False, 0
+
+    def requested(self):
+        return self.on
+
+    def request(self, signum=2):
+        self.on, self.signum = True, signum
+
+
+class Watch:
+    """The loop's Events, kept."""
+
+    def __init__(self) -> None:
+        self.settled_calls, self.warnings = [], []
+
+    def settled(self, out, decisions):
+        self.settled_calls.append((out, decisions))
+
+    def warning(self, message):
+        self.warnings.append(message)
+
+
+def hyperband(max_resource=9, seed=0):
+    return HyperbandScheduler(1, max_resource, 3, "min", SPACE, seed=seed)
+
+
+def make(scheduler, sim, tracker=None, stop=None, concurrency=2, saves=None, **kw):
+    """A loop over ``sim`` (its executor and clock); each save kept in ``saves`` as the job would write it."""
+    tracker = tracker or Tracker()
+    saves = [] if saves is None else saves
+
+    def save(rows, elapsed, lost):
+        saves.append({"scheduler": json.loads(json.dumps(scheduler.to_json())), "rows": list(rows),
+                      "elapsed": elapsed, "lost": lost, "recorded": list(tracker.recorded)})
+
+    return Loop(scheduler, sim, tracker, sim, stop or Stop(), Watch(), save, concurrency=concurrency, **kw)
+
+
+def scores(scheduler):
+    return {t.trial_id: t.scores for t in scheduler.records()}
+
+
+def test_a_synchronous_job_runs_every_trial_rung_once_with_at_most_concurrency_in_flight():
+    sim, tracker, saves = Sim(), Tracker(), []
+    sched = hyperband()
+    drive = make(sched, sim, tracker, concurrency=3, saves=saves).run()
+    assert len(drive.rows) == 22 and len(sim.submitted) == 22 and sched.done
+    assert sim.most == 3
+    assert tracker.recorded == [(r["trial_id"], r["resource"]) for r in drive.rows]  # recorded before it is a row
+    for saved in saves:  # every saved row had its tracker write first
+        assert {(r["trial_id"], r["resource"]) for r in saved["rows"]} <= set(saved["recorded"])
+    assert sorted(tracker.closed) == sorted(scores(sched)) and len(set(tracker.closed)) == 17  # each closed once
+    assert tracker.drained and sim.shut_down_waiting
+    # a promoted trial resumes its checkpoint: 69 units with resume, the plan's figure
+    assert sum(r["resource_trained"] for r in drive.rows) == 69
+    assert drive.elapsed == sim.t and drive.lost == 0.0
+
+
+def test_asha_keeps_every_slot_busy_until_max_trials():
+    sched = AshaScheduler(AshaState.create(1, 9, 3, "min"), RandomSampler(SPACE, 1), max_trials=20)
+    sim = Sim()
+    drive = make(sched, sim, concurrency=4).run()
+    assert sched.state.configs_started == 20 and sched.done
+    assert all(t.status in ("stopped", "completed") for t in sched.records())
+    assert sim.most == 4 and len(drive.rows) == len(sim.submitted)
+
+
+def test_a_stop_ends_the_loop_saved_and_a_resume_reaches_the_uninterrupted_result():
+    whole = hyperband(27, seed=3)
+    make(whole, Sim()).run()
+
+    sim, stop, saves = Sim(), Stop(), []
+    sim.on_submit = lambda todo: stop.request(15) if len(sim.submitted) == 20 else None
+    cut = hyperband(27, seed=3)
+    with pytest.raises(JobStopped) as stopped:
+        make(cut, sim, stop=stop, saves=saves).run()
+    assert stopped.value.signum == 15 and sim.interrupted == 1
+    assert len(sim.submitted) == 20  # nothing new after the stop
+    last = saves[-1]
+    assert 0 < len(last["rows"]) <= 20  # the results of those in flight are kept when their training ended well
+    resumed = HyperbandScheduler.from_json(last["scheduler"], SPACE, None)
+    rest = Sim()
+    drive = make(resumed, rest, rows=list(last["rows"]), spent=last["elapsed"]).run()
+    assert scores(resumed) == scores(whole)
+    kept = {(r["trial_id"], r["resource"]) for r in last["rows"]}
+    assert not kept & {(t.trial_id, t.resource) for t in rest.submitted}  # kept results are not trained again
+    assert len(drive.rows) == sum(len(s) for s in scores(whole).values())
+
+
+def test_a_stop_gives_the_trainings_in_flight_their_grace_then_abandons_them():
+    def behave(todo, attempt):
+        return (HANG, None) if todo.trial_id == "s1-000" else (1.0, trained(todo, 1.0))
+
+    sim, stop = Sim(behave), Stop()
+    sim.on_submit = lambda todo: stop.request() if len(sim.submitted) == 4 else None
+    with pytest.raises(JobStopped) as stopped:
+        make(hyperband(3), sim, stop=stop, concurrency=4, grace=8.0).run()
+    assert stopped.value.abandoned == 1
+    assert 8.0 < sim.t <= 8.0 + 2 * POLL  # the grace, from the pass that saw the stop, on the loop's clock
+    assert sim.shut_down_waiting is False
+
+
+def test_a_trial_rung_past_its_timeout_fails_its_trial_and_the_job_goes_on():
+    def behave(todo, attempt):
+        return (HANG, None) if todo.trial_id == "s2-004" else (1.0, trained(todo, 1.0))
+
+    sim, tracker = Sim(behave), Tracker()
+    sched = hyperband()
+    drive = make(sched, sim, tracker, concurrency=2, trial_timeout=30.0).run()
+    assert [t.trial_id for t in sim.given_up] == ["s2-004"]
+    failed = {t.trial_id: t for t in sched.records() if t.status == "failed"}
+    assert list(failed) == ["s2-004"] and "--trial-timeout" in failed["s2-004"].error
+    assert tracker.failures and tracker.failures[0][0] == "s2-004"
+    assert sched.done and len(drive.rows) == 22  # its trial-rung is a row (failed); its rung still promotes 3
+    assert 30.0 < drive.lost <= 30.25  # the given-up training's seconds, on the loop's clock
+
+
+def test_an_orchestration_error_runs_the_trial_rung_again_and_past_its_retries_fails_the_trial():
+    def behave(todo, attempt):
+        if todo.trial_id == "s2-000" and attempt < ORCHESTRATION_RETRIES:
+            return 1.0, RuntimeError("simulated: Prefect API answered 503")
+        if todo.trial_id == "s1-000":
+            return 1.0, RuntimeError("simulated: API down for this trial")
+        return 1.0, trained(todo, 1.0)
+
+    sim, tracker, sched = Sim(behave), Tracker(), hyperband()
+    make(sched, sim, tracker, concurrency=1).run()
+    status = {t.trial_id: t.status for t in sched.records()}
+    assert status["s2-000"] != "failed"  # retried twice, then trained
+    assert sum(1 for t in sim.submitted if t.trial_id == "s2-000" and t.resource == 1) == ORCHESTRATION_RETRIES + 1
+    assert status["s1-000"] == "failed" and tracker.failures == [("s1-000", "RuntimeError: simulated: API down for this trial")]
+    assert sum(1 for t in sim.submitted if t.trial_id == "s1-000") == ORCHESTRATION_RETRIES + 1
+
+
+def test_a_tracking_store_down_past_its_retries_is_an_orchestration_failure_not_a_lost_result():
+    downs = {"n": 0}
+
+    def fail_record(out, n):
+        if out.job.trial_id == "s2-003" and downs["n"] < 1:
+            downs["n"] += 1
+            return True
+        return False
+
+    sim, tracker, sched = Sim(), Tracker(fail_record), hyperband()
+    drive = make(sched, sim, tracker).run()
+    assert len(drive.rows) == 22 and not tracker.failures
+    assert sum(1 for t in sim.submitted if (t.trial_id, t.resource) == ("s2-003", 1)) == 2
+
+
+def test_a_trainer_error_fails_its_trial_which_is_closed_and_never_promoted():
+    def behave(todo, attempt):
+        if todo.trial_id == "s2-001":
+            return 1.0, Outcome(todo, None, None, "ValueError: diverged")
+        return 1.0, trained(todo, 1.0)
+
+    sim, tracker, sched = Sim(behave), Tracker(), hyperband()
+    drive = make(sched, sim, tracker).run()
+    assert [r["score"] for r in drive.rows if r["trial_id"] == "s2-001"] == [None]
+    assert ("s2-001", 1) in tracker.recorded and tracker.closed.count("s2-001") == 1
+    assert {t.trial_id for t in sim.submitted if t.resource > 1}.isdisjoint({"s2-001"})
+    assert drive.lost == 1.0  # the second it took left no result: lost worker-seconds
+
+
+def test_the_baseline_takes_a_slot_and_its_score_comes_back():
+    base: Future = Future()
+    sim = Sim()
+    sim.on_submit = lambda todo: base.set_result(0.7) if len(sim.submitted) == 3 and not base.done() else None
+    drive = make(hyperband(), sim, concurrency=2, baseline=base).run()
+    assert drive.default_score == 0.7
+    assert sim.most == 2
+
+
+def test_the_same_seed_gives_the_same_rows_whatever_the_concurrency():
+    one = make(hyperband(27, seed=5), Sim(), concurrency=1).run()
+    many = make(hyperband(27, seed=5), Sim(), concurrency=7).run()
+    key = lambda r: (r["trial_id"], r["resource"], r["score"])  # noqa: E731
+    assert sorted(map(key, one.rows)) == sorted(map(key, many.rows))
