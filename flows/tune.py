@@ -117,7 +117,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         else {}
     )
     report.report_results(
-        [TrialRung(**r) for r in run.rows], {t.trial_id: t.config for t in records}, summary, job.metric,
+        [TrialRung(**r) for r in run.rows], {t.trial_id: t.config for t in records}, summary, job.metric_key,
         job.direction, job.tracking_uri, job.parent_run_id, title=f"Hyperband job {job.job_id}",
         extra={"MLflow parent run": job.parent_run_id, "champion version": version}, job_id=job.job_id,
     )
@@ -169,7 +169,7 @@ def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]],
                 "run_id": (runs or {}).get(t.trial_id), "checkpoint": job.checkpoint_url(t.trial_id, resource), "bracket": t.bracket}
     summary = summarise(
         [TrialRung(**r) for r in rows],
-        metric=job.metric,
+        metric=job.metric_key,  # the metric's one name: MLflow's, the leaderboard's, the summary's, the plots'
         configs=len(records),
         max_resource=job.max_resource,
         reached_max_resource=sum(1 for t in records if t.status == "completed"),

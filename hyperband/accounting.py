@@ -124,7 +124,7 @@ def table(s: Summary) -> str:
 
     rows = [
         ("", "baseline", "this job", "ratio"),
-        (f"model quality ({s.metric if s.metric.startswith('val') else 'val ' + s.metric})", f"{num(s.default_score)} default config", f"{num(s.best_score)} tuned", ""),
+        (f"model quality ({s.metric})", f"{num(s.default_score)} default config", f"{num(s.best_score)} tuned", ""),
         (
             "cost (worker-seconds)",
             f"{num(s.worker_seconds_without_early_stopping, ',.1f')} every config to R (est.)",

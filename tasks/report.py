@@ -43,11 +43,6 @@ def _rows(rows: Iterable[Row]) -> list[TrialRung]:
     return [r if isinstance(r, TrialRung) else TrialRung(**r) for r in rows]
 
 
-def _key(metric: str) -> str:
-    """A metric's name as logged: the built-ins' ``auc`` is ``val_auc``; a user's ``val_loss`` stays itself."""
-    return metric if metric.startswith("val_") else f"val_{metric}"
-
-
 def artifact_key(*parts: str) -> str:
     """A valid Prefect artifact key from free text: lowercase letters, numbers and dashes."""
     key = re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")
@@ -116,7 +111,7 @@ def leaderboard(
             "trial_id": r.trial_id,
             "bracket": r.bracket,
             "resource": r.resource,
-            _key(metric): round(float(r.score), 6),  # type: ignore[arg-type]
+            metric: round(float(r.score), 6),  # type: ignore[arg-type]
             "config": json.dumps(dict(configs.get(r.trial_id, {})), sort_keys=True, default=str),
         }
         for i, r in enumerate(ranked[:top])
@@ -138,7 +133,7 @@ def publish_leaderboard(
     return create_table_artifact(
         table=board or [{"rank": None, "trial_id": "no trial evaluated"}],
         key=_check_key(key),
-        description=f"Hyperband leaderboard: top {len(board)} trials by {_key(metric)} ({direction})",
+        description=f"Hyperband leaderboard: top {len(board)} trials by {metric} ({direction})",
     )
 
 
@@ -211,7 +206,7 @@ def plot_metric_vs_resource(rows: Iterable[Row], metric: str, direction: str):
     if rows and max(r.resource for r in rows) > min(r.resource for r in rows):
         ax.set_xscale("log")
     ax.set_xlabel("resource (units trained)")
-    ax.set_ylabel(f"{_key(metric)} ({'higher' if direction == 'max' else 'lower'} is better)")
+    ax.set_ylabel(f"{metric} ({'higher' if direction == 'max' else 'lower'} is better)")
     ax.set_title(f"Validation {metric} against resource, {len(by_trial)} trials")
     if labelled:
         ax.legend(loc="best", fontsize="small")
@@ -253,8 +248,8 @@ def plot_best_vs_worker_seconds(rows: Iterable[Row], metric: str, direction: str
         ax.plot([c[0] for c in curve], [c[1] for c in curve], drawstyle="steps-post", color="C3", linewidth=2, label="best so far")
         ax.legend(loc="best", fontsize="small")
     ax.set_xlabel("cumulative worker-seconds (completion order)")
-    ax.set_ylabel(_key(metric))
-    ax.set_title(f"Best {_key(metric)} so far against cost")
+    ax.set_ylabel(metric)
+    ax.set_title(f"Best {metric} so far against cost")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig

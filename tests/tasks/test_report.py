@@ -22,7 +22,7 @@ CONFIGS = {t: {"eta": 0.1 * (i + 1), "max_depth": 3 + i} for i, t in enumerate([
 
 
 def _summary():
-    return summarise(ROWS, metric="auc", configs=5, max_resource=3, reached_max_resource=2, failed_trials=1,
+    return summarise(ROWS, metric="val_auc", configs=5, max_resource=3, reached_max_resource=2, failed_trials=1,
                      best=("s1-b", 3, 0.85), default_score=0.78, wall_seconds=5.0)
 
 
@@ -35,17 +35,17 @@ def test_artifact_keys():
 
 
 def test_leaderboard_ranks_trials_by_their_best_score():
-    board = report.leaderboard(ROWS, CONFIGS, "auc", "max", top=3)
+    board = report.leaderboard(ROWS, CONFIGS, "val_auc", "max", top=3)
     assert [r["trial_id"] for r in board] == ["s1-b", "s0-d", "s1-a"]
     assert board[0] == {"rank": 1, "trial_id": "s1-b", "bracket": 1, "resource": 3, "val_auc": 0.85,
                         "config": json.dumps(CONFIGS["s1-b"], sort_keys=True)}
-    low = report.leaderboard(ROWS, CONFIGS, "rmse", "min")
+    low = report.leaderboard(ROWS, CONFIGS, "val_rmse", "min")
     assert [r["trial_id"] for r in low] == ["s1-c", "s1-a", "s0-d", "s1-b"]  # the failed trial is left out
     assert low[0]["val_rmse"] == 0.6
 
 
 def test_metric_vs_resource_draws_one_line_per_evaluated_trial():
-    fig = report.plot_metric_vs_resource(ROWS, "auc", "max")
+    fig = report.plot_metric_vs_resource(ROWS, "val_auc", "max")
     lines = fig.axes[0].get_lines()
     assert len(lines) == 4  # s0-e never produced a score
     points = {len(line.get_xdata()) for line in lines}
@@ -65,7 +65,7 @@ def test_best_so_far_in_completion_order():
     assert [round(x, 6) for x, _ in curve] == [2.1, 4.2, 6.3, 10.4, 16.5]
     assert [y for _, y in curve] == [0.70, 0.80, 0.80, 0.85, 0.85]
     assert [y for _, y in report.best_so_far(ROWS, "min")] == [0.70, 0.70, 0.60, 0.60, 0.60]
-    fig = report.plot_best_vs_worker_seconds(ROWS, "auc", "max")
+    fig = report.plot_best_vs_worker_seconds(ROWS, "val_auc", "max")
     ax = fig.axes[0]
     (line,) = ax.get_lines()
     assert len(line.get_xdata()) == 5
@@ -74,13 +74,13 @@ def test_best_so_far_in_completion_order():
 
 def test_leaderboard_takes_rows_as_dicts_or_trial_rungs():
     """The state file holds rows as dicts; the summary holds ``TrialRung``s: both rank the same."""
-    board = report.leaderboard([r.__dict__ for r in ROWS], CONFIGS, "auc", "max")
-    assert board == report.leaderboard(ROWS, CONFIGS, "auc", "max")
+    board = report.leaderboard([r.__dict__ for r in ROWS], CONFIGS, "val_auc", "max")
+    assert board == report.leaderboard(ROWS, CONFIGS, "val_auc", "max")
 
 
 def test_plots_of_nothing_do_not_fail():
-    assert report.plot_metric_vs_resource([], "auc", "max").axes[0].get_lines() == []
-    assert report.plot_best_vs_worker_seconds([], "auc", "max").axes[0].get_lines() == []
+    assert report.plot_metric_vs_resource([], "val_auc", "max").axes[0].get_lines() == []
+    assert report.plot_best_vs_worker_seconds([], "val_auc", "max").axes[0].get_lines() == []
 
 
 def test_log_plots_to_the_parent_run(tracking_uri):
@@ -88,7 +88,7 @@ def test_log_plots_to_the_parent_run(tracking_uri):
 
     c = MlflowClient(tracking_uri)
     run = c.create_run(c.create_experiment("plots"))
-    paths = report.log_plots(tracking_uri, run.info.run_id, ROWS, "auc", "max")
+    paths = report.log_plots(tracking_uri, run.info.run_id, ROWS, "val_auc", "max")
     assert paths == [report.PLOT_METRIC_VS_RESOURCE, report.PLOT_BEST_VS_WORKER_SECONDS]
     listed = {f.path for f in c.list_artifacts(run.info.run_id, "plots")}
     assert listed == set(paths)
@@ -122,7 +122,7 @@ def test_artifacts_in_a_flow_run(prefect_harness):
         progress = report.start_progress(6)
         for done in range(1, 7):
             report.update_progress(progress, done if done < 6 else 4, 6)
-        report.publish_leaderboard(ROWS, CONFIGS, "auc", "max", top=3)
+        report.publish_leaderboard(ROWS, CONFIGS, "val_auc", "max", top=3)
         report.publish_summary(_summary(), extra={"MLflow run": "abc123"})
         return str(get_run_context().flow_run.id), str(progress)
 
@@ -162,7 +162,7 @@ def test_report_tasks_are_best_effort(prefect_harness, tracking_uri, monkeypatch
             list(pool.map(lambda _: report.advance_progress("job-1"), range(len(ROWS))))
         halfway = float(_artifacts(run_id)[report.PROGRESS_KEY].data)
         report.report_progress(progress, 1, 12)
-        out = report.report_results(ROWS, CONFIGS, _summary(), "auc", "max", tracking_uri, parent, job_id="job-1")
+        out = report.report_results(ROWS, CONFIGS, _summary(), "val_auc", "max", tracking_uri, parent, job_id="job-1")
         broken = report.report_progress("not-a-uuid", 1, 2)  # a bad id warns, never fails the job
         untracked = report.advance_progress("no-such-job")
         return run_id, out, broken, halfway, untracked
@@ -176,3 +176,16 @@ def test_report_tasks_are_best_effort(prefect_harness, tracking_uri, monkeypatch
     found = _artifacts(run_id)
     assert float(found[report.PROGRESS_KEY].data) == pytest.approx(100.0)
     assert {f.path for f in c.list_artifacts(parent, "plots")} == set(out["plots"])
+
+
+def test_a_metric_keeps_its_one_name_on_the_leaderboard_the_summary_and_the_plots():
+    """A user's metric ``loss`` is ``loss`` everywhere (``Job.metric_key``, MLflow's name), never ``val_loss``."""
+    from prefect_hyperband.hyperband.accounting import table
+
+    board = report.leaderboard(ROWS, CONFIGS, "loss", "min")
+    assert "loss" in board[0] and "val_loss" not in board[0]
+    s = summarise(ROWS, metric="loss", configs=5, max_resource=3, reached_max_resource=2, failed_trials=1,
+                  best=("s1-c", 3, 0.6), default_score=None, wall_seconds=5.0)
+    assert "model quality (loss)" in table(s)
+    assert report.plot_metric_vs_resource(ROWS, "loss", "min").axes[0].get_ylabel().startswith("loss ")
+    assert report.plot_best_vs_worker_seconds(ROWS, "loss", "min").axes[0].get_ylabel() == "loss"
