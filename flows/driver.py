@@ -129,7 +129,7 @@ def _show_start(job: Job, rows: list[dict[str, Any]]) -> None:
 def _show_result(job: Job, scheduler: Scheduler, out: Outcome) -> None:
     if not display.active():
         return
-    best = best_of(scheduler.records(), job.direction)  # type: ignore[arg-type]
+    best = best_of(scheduler.records(), job.direction)
     display.result(display.Result(
         out.job.bracket, out.job.trial_id, out.job.resource, out.score,
         None if best is None else best[2], None if best is None else best[0].trial_id))
@@ -138,7 +138,7 @@ def _show_result(job: Job, scheduler: Scheduler, out: Outcome) -> None:
 def _log_rung(logger, job: Job, scheduler: Scheduler, closed: Decision, promoted: int) -> None:
     records = {t.trial_id: t for t in scheduler.records() if t.bracket == closed.bracket}
     scores = {t: r.scores.get(closed.resource) for t, r in records.items() if closed.resource in r.scores}
-    ranked = sorted(scores, key=lambda t: sort_key(t, scores[t], job.direction))  # type: ignore[arg-type]
+    ranked = sorted(scores, key=lambda t: sort_key(t, scores[t], job.direction))
     top = ranked[0] if ranked else None
     failed = sum(v is None for v in scores.values())
     logger.info(
@@ -152,7 +152,7 @@ def _log_rung(logger, job: Job, scheduler: Scheduler, closed: Decision, promoted
 
 def _log_asha(logger, job: Job, scheduler: Scheduler, out: Outcome, n: int) -> None:
     """A line when the best so far improves (every result would be hundreds of lines); each result at DEBUG."""
-    best = best_of(scheduler.records(), job.direction)  # type: ignore[arg-type]
+    best = best_of(scheduler.records(), job.direction)
     improved = best is not None and best[0].trial_id == out.job.trial_id and best[1] == out.job.resource
     logger.log(
         20 if improved else 10,

@@ -140,7 +140,7 @@ def _say(text: str) -> None:
 def make_sampler(job: Job, saved: dict[str, Any] | None = None) -> Sampler:
     space = parse(job.space)
     if job.sampler == "tpe":
-        return TPESampler.from_json(space, saved) if saved else TPESampler(space, job.seed, job.direction)  # type: ignore[arg-type]
+        return TPESampler.from_json(space, saved) if saved else TPESampler(space, job.seed, job.direction)
     return RandomSampler.from_json(space, saved) if saved else RandomSampler(space, job.seed)
 
 
@@ -152,11 +152,11 @@ def make_scheduler(job: Job, max_trials: int, time_budget: float | None, clock: 
         if saved:
             return AshaScheduler(AshaState.from_json(saved["state"]), make_sampler(job, saved["sampler"]),
                                  saved["max_trials"], saved["time_budget"], clock)
-        state = AshaState.create(job.min_resource, job.max_resource, job.eta, job.direction)  # type: ignore[arg-type]
+        state = AshaState.create(job.min_resource, job.max_resource, job.eta, job.direction)
         return AshaScheduler(state, make_sampler(job), max_trials, time_budget, clock)
     tpe = job.sampler == "tpe"
     if saved:
         sampler = make_sampler(job, saved["sampler"]) if saved.get("sampler") else None
         return HyperbandScheduler.from_json(saved, space, sampler)
-    return HyperbandScheduler(job.min_resource, job.max_resource, job.eta, job.direction, space, job.seed,  # type: ignore[arg-type]
+    return HyperbandScheduler(job.min_resource, job.max_resource, job.eta, job.direction, space, job.seed,
                               make_sampler(job) if tpe else None, sequential=tpe)

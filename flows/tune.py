@@ -161,7 +161,7 @@ def _adopt_runs(job: Job, runs: dict[str, str]) -> None:
 
 def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], default_score: float | None,
                wall: float, lost: float = 0.0, runs: dict[str, str] | None = None) -> tuple[Summary, dict | None]:
-    found = best_of(records, job.direction)  # type: ignore[arg-type]
+    found = best_of(records, job.direction)
     best = None
     if found is not None:
         t, resource, value = found

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from prefect_hyperband.hyperband.promotion import Direction
 from prefect_hyperband.tasks.storage import Storage
 from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.data import DataSpec
@@ -18,7 +19,7 @@ class Job:
     job_dir: str
     settings: TrainerSettings
     metric: str
-    direction: str  # "max" | "min"
+    direction: Direction
     min_resource: int
     max_resource: int
     eta: int
@@ -28,8 +29,8 @@ class Job:
     tracking_uri: str
     experiment: str
     concurrency: int
-    mode: str = "hyperband"  # "hyperband" | "asha"
-    sampler: str = "random"  # "random" | "tpe"
+    mode: Literal["hyperband", "asha"] = "hyperband"
+    sampler: Literal["random", "tpe"] = "random"
     parent_run_id: str | None = None
     trial_timeout: float | None = None  # seconds a trial-rung may take; None: from the job's measurements
     #: the job's state and checkpoints, ``<--storage>/<job_id>``, when that is a URL (s3://...); None: ``job_dir``
