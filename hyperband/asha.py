@@ -30,11 +30,10 @@ Choices the paper leaves open (documented here, tested in ``tests/hyperband/test
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Mapping
 
-from prefect_hyperband.hyperband.promotion import Direction, promote, sign, sort_key
+from prefect_hyperband.hyperband.promotion import Direction, failed, promote, sign, sort_key
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 from prefect_hyperband.hyperband.trial import TrialJob
 
@@ -201,10 +200,10 @@ class AshaState:
             raise ValueError(
                 f"trial {trial_id} trains to {expected} in rung {trial.rung} of bracket {trial.bracket}, got resource {resource}"
             )
-        failed = score is None or math.isnan(float(score))
-        self.rungs[trial.bracket][trial.rung][trial_id] = None if failed else float(score)  # type: ignore[arg-type]
+        lost = failed(score)
+        self.rungs[trial.bracket][trial.rung][trial_id] = None if lost else float(score)  # type: ignore[arg-type]
         trial.in_flight = False
-        if failed:
+        if lost:
             trial.status, trial.error = "failed", error or "failed"
             return
         trial.resource, trial.checkpoint = resource, checkpoint

@@ -7,13 +7,12 @@ top ⌊n_i/η⌋ to the next rung.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 import numpy as np
 
-from prefect_hyperband.hyperband.promotion import Direction, promote
+from prefect_hyperband.hyperband.promotion import Direction, failed, promote
 from prefect_hyperband.hyperband.schedule import Bracket, Rung
 from prefect_hyperband.hyperband.space import Space
 
@@ -82,10 +81,10 @@ class BracketState:
         trial = self.trials[trial_id]
         if trial_id not in self.active or resource != self.current.resource:
             raise ValueError(f"{trial_id} is not training to {resource} in rung {self.rung_index} of bracket {self.s}")
-        failed = score is None or (isinstance(score, float) and math.isnan(score))
-        trial.scores[resource] = None if failed else float(score)
+        lost = failed(score)
+        trial.scores[resource] = None if lost else float(score)  # type: ignore[arg-type]
         trial.rung = self.rung_index
-        if failed:
+        if lost:
             trial.status, trial.error = "failed", error or "failed"
         else:
             trial.resource, trial.checkpoint = resource, checkpoint

@@ -16,9 +16,14 @@ def sign(direction: Direction) -> int:
     return 1 if direction == "max" else -1
 
 
+def failed(value: float | None) -> bool:
+    """The one rule for a failed result: no score, or NaN."""
+    return value is None or math.isnan(float(value))
+
+
 def sort_key(trial_id: Id, value: float | None, direction: Direction) -> tuple[int, float, str]:
     """Best first: finite scores by normalised value, ties by id; failed (None/NaN) trials last."""
-    if value is None or math.isnan(value):
+    if failed(value):
         return (1, 0.0, str(trial_id))
     return (0, -sign(direction) * value, str(trial_id))
 
@@ -32,7 +37,7 @@ def promote(scores: Mapping[Id, float | None], k: int, direction: Direction) -> 
     """The ``k`` best trials of a rung; a failed trial is never promoted."""
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
-    ranked = [t for t in rank(scores, direction) if _ok(scores[t])]
+    ranked = [t for t in rank(scores, direction) if not failed(scores[t])]
     return ranked[:k]
 
 
@@ -46,8 +51,4 @@ def best(scores: Mapping[Id, float | None], direction: Direction) -> Id | None:
     return ranked[0] if ranked else None
 
 
-def _ok(value: float | None) -> bool:
-    return value is not None and not math.isnan(value)
-
-
-__all__ = ["Direction", "best", "n_promoted", "promote", "rank", "sign", "sort_key"]
+__all__ = ["Direction", "best", "failed", "n_promoted", "promote", "rank", "sign", "sort_key"]

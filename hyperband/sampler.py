@@ -17,13 +17,12 @@ serialise to JSON (generator state included) so a resumed job continues the same
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 from typing import Any, Mapping
 
 import numpy as np
 
-from prefect_hyperband.hyperband.promotion import Direction, sign
+from prefect_hyperband.hyperband.promotion import Direction, failed, sign
 from prefect_hyperband.hyperband.space import Param, Space
 
 
@@ -70,7 +69,7 @@ class TPESampler:
         """Record a result of ``config`` at ``resource``."""
         if isinstance(resource, bool) or not isinstance(resource, int) or resource < 1:
             raise ValueError(f"resource must be an integer >= 1, got {resource!r}")
-        value = None if score is None or math.isnan(float(score)) else float(score)
+        value = None if failed(score) else float(score)  # type: ignore[arg-type]
         self.observations.setdefault(resource, []).append((dict(config), value))
 
     def usable(self, resource: int) -> list[tuple[dict[str, Any], float]]:

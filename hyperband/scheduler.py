@@ -17,13 +17,12 @@ resumes: jobs that were in flight when the state was saved are offered again fir
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Protocol
 
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.bracket import BracketState, Status
-from prefect_hyperband.hyperband.promotion import Direction, sort_key
+from prefect_hyperband.hyperband.promotion import Direction, failed, sort_key
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 from prefect_hyperband.hyperband.space import Space
 from prefect_hyperband.hyperband.trial import TrialJob
@@ -82,10 +81,6 @@ class Scheduler(Protocol):
     def done(self) -> bool: ...
     def records(self) -> list[TrialRecord]: ...
     def to_json(self) -> dict[str, Any]: ...
-
-
-def _failed(score: float | None) -> bool:
-    return score is None or (isinstance(score, float) and math.isnan(score))
 
 
 def best_of(records: list[TrialRecord], direction: Direction) -> tuple[TrialRecord, int, float] | None:
@@ -157,7 +152,7 @@ class HyperbandScheduler:
         state.record(trial_id, resource, score, checkpoint, error)
         self.in_flight.discard(trial_id)
         if self.sampler is not None:
-            self.sampler.tell(state.trials[trial_id].config, resource, None if _failed(score) else score)
+            self.sampler.tell(state.trials[trial_id].config, resource, None if failed(score) else score)
         n = len(state.rungs)
         decisions = [Decision("failed", state.s, i, rung.resource, trial_id, n)] if state.trials[trial_id].status == "failed" else []
         if state.pending():
@@ -235,9 +230,9 @@ class AshaScheduler:
     def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None,
                error: str | None = None) -> list[Decision]:
         """Record a result; ASHA never closes a rung (its promotions happen in ``next_job``)."""
-        self.state.report(trial_id, resource, score, checkpoint if not _failed(score) else None, error)
+        self.state.report(trial_id, resource, score, checkpoint if not failed(score) else None, error)
         trial = self.state.trials[trial_id]
-        self.sampler.tell(trial.config, resource, None if _failed(score) else score)
+        self.sampler.tell(trial.config, resource, None if failed(score) else score)
         if trial.status not in ("failed", "completed"):
             return []
         n = len(self.state.plan(trial.bracket).rungs)

@@ -16,7 +16,6 @@ MLflow artifacts of the parent run:
 from __future__ import annotations
 
 import json
-import math
 import re
 import threading
 from typing import Any, Iterable, Mapping, Sequence
@@ -26,6 +25,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_hyperband.hyperband.accounting import Summary, TrialRung, table
+from prefect_hyperband.hyperband.promotion import failed
 
 PROGRESS_KEY = "hyperband-progress"
 LEADERBOARD_KEY = "hyperband-leaderboard"
@@ -99,7 +99,7 @@ def leaderboard(
     sign = 1.0 if direction == "max" else -1.0
     best: dict[str, TrialRung] = {}
     for r in _rows(rows):
-        if r.score is None or math.isnan(r.score):
+        if failed(r.score):
             continue
         held = best.get(r.trial_id)
         if held is None or (sign * r.score, r.resource) > (sign * held.score, held.resource):  # type: ignore[operator]
@@ -181,7 +181,7 @@ def _bracket_colours(brackets: Sequence[int]) -> dict[int, Any]:
 
 def plot_metric_vs_resource(rows: Iterable[Row], metric: str, direction: str):
     """One line per trial through its evaluated rungs (resource on a log axis), coloured by bracket."""
-    rows = [r for r in _rows(rows) if r.score is not None and not math.isnan(r.score)]
+    rows = [r for r in _rows(rows) if not failed(r.score)]
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
     by_trial: dict[str, list[TrialRung]] = {}
@@ -224,7 +224,7 @@ def best_so_far(rows: Iterable[Row], direction: str) -> list[tuple[float, float]
     spent, best, out = 0.0, None, []
     for r in _rows(rows):
         spent += r.train_seconds * r.workers + r.eval_seconds
-        if r.score is None or math.isnan(r.score):
+        if failed(r.score):
             continue
         best = r.score if best is None else better(best, r.score)
         out.append((spent, best))
@@ -238,7 +238,7 @@ def plot_best_vs_worker_seconds(rows: Iterable[Row], metric: str, direction: str
     spent, dots = 0.0, []
     for r in rows:
         spent += r.train_seconds * r.workers + r.eval_seconds
-        if r.score is not None and not math.isnan(r.score):
+        if not failed(r.score):
             dots.append((spent, r.score))
     fig = _figure()
     ax = fig.add_subplot(1, 1, 1)
