@@ -25,7 +25,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_hyperband.hyperband.accounting import Summary, TrialRung, table
-from prefect_hyperband.hyperband.promotion import failed
+from prefect_hyperband.hyperband.promotion import failed, sort_key
 
 PROGRESS_KEY = "hyperband-progress"
 LEADERBOARD_KEY = "hyperband-leaderboard"
@@ -95,16 +95,17 @@ def leaderboard(
     direction: str,
     top: int = 10,
 ) -> list[dict[str, Any]]:
-    """The ``top`` trials by their best evaluated score (ties: larger resource, then trial id)."""
-    sign = 1.0 if direction == "max" else -1.0
+    """The ``top`` trials by their best evaluated score, ranked as the champion is (``promotion.sort_key`` on
+    ``trial@resource``: ties by trial id, then the smaller resource)."""
+    key = lambda r: sort_key(f"{r.trial_id}@{r.resource:06d}", r.score, direction)  # noqa: E731  (best_of's key)
     best: dict[str, TrialRung] = {}
     for r in _rows(rows):
         if failed(r.score):
             continue
         held = best.get(r.trial_id)
-        if held is None or (sign * r.score, r.resource) > (sign * held.score, held.resource):  # type: ignore[operator]
+        if held is None or key(r) < key(held):
             best[r.trial_id] = r
-    ranked = sorted(best.values(), key=lambda r: (-sign * r.score, -r.resource, r.trial_id))  # type: ignore[operator]
+    ranked = sorted(best.values(), key=key)
     return [
         {
             "rank": i + 1,

@@ -189,3 +189,17 @@ def test_a_metric_keeps_its_one_name_on_the_leaderboard_the_summary_and_the_plot
     assert "model quality (loss)" in table(s)
     assert report.plot_metric_vs_resource(ROWS, "loss", "min").axes[0].get_ylabel().startswith("loss ")
     assert report.plot_best_vs_worker_seconds(ROWS, "loss", "min").axes[0].get_ylabel() == "loss"
+
+
+def test_the_leaderboard_ranks_ties_as_the_champion_does():
+    from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
+
+    rows = [TrialRung(trial_id=t, bracket=0, rung=k, resource=r, resource_trained=1, train_seconds=1.0,
+                      eval_seconds=0.1, workers=1, score=0.9)
+            for t, k, r in [("s0-b", 0, 1), ("s0-b", 1, 3), ("s0-a", 1, 3)]]
+    board = report.leaderboard(rows, {}, "val_auc", "max")
+    records = [TrialRecord("s0-a", 0, {}, "completed", 1, 3, {3: 0.9}),
+               TrialRecord("s0-b", 0, {}, "completed", 1, 3, {1: 0.9, 3: 0.9})]
+    champion, resource, _ = best_of(records, "max")
+    assert [(b["trial_id"], b["resource"]) for b in board] == [("s0-a", 3), ("s0-b", 1)]
+    assert (champion.trial_id, resource) == (board[0]["trial_id"], board[0]["resource"])
