@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -74,7 +75,8 @@ class Storage:
     def _keep(self, key: str) -> None:
         url, prev = self.url(key), self.url(key + PREVIOUS)
         if self.local:
-            tmp = f"{prev}.{os.getpid()}.tmp"
+            # unique per call: a pid alone collides with the link a killed process left (pids are reused)
+            tmp = f"{prev}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
             try:
                 os.link(url, tmp)
             except FileNotFoundError:

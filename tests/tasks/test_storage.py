@@ -137,3 +137,18 @@ def test_an_object_store_keeps_the_previous_version_too(s3, tmp_path):
     s3.pipe_file("bucket/kept/state.json", b'{"rows": [1,')
     value, notice = store.read_kept("state.json", lambda v: v["rows"])
     assert value == [1] and "damaged" in notice and s3.exists("bucket/kept/state.json.damaged")
+
+
+def test_keeping_the_previous_version_ignores_a_link_a_killed_process_left(tmp_path):
+    """A process killed between its link and its rename leaves ``<key>.prev.<pid>.tmp``; a later process with the
+    same pid (pids are reused) still keeps its previous version."""
+    import os
+
+    from prefect_hyperband.tasks.storage import PREVIOUS, Storage
+
+    store = Storage(str(tmp_path), str(tmp_path))
+    store.write_json("state.json", {"n": 1}, keep_previous=True)
+    (tmp_path / f"state.json{PREVIOUS}.{os.getpid()}.tmp").write_text("left by a killed process")
+    store.write_json("state.json", {"n": 2}, keep_previous=True)
+    store.write_json("state.json", {"n": 3}, keep_previous=True)
+    assert store.read_json("state.json") == {"n": 3} and store.read_json("state.json" + PREVIOUS) == {"n": 2}
