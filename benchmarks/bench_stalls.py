@@ -1,6 +1,6 @@
 """Stalls: the default-shaped job run again and again, and where its time goes.
 
-Runs ``hyperband tune --rounds-per-unit 1 --no-baseline --no-register`` (XGBoost on bank-marketing,
+Runs ``hyperband tune --rounds-per-unit 1 --no-baseline --no-register-model`` (XGBoost on bank-marketing,
 (r=1, R=81, η=3): 143 configs, 206 trial-rungs) end to end, as a user does, each run with its own
 temporary Prefect server and a fresh MLflow sqlite store, ``--runs`` times at each concurrency.
 Per run it prints:
@@ -76,7 +76,7 @@ def run_once(tmp: Path, concurrency: int, extra: list[str], api_url: str | None 
         env["PREFECT_API_URL"] = api_url
     exe = Path(sys.executable).parent / "hyperband"
     argv = [str(exe) if exe.exists() else "hyperband", "tune", "--rounds-per-unit", "1", "--concurrency", str(concurrency),
-            "--no-baseline", "--no-register", "--json", "--job-dir", str(job_dir), *extra]
+            "--no-baseline", "--no-register-model", "--json", "--job-dir", str(job_dir), *extra]
     probe = ApiProbe()
     probe.url = api_url[: -len("/api")] if api_url and api_url.endswith("/api") else api_url
     probe.thread.start()

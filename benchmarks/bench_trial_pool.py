@@ -91,7 +91,7 @@ def main() -> None:
                                           stderr=subprocess.DEVNULL, start_new_session=True))
         time.sleep(5)  # the workers' first poll
         flags = ["--model", "xgboost", "--data", args.data, "--max-resource", str(args.max_resource), "--seed", "0",
-                 "--rounds-per-unit", "2", "--no-baseline", "--no-register", "--concurrency", str(args.concurrency)]
+                 "--rounds-per-unit", "2", "--no-baseline", "--no-register-model", "--concurrency", str(args.concurrency)]
         local, local_wall = _tune(env, tmp, [*flags, "--job-dir", str(tmp / "local"),
                                              "--tracking-uri", f"sqlite:///{tmp}/local.db"])
         pooled, pool_wall = _tune(env, tmp, [*flags, "--trial-pool", "bench-pool", "--storage", str(tmp / "shared"),

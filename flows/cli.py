@@ -18,25 +18,74 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"hyperband: error: {message}\n")
 
 
-def _positive(name: str, minimum: int = 1):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer >= {minimum}, got {value}")
-        return value
+def _command_base():
+    """How a parameter model becomes flags (pydantic-settings, argparse underneath): ``--kebab-case``, ``--x`` and
+    ``--no-x`` for a boolean, ``{a,b}`` for a Literal, and each flag's help is its field's description."""
+    from pydantic_settings import BaseSettings, SettingsConfigDict
 
-    return parse
+    class Command(BaseSettings):
+        model_config = SettingsConfigDict(cli_kebab_case=True, cli_implicit_flags=True, cli_hide_none_type=True,
+                                          cli_avoid_json=True)
+
+    return Command
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _study_fields() -> dict[str, Any]:
+    """``hyperband scale``'s own parameters (its ``workers`` is a list of sizes), as fields for the generated flags."""
+    from typing import Annotated, Optional
+
+    from pydantic import BaseModel, Field
+
+    class Study(BaseModel):
+        workers: list[Annotated[int, Field(ge=1)]] = Field(
+            [1, 2], min_length=1, description="Cluster sizes to compare, e.g. 1,2,4 (workers per trial).")
+        target_score: Optional[float] = Field(None, description="Time to target: when a job's best-so-far reaches it "
+                                              "(default: the tuned score at the smallest size, 0.01 worse).")
+        tolerance: float = Field(0.005, ge=0, description="Sizes within this of the best tuned score count as good.")
+
+    return {name: (f.annotation, f) for name, f in Study.model_fields.items()}
+
+
+def _mount(parser: argparse.ArgumentParser, params_cls: type | None, **fields: Any) -> None:
+    """Every field of ``params_cls`` (plus ``fields``, which replace or add) as a flag of ``parser``; the parsed
+    namespace carries the source that reads them back as the fields given."""
+    from pydantic import create_model
+    from pydantic_settings import CliSettingsSource
+
+    base = _command_base()
+    bases = (params_cls, base) if params_cls else (base,)
+    command = create_model(f"{getattr(params_cls, '__name__', 'Schedule')}Flags", __base__=bases, **fields)
+    parser.set_defaults(_fields=CliSettingsSource(command, root_parser=parser, add_argument_method=_add_argument))
+
+
+def _add_argument(parser: argparse.ArgumentParser, *names: str, **kwargs: Any):
+    import re
+
+    if "metavar" in kwargs:  # a field that is a path or a mapping: the mapping is JSON on the command line
+        kwargs["metavar"] = re.sub(r"dict\[.*\]", "JSON", str(kwargs["metavar"]))
+    return parser.add_argument(*names, **kwargs)
+
+
+def given(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields whose flags were given (the others keep the model's defaults), as pydantic-settings parsed them."""
+    return dict(args._fields(parsed_args=args)())
+
+
+def build_parser(params_cls: type | None = None) -> argparse.ArgumentParser:
+    """The CLI. ``tune``'s and ``scale``'s flags are generated from ``params_cls`` (default ``TuneParams``): a field
+    added there is a flag here, with its description as the help."""
+    from typing import Optional
+
+    from pydantic import Field
+
+    from prefect_hyperband.flows.params import TuneParams
+
+    params_cls = params_cls or TuneParams
     parser = _Parser(prog="hyperband", description="Hyperband tuning as Prefect flows, tracked in MLflow.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     plan = sub.add_parser("plan", help="print the bracket schedule (Li et al., JMLR 2018, Table 1)")
-    _schedule_flags(plan)
+    _mount(plan, None, **_schedule_fields())
     plan.add_argument("--json", action="store_true", help="machine-readable output")
 
     deploy = sub.add_parser("deploy", help="put the bundled deployments on a work pool (needs PREFECT_API_URL)")
@@ -46,84 +95,53 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--no-schedule", action="store_true", help="leave out the example cron schedules")
     deploy.add_argument("--show", action="store_true", help="print the bundled prefect.yaml's path and exit")
 
-    tune = sub.add_parser("tune", help="run a tuning job")
-    _schedule_flags(tune)
-    _job_flags(tune)
-    tune.add_argument("--resume", metavar="JOB", help="continue job JOB (its folder under --job-dir) from its saved state")
-    tune.add_argument("--workers", type=_positive("--workers"), default=1, help="workers per trial")
+    tune = sub.add_parser("tune", help="run a tuning job; every flag is a TuneParams field")
+    # the one flag spelled differently from its field: --resume JOB is resume=True with job_id=JOB
+    _mount(tune, params_cls, resume=(Optional[str], Field(None, description="Continue the job JOB (its folder under "
+                                                          "job_dir) from its saved state; same as --job-id JOB with resume.")))
+    _output_flags(tune)
 
     study = sub.add_parser("scale", help="the tuning job at several cluster sizes: tuned vs transferred score, cost, speed")
-    _schedule_flags(study)
-    _job_flags(study)
-    study.add_argument("--workers", type=_worker_list, default=[1, 2], help="cluster sizes to compare, e.g. 1,2,4 (workers per trial)")
-    study.add_argument("--target-score", type=float, help="time to target: when a job's best-so-far reaches it "
-                       "(default: the tuned score at the smallest size, 0.01 worse)")
-    study.add_argument("--tolerance", type=float, default=0.005, help="sizes within this of the best tuned score count as good")
+    from pydantic_settings import CliSuppress
+
+    _mount(study, params_cls, resume=(CliSuppress[bool], False), **_study_fields())
+    _output_flags(study)
     return parser
 
 
-def _job_flags(p: argparse.ArgumentParser) -> None:
-    """The flags of a tuning job, shared by ``tune`` and ``scale``."""
-    p.add_argument("--model", default="xgboost", help="a built-in model: xgboost, torch or synthetic (or a registered plug-in)")
-    p.add_argument("--trainer", help="your training function: path/to/file.py:function or package.module:function")
-    p.add_argument("--script", help="your training script, run as python -m torch.distributed.run --nproc-per-node WORKERS SCRIPT --name value ...")
-    p.add_argument("--direction", choices=["minimize", "maximize"], help="with --trainer or --script: is the metric better smaller or larger")
-    p.add_argument("--mode", default="hyperband", choices=["hyperband", "asha"], help="synchronous brackets or ASHA")
-    p.add_argument("--sampler", default="random", choices=["random", "tpe"], help="how configs are proposed")
-    p.add_argument("--max-trials", type=_positive("--max-trials"), help="asha: configs to start (default: as Hyperband)")
-    p.add_argument("--time-budget", type=float, help="asha: seconds after which no new trial starts")
-    p.add_argument("--data", default="bank-marketing", help="bank-marketing, digits, breast-cancer or a CSV path")
-    p.add_argument("--target", help="target column of a CSV file")
-    p.add_argument("--metric", help="auc, accuracy, rmse or logloss (default: from the target)")
-    p.add_argument("--space", help="YAML search space (default: the model's own)")
-    p.add_argument("--seed", type=_positive("--seed", 0), default=0)
-    p.add_argument("--concurrency", type=_positive("--concurrency", 0), default=0, help="trials at once (0: auto)")
-    p.add_argument("--dask-address", help="tcp://host:8786 of an existing Dask scheduler")
-    p.add_argument("--rounds-per-unit", type=_positive("--rounds-per-unit"), default=10, help="XGBoost rounds per resource unit")
-    p.add_argument("--unit-seconds", type=float, default=0.0, help="synthetic: seconds one unit takes")
-    p.add_argument("--trial-timeout", type=float, help="seconds a trial-rung may take before its trial fails "
-                      "(default: 20x the job's measured seconds per unit, at least 300)")
-    p.add_argument("--job-dir", default="hyperband-jobs", help="local folder of the job (its lock and reports; its "
-                      "checkpoints and state too, unless --storage is a URL)")
-    p.add_argument("--storage", metavar="URL", help="where checkpoints and job state live: a local or shared folder, "
-                      "or s3://bucket/prefix, gs://... (default: --job-dir)")
-    p.add_argument("--trial-pool", metavar="POOL", help="Prefect work pool whose workers run the trial-rungs "
-                      "(needs PREFECT_API_URL and --storage that the workers reach)")
-    p.add_argument("--job-id", help="name of this job's folder (default: time-stamped)")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    p.add_argument("--experiment", default="hyperband", help="MLflow experiment and registered model name")
-    p.add_argument("--no-register", action="store_true", help="do not register the best model")
-    p.add_argument("--no-baseline", action="store_true", help="skip training the default config to R")
+#: the fields ``hyperband plan`` takes
+SCHEDULE = ("min_resource", "max_resource", "eta")
+
+
+def _schedule_fields() -> dict[str, Any]:
+    from prefect_hyperband.flows.params import TuneParams
+
+    return {n: (f.annotation, f) for n, f in TuneParams.model_fields.items() if n in SCHEDULE}
+
+
+def _output_flags(p: argparse.ArgumentParser) -> None:
+    """How the command prints, not what the job does: not parameters of the job."""
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--verbose", action="store_true", help="also print Prefect's line per task run (always in the Prefect UI)")
 
 
-def _worker_list(text: str) -> list[int]:
+def main(argv: Sequence[str] | None = None, params_cls: type | None = None) -> int:
+    """The ``hyperband`` command; ``params_cls`` (a ``TuneParams`` subclass) adds its fields as flags."""
+    from pydantic_settings import SettingsError
+
+    args = build_parser(params_cls).parse_args(argv)
     try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--workers must be a comma-separated list of counts, got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"--workers must list counts >= 1, got {text!r}")
-    return sorted(set(sizes))
-
-
-def _schedule_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--min-resource", type=_positive("--min-resource"), default=1, help="r (default 1)")
-    p.add_argument("--max-resource", type=_positive("--max-resource"), default=81, help="R (default 81)")
-    p.add_argument("--eta", type=_positive("--eta", 2), default=3, help="η (default 3)")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if args.command == "plan":
-            return _plan(args)
         if args.command == "deploy":
             return _deploy(args)
+        try:
+            flags = given(args)
+        except SettingsError as exc:  # a value the flag's type cannot take (a mapping that is not JSON)
+            return _fail(str(exc).splitlines()[0])
+        if args.command == "plan":
+            return _plan(flags, args)
         if args.command == "scale":
-            return _scale(args)
-        return _tune(args)
+            return _scale(flags, args, params_cls)
+        return _tune(flags, args, params_cls)
     except KeyboardInterrupt:
         print("hyperband: interrupted", file=sys.stderr)
         return 130
@@ -134,11 +152,16 @@ def _fail(message: str) -> int:
     return EXIT_USAGE
 
 
-def _plan(args: argparse.Namespace) -> int:
+def _plan(flags: dict[str, Any], args: argparse.Namespace) -> int:
     from prefect_hyperband.hyperband.schedule import plan_summary
 
+    from pydantic import ValidationError, create_model
+
     try:
-        plan = plan_summary(args.min_resource, args.max_resource, args.eta)
+        values = create_model("Schedule", **_schedule_fields())(**flags)
+        plan = plan_summary(values.min_resource, values.max_resource, values.eta)
+    except ValidationError as exc:
+        return _fail(_one_line(exc))
     except ValueError as exc:
         return _fail(str(exc))
     if args.json:
@@ -198,87 +221,89 @@ def render_plan(plan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _tune(args: argparse.Namespace) -> int:
+def _env() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     # the client retries an API call the server answers 503 (a busy SQLite) a few more times than its default
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
+
+
+def job_params(flags: dict[str, Any], params_cls: type | None = None):
+    """The job's parameters from the flags given, validated by the model itself (``ValidationError``): ``--resume
+    JOB`` is ``resume`` with ``job_id`` JOB, and a resume takes the saved job's parameters (``InputError`` for one
+    that conflicts)."""
+    from prefect_hyperband.flows.job import resolve
+    from prefect_hyperband.flows.params import TuneParams
+
+    flags = dict(flags)
+    job = flags.pop("resume", None)
+    if job:
+        flags.update(resume=True, job_id=job)
+    return resolve((params_cls or TuneParams)(**flags))
+
+
+def _tune(flags: dict[str, Any], args: argparse.Namespace, params_cls: type | None) -> int:
     from pydantic import ValidationError
 
-    message = _model_error(args)
+    from prefect_hyperband.trainers.errors import InputError
+
+    _env()
+    message = _model_error(flags)
     if message:
         return _fail(message)
-    if args.resume:
-        from prefect_hyperband.flows.job import resume_params
-        from prefect_hyperband.trainers.errors import InputError
-
-        try:
-            return _run(resume_params(args.job_dir, args.resume, _explicit(args)), args)
-        except (InputError, ValidationError) as exc:
-            return _fail(_one_line(exc) if isinstance(exc, ValidationError) else str(exc))
+    if flags.get("resume") and flags.get("job_id") not in (None, flags["resume"]):
+        return _fail(f"--resume {flags['resume']} with --job-id {flags['job_id']}: give one")
     try:
-        params = _params(args, args.workers)
+        params = job_params(flags, params_cls)
     except ValidationError as exc:
         return _fail(_one_line(exc))
+    except InputError as exc:
+        return _fail(str(exc))
     return _run(params, args)
 
 
-def _model_error(args: argparse.Namespace) -> str | None:
+def _model_error(flags: dict[str, Any]) -> str | None:
     """``--trainer`` with ``--script``, or an unknown ``--model``: the message, before anything else."""
     from prefect_hyperband.trainers import registry
 
-    if args.trainer and args.script:
+    if flags.get("trainer") and flags.get("script"):
         return "--trainer and --script together: give one, a function or a script"
     models = registry.built_in()
-    if args.model not in models and not args.trainer and not args.script:
-        return (f"unknown model {args.model!r}; choose {', '.join(models[:-1])} or {models[-1]}, "
+    model = flags.get("model", "xgboost")
+    if model not in models and not flags.get("trainer") and not flags.get("script"):
+        return (f"unknown model {model!r}; choose {', '.join(models[:-1])} or {models[-1]}, "
                 "or your own code with --trainer or --script")
     return None
 
 
-def _params(args: argparse.Namespace, workers: int):
-    """The job's TuneParams from the flags (``ValidationError`` for a bad combination); ``--trainer`` or
-    ``--script`` sets the model (TuneParams' own rule)."""
-    from prefect_hyperband.flows.params import TuneParams
-
-    return TuneParams(
-        model=args.model, trainer=args.trainer, script=args.script, direction=args.direction, data=args.data,
-        target=args.target, metric=args.metric, space=args.space,
-        min_resource=args.min_resource, max_resource=args.max_resource, eta=args.eta, seed=args.seed,
-        workers=workers, concurrency=args.concurrency, dask_address=args.dask_address,
-        rounds_per_unit=args.rounds_per_unit, storage=args.storage, trial_pool=args.trial_pool,
-        job_dir=args.job_dir, job_id=args.job_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
-        register_model=not args.no_register, baseline=not args.no_baseline,
-        mode=args.mode, sampler=args.sampler, trial_timeout=args.trial_timeout, unit_seconds=args.unit_seconds,
-        max_trials=args.max_trials, time_budget=args.time_budget,
-    )
-
-
-def _scale(args: argparse.Namespace) -> int:
+def _scale(flags: dict[str, Any], args: argparse.Namespace, params_cls: type | None) -> int:
     """``hyperband scale``: every size checked before any training, then the study as one flow run."""
     from pydantic import ValidationError
 
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
-    message = _model_error(args)
+    from prefect_hyperband.flows.job import new_job_id
+
+    _env()
+    message = _model_error(flags)
     if message:
         return _fail(message)
-    if not 0 <= args.tolerance:
-        return _fail(f"--tolerance must be >= 0, got {args.tolerance}")
-    study = args.job_id or _job_id()
+    study = {k: flags.pop(k) for k in _study_fields() if k in flags}
+    flags.pop("resume", None)
     try:
-        params = _params(args, args.workers[0]).model_copy(update={"job_id": study})
-        for n in sorted(args.workers, reverse=True):  # a size the machine cannot hold, a bad space: now, one line
-            message = preflight(params.model_copy(update={"workers": n, "job_id": f"{study}-w{n}"}))
-            if message:
-                return _fail(message if f"--workers {n}" in message else f"--workers {n}: {message}")
+        study = _study_model()(**study)
+        params = job_params({**flags, "workers": study.workers[0]}, params_cls)
     except ValidationError as exc:
         return _fail(_one_line(exc))
+    sizes = sorted(set(study.workers))
+    params = params.model_copy(update={"job_id": params.job_id or new_job_id()})
+    for n in sorted(sizes, reverse=True):  # a size the machine cannot hold, a bad space: now, one line
+        message = preflight(params.model_copy(update={"workers": n, "job_id": f"{params.job_id}-w{n}"}))
+        if message:
+            return _fail(message if f"--workers {n}" in message else f"--workers {n}: {message}")
     from prefect_hyperband.flows.scale import scale
 
     quiet_terminal()
     _temporary_server()
-    state = scale(params, args.workers, args.target_score, args.tolerance, return_state=True)
+    state = scale(params, sizes, study.target_score, study.tolerance, return_state=True)
     if not state.is_completed():
         print(f"hyperband: scaling study failed: {state.message}", file=sys.stderr)
         return _exit(1)
@@ -292,34 +317,10 @@ def _scale(args: argparse.Namespace) -> int:
     return _exit(0)
 
 
-#: tune flags whose names differ from their TuneParams field (or are not one)
-_FLAG_FIELDS = {"no_register": "register_model", "no_baseline": "baseline"}
-_NOT_PARAMS = {"command", "resume", "json", "verbose", "job_dir"}
+def _study_model():
+    from pydantic import create_model
 
-
-def _explicit(args: argparse.Namespace) -> dict[str, Any]:
-    """The tune flags given on the command line (values that differ from the parser's defaults), as TuneParams fields."""
-    from prefect_hyperband.trainers import registry
-
-    defaults = {a.dest: a.default for a in _tune_parser()._actions}
-    user_code = registry.user_code_fields()  # --trainer, --script: their field, and the model they set
-    out: dict[str, Any] = {}
-    for dest, value in vars(args).items():
-        if dest in _NOT_PARAMS or dest not in defaults or value == defaults[dest]:
-            continue
-        if dest in _FLAG_FIELDS:
-            out[_FLAG_FIELDS[dest]] = not value
-        elif dest in user_code:
-            out.update({dest: value, "model": user_code[dest]})
-        else:
-            out[dest] = value
-    return out
-
-
-def _tune_parser() -> argparse.ArgumentParser:
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return sub.choices["tune"]
+    return create_model("Study", **_study_fields())
 
 
 def _resume_flags(params) -> str:
@@ -334,10 +335,12 @@ def _run(params, args: argparse.Namespace) -> int:
         if not PREFECT_API_URL.value():
             return _fail(f"--trial-pool {params.trial_pool}: the pool's workers and this job need one Prefect server; "
                          "set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api after `prefect server start`)")
+    from prefect_hyperband.flows.job import new_job_id
+
+    params = params.model_copy(update={"job_id": params.job_id or new_job_id()})  # the preflight's and the flow's
     message = preflight(params)
     if message:
         return _fail(message)
-    params = params.model_copy(update={"job_id": params.job_id or _job_id()})
     print(f"hyperband: job {params.job_id} in {params.job_dir}/{params.job_id} (resume with --resume {params.job_id})", file=sys.stderr)
     from prefect_hyperband.flows.tune import tune
 
@@ -444,10 +447,10 @@ def preflight(params) -> str | None:
     from prefect_hyperband.hyperband.space import SpaceError
     from prefect_hyperband.trainers.errors import InputError
 
-    from prefect_hyperband.flows.job import prepare
+    from prefect_hyperband.flows.job import new_job_id, prepare
 
     try:
-        prepare(params.model_copy(update={"job_id": params.job_id or _job_id()}))
+        prepare(params.model_copy(update={"job_id": params.job_id or new_job_id()}))
     except (InputError, SpaceError, ValueError) as exc:
         return str(exc)
     except ConnectionError as exc:
@@ -457,24 +460,16 @@ def preflight(params) -> str | None:
     return None
 
 
-_JOB_ID: list[str] = []
-
-
-def _job_id() -> str:
-    """One id per process, so the preflight and the flow use the same job folder."""
-    if not _JOB_ID:
-        from prefect_hyperband.flows.job import new_job_id
-
-        _JOB_ID.append(new_job_id())
-    return _JOB_ID[0]
-
-
 def _one_line(exc) -> str:
-    errors = exc.errors()
+    """A ``ValidationError`` as one line, each field named by its flag, with the value given."""
     parts = []
-    for e in errors:
-        field = ".".join(str(x) for x in e.get("loc", ())) or "parameters"
-        parts.append(f"{field}: {e.get('msg', '')}".replace("Value error, ", ""))
+    for e in exc.errors():
+        loc = [str(x) for x in e.get("loc", ())]
+        field = "--" + loc[0].replace("_", "-") if loc else ""
+        message = e.get("msg", "").replace("Value error, ", "")
+        value = e.get("input")
+        got = f", got {value!r}" if loc and not isinstance(value, (dict, list)) and repr(value) not in message else ""
+        parts.append(f"{field}: {message}{got}" if field else message)
     return "; ".join(parts)
 
 

@@ -74,7 +74,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_default_job_beside_a_user
     plan = _run([str(bin_ / "hyperband"), "plan", "--max-resource", "3"], project, env)
     assert "5 configs, 6 trial-rungs" in plan.stdout
 
-    job = _run([str(bin_ / "hyperband"), "tune", "--max-resource", "3", "--no-baseline", "--no-register", "--job-id", "wheel"],
+    job = _run([str(bin_ / "hyperband"), "tune", "--max-resource", "3", "--no-baseline", "--no-register-model", "--job-id", "wheel"],
                project, env)
     assert "6 trial-rungs, 3 reached R=3, 0 failed" in job.stdout, job.stdout
     assert "MLflow: experiment 'hyperband'" in job.stdout

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 POOL = "hyperband-trials"
 JOB = ["--model", "xgboost", "--data", "breast-cancer", "--min-resource", "1", "--max-resource", "9", "--eta", "3",
-       "--rounds-per-unit", "2", "--seed", "3", "--no-baseline", "--no-register", "--concurrency", "2", "--json"]
+       "--rounds-per-unit", "2", "--seed", "3", "--no-baseline", "--no-register-model", "--concurrency", "2", "--json"]
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def _scenario(stack: Stack, tmp: Path) -> None:
 
     # Ctrl-C on the controller: the flow runs in flight are cancelled, the job exits 130 and resumes on the pool
     argv = [_exe("hyperband"), "tune", "--model", "synthetic", "--unit-seconds", "0.5", "--max-resource", "3",
-            "--no-baseline", "--no-register", "--concurrency", "2", "--trial-pool", POOL, "--job-id", "cut",
+            "--no-baseline", "--no-register-model", "--concurrency", "2", "--trial-pool", POOL, "--job-id", "cut",
             "--storage", str(shared), "--tracking-uri", f"sqlite:///{tmp}/mlflow-cut.db", "--json"]
     proc = subprocess.Popen(argv, cwd=tmp, env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

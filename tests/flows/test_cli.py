@@ -40,12 +40,19 @@ def space_file(tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["tune", "--eta", "1"], "--eta must be an integer >= 2, got 1"),
+        (["tune", "--eta", "1"], "--eta: Input should be greater than or equal to 2, got '1'"),
+        (["tune", "--max-resource", "nine"], "--max-resource: Input should be a valid integer"),
+        (["tune", "--mode", "bohb"], "--mode: Input should be 'hyperband' or 'asha', got 'bohb'"),
+        (["tune", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["tune", "--resume", "a", "--job-id", "b"], "--resume a with --job-id b: give one"),
+        (["tune", "--resume", "nosuch"], "no job 'nosuch' to resume"),
+        (["plan", "--eta", "x"], "--eta: Input should be a valid integer"),
+        (["scale", "--workers", "0,2"], "--workers: Input should be greater than or equal to 1, got 0"),
         (["tune", "--min-resource", "9", "--max-resource", "3"], "min_resource must be <= max_resource, got 9 > 3"),
         (["tune", "--data", "no-such-file.csv", "--target", "y"], "data file 'no-such-file.csv' not found"),
         (["tune", "--target", "nope"], "target column 'nope' not in the data"),
         (["tune", "--model", "lightgbm"], "unknown model 'lightgbm'; choose xgboost, torch or synthetic"),
-        (["tune", "--workers", "0"], "--workers must be an integer >= 1, got 0"),
+        (["tune", "--workers", "0"], "--workers: Input should be greater than or equal to 1, got '0'"),
         (["tune", "--metric", "rmse"], "metric 'rmse' needs a numeric target"),
         (["tune", "--dask-address", "localhost"], "dask_address must look like tcp://host:8786"),
         (["tune", "--space", "missing.yaml"], "search space file 'missing.yaml' not found"),
@@ -59,6 +66,54 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monke
     err = capsys.readouterr().err.strip()
     assert message in err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def _help(command: str, params_cls=None) -> str:
+    from prefect_hyperband.flows.cli import build_parser
+
+    sub = build_parser(params_cls)._subparsers._group_actions[0].choices[command]
+    return " ".join(sub.format_help().split())
+
+
+def test_tune_help_is_generated_every_field_once_with_its_description():
+    from prefect_hyperband.flows.params import TuneParams
+
+    text = _help("tune")
+    for name, field in TuneParams.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        assert f"{flag} " in text or f"{flag}]" in text, flag
+        if name != "resume":  # --resume JOB: the CLI spelling of resume=True, job_id=JOB, with its own help
+            assert " ".join(field.description.split()) in text, name
+    assert text.count("[--max-resource") == 1 and "[--baseline | --no-baseline]" in text
+
+
+def test_a_field_added_to_a_params_subclass_is_a_flag_with_no_other_edit(capsys):
+    from pydantic import Field
+
+    from prefect_hyperband.flows.cli import build_parser, given, job_params
+    from prefect_hyperband.flows.params import TuneParams
+
+    class Mine(TuneParams):
+        warmup_units: int = Field(2, ge=0, description="Units of learning-rate warm-up before the first rung.")
+
+    assert "--warmup-units int Units of learning-rate warm-up before the first rung." in _help("tune", Mine)
+    args = build_parser(Mine).parse_args(["tune", "--warmup-units", "5", "--max-resource", "9", "--no-baseline"])
+    params = job_params(given(args), Mine)
+    assert isinstance(params, Mine)
+    assert (params.warmup_units, params.max_resource, params.baseline, params.eta) == (5, 9, False, 3)
+    assert params.model_fields_set == {"warmup_units", "max_resource", "baseline"}
+    assert main(["tune", "--warmup-units", "-1"], Mine) == 2
+    assert capsys.readouterr().err.strip() == ("hyperband: error: --warmup-units: Input should be greater than or "
+                                               "equal to 0, got '-1'")
+
+
+def test_only_the_flags_given_are_fields_set_so_a_resume_can_tell_them_apart():
+    from prefect_hyperband.flows.cli import build_parser, given
+
+    args = build_parser().parse_args(["tune", "--seed", "4", "--no-register-model", "--space", '{"eta": {"type": "float", "low": 0.1, "high": 0.3}}'])
+    assert given(args) == {"seed": "4", "register_model": False,
+                           "space": {"eta": {"type": "float", "low": 0.1, "high": 0.3}}}
+    assert given(build_parser().parse_args(["scale", "--workers", "1,2,4"])) == {"workers": [1, 2, 4]}
 
 
 @pytest.mark.parametrize(
@@ -110,7 +165,7 @@ def test_tune_printed_to_a_file_is_short_no_task_run_lines_one_summary(tmp_path)
     with open(tmp_path / "out.txt", "w") as out:
         proc = subprocess.run(
             [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--model", "synthetic", "--max-resource", "9",
-             "--no-register", "--job-dir", str(tmp_path / "jobs"), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
+             "--no-register-model", "--job-dir", str(tmp_path / "jobs"), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
             stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, env=env, timeout=300,
         )
     text = (tmp_path / "out.txt").read_text()

@@ -87,7 +87,7 @@ def test_a_failing_user_trainer_fails_its_trials_only(tracking_uri, tmp_path):
         (["--trainer", EXAMPLE, "--direction", "minimize", "--space", SPACE], "your own trainer needs metric"),
         (["--trainer", EXAMPLE, "--metric", "val_loss", "--space", SPACE], "your own trainer needs direction"),
         (["--trainer", EXAMPLE, "--metric", "val_loss", "--direction", "minimize"], "your own trainer needs space"),
-        (["--trainer", EXAMPLE, "--metric", "val_loss", "--direction", "down", "--space", SPACE], "invalid choice: 'down'"),
+        (["--trainer", EXAMPLE, "--metric", "val_loss", "--direction", "down", "--space", SPACE], "--direction: Input should be 'minimize' or 'maximize', got 'down'"),
     ],
 )
 def test_bad_user_code_input_is_one_line_and_exit_2(tracking_uri, tmp_path, capsys, extra, message):
