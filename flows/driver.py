@@ -32,7 +32,7 @@ PROGRESS_INTERVAL = 2.0
 
 
 def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool,
-          lost: float = 0.0, runs: dict[str, str] | None = None) -> Drive:
+          lost: float = 0.0, runs: dict[str, str] | None = None, progress: report.ProgressBar | None = None) -> Drive:
     """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every result.
     ``runs``: trial id -> child run, kept up to date here (saved ones, and those a killed run of the job created).
 
@@ -47,11 +47,11 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
         executor = ThreadExecutor(functools.partial(work, job), job.concurrency, token,
                                   interrupt=lambda: trainers.interrupt(job.settings))
         tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning)
-        events = _Events(job, scheduler, logger)
+        events = _Events(job, scheduler, logger, progress or report.ProgressBar(None, 0))
         _show_start(job, rows)
         loop = Loop(scheduler, executor, tracker, RealClock(), token, events,
                     save=lambda rows, elapsed, lost: save_state(job, scheduler, rows, elapsed, lost, dict(runs)),
-                    concurrency=job.concurrency, workers=job.settings.workers * job.settings.nnodes,
+                    concurrency=job.concurrency, workers=job.settings.workers,
                     trial_timeout=job.trial_timeout, rows=rows, spent=spent, lost=lost,
                     baseline=executor.call(functools.partial(_baseline, job)) if baseline else None)
         try:
@@ -80,8 +80,8 @@ class _Events:
     """What the loop tells: a line per closed rung (ASHA: per new best), the promote task, the progress
     artifact (moved at most every ``PROGRESS_INTERVAL`` seconds) and the live display."""
 
-    def __init__(self, job: Job, scheduler: Scheduler, logger) -> None:
-        self.job, self.scheduler, self.logger = job, scheduler, logger
+    def __init__(self, job: Job, scheduler: Scheduler, logger, progress: report.ProgressBar) -> None:
+        self.job, self.scheduler, self.logger, self.progress = job, scheduler, logger, progress
         self.pending, self.last, self.results = 0, time.monotonic(), 0
 
     def warning(self, message: str) -> None:
@@ -113,7 +113,7 @@ class _Events:
 
     def flush(self) -> None:
         if self.pending:
-            report.advance_progress(self.job.job_id, self.pending)
+            self.progress.advance(self.pending)
             self.pending, self.last = 0, time.monotonic()
 
 

@@ -76,12 +76,12 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         _adopt_runs(job, runs)
         close_decided(job, scheduler, runs)
         logger.info("job %s resumed: %d trial-rungs kept", job.job_id, len(rows))
-    report.report_start(plan["trial_rungs"], job.job_id)
+    progress = report.ProgressBar(report.report_start(plan["trial_rungs"]), plan["trial_rungs"])
     if not job.trial_pool:
         factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
         run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config), lost=lost,
-                    runs=runs)
+                    runs=runs, progress=progress)
     except JobStopped as stop:
         return _stopped(job, scheduler, runs, stop, logger)
     records = scheduler.records()
@@ -116,10 +116,11 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         if best
         else {}
     )
+    progress.finish()
     report.report_results(
         [TrialRung(**r) for r in run.rows], {t.trial_id: t.config for t in records}, summary, job.metric_key,
         job.direction, job.tracking_uri, job.parent_run_id, title=f"Hyperband job {job.job_id}",
-        extra={"MLflow parent run": job.parent_run_id, "champion version": version}, job_id=job.job_id,
+        extra={"MLflow parent run": job.parent_run_id, "champion version": version},
     )
     finish_job_run(job, metrics, best_config, summary.to_json(), table(summary))
     logger.info("summary\n%s", table(summary), extra={"hyperband_terminal": False})  # the CLI prints it once
@@ -184,6 +185,7 @@ def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]],
 
 
 def _run_params(job: Job, params: TuneParams) -> dict[str, Any]:
+    model = registry.get(job.settings.model)
     return {
         "min_resource": job.min_resource,
         "max_resource": job.max_resource,
@@ -193,10 +195,10 @@ def _run_params(job: Job, params: TuneParams) -> dict[str, Any]:
         "workers": job.settings.workers,
         "mode": job.mode,
         "sampler": job.sampler,
-        "data": params.data if job.settings.model != "synthetic" else "",
+        "data": params.data if model.reads_data else "",
         "metric": job.metric,
         "concurrency": job.concurrency,
-        "rounds_per_unit": job.settings.rounds_per_unit if job.settings.model == "xgboost" else "",
+        **{name: getattr(params, name) if name in model.fields else "" for name in registry.model_specific_fields()},
         "dask_address": job.settings.dask_address or "",
         "trial_pool": job.trial_pool or "",
         "storage": job.store().root,

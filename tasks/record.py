@@ -15,7 +15,10 @@ from prefect_hyperband.trainers import factory, registry
 from prefect_hyperband.trainers.base import TrainResult
 
 T = TypeVar("T")
-RETRY = dict(retries=3, retry_delay_seconds=[1, 5, 15], cache_policy=NO_CACHE)
+#: the one retry policy of every MLflow write, as a task (``RETRY``) or a plain call (``retrying``): a tracking
+#: server may blip mid-job; past these the write fails (the loop's ORCHESTRATION_RETRIES then re-run a trial-rung)
+DELAYS = (1.0, 5.0, 15.0)
+RETRY = dict(retries=len(DELAYS), retry_delay_seconds=list(DELAYS), cache_policy=NO_CACHE)
 
 
 @task(name="start parent run", **RETRY)
@@ -29,7 +32,7 @@ def start_job_run(job: Job, params: dict[str, Any], nest_under: str | None = Non
 # ---- per trial: plain calls from the driver's worker threads (no task run per write), each retried
 
 
-def retrying(fn: Callable[..., T], *args: Any, delays: tuple[float, ...] = (1, 5, 15), **kwargs: Any) -> T:
+def retrying(fn: Callable[..., T], *args: Any, delays: tuple[float, ...] = DELAYS, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)``, tried again after each of ``delays`` seconds: a tracking server may blip mid-job."""
     for delay in (*delays, None):
         try:
@@ -45,8 +48,8 @@ def trial_params(job: Job, trial_id: str, bracket: int, config: dict[str, Any]) 
     """A trial's child-run params: its config and worker layout."""
     params = {**config, "workers": job.settings.workers, "trial_id": trial_id, "bracket": bracket}
     if "batch_size" in config:  # data parallel: each replica sees batch_size rows a step
-        world = job.settings.workers * job.settings.nnodes
-        params.update(per_replica_batch_size=config["batch_size"], global_batch_size=config["batch_size"] * world)
+        params.update(per_replica_batch_size=config["batch_size"],
+                      global_batch_size=config["batch_size"] * job.settings.workers)
     return params
 
 

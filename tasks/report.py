@@ -43,14 +43,6 @@ def _rows(rows: Iterable[Row]) -> list[TrialRung]:
     return [r if isinstance(r, TrialRung) else TrialRung(**r) for r in rows]
 
 
-def artifact_key(*parts: str) -> str:
-    """A valid Prefect artifact key from free text: lowercase letters, numbers and dashes."""
-    key = re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")
-    if not key:
-        raise ValueError(f"no artifact key can be made from {parts!r}")
-    return key
-
-
 def _check_key(key: str) -> str:
     if not _KEY.match(key):
         raise ValueError(f"artifact key must be lowercase letters, numbers and dashes, got {key!r}")
@@ -272,49 +264,37 @@ def log_plots(tracking_uri: str, run_id: str, rows: Iterable[Row], metric: str, 
     return logged
 
 
-# ---------------------------------------------------------------- progress shared by concurrent subflows
-
-_PROGRESS: dict[str, list[Any]] = {}  # job id -> [artifact id, done, total]
-_LOCK = threading.Lock()
-_SEND_LOCK = threading.Lock()
+# ---------------------------------------------------------------- one job's progress bar
 
 
-def track_progress(job_id: str, artifact_id: UUID | str | None, total: int, done: int = 0) -> None:
-    """Let ``advance_progress(job_id)`` move this artifact (brackets run in threads of one process)."""
-    with _LOCK:
-        if artifact_id is None:
-            _PROGRESS.pop(job_id, None)
-        else:
-            _PROGRESS[job_id] = [str(artifact_id), done, total]
+class ProgressBar:
+    """One job's progress artifact, moved by the job's loop (best effort: a failed update warns). ``id`` None:
+    the artifact could not be created, and nothing moves."""
 
+    def __init__(self, artifact_id: str | None, total: int) -> None:
+        self.id, self.total, self.done = artifact_id, total, 0
+        self._lock = threading.Lock()  # one update at a time, each with the latest count: the bar never moves back
 
-def advance_progress(job_id: str, n: int = 1) -> float | None:
-    """One more finished trial-rung (or ``n``); best effort, a no-op for an untracked job. Returns the percent."""
-    with _LOCK:
-        entry = _PROGRESS.get(job_id)
-        if entry is None:
+    def advance(self, n: int = 1) -> float | None:
+        """``n`` more finished trial-rungs; the percent shown (None without an artifact)."""
+        if self.id is None:
             return None
-        entry[1] += n
-        entry[2] = max(entry[2], entry[1])  # ASHA or a resumed job may do more than planned
-        done, total = entry[1], entry[2]
-    with _SEND_LOCK:  # one update at a time, each with the latest count: the bar never moves back
-        with _LOCK:
-            artifact_id, latest, total = entry
-        try:
-            update_progress(artifact_id, latest, total)
-        except Exception as exc:
-            _warn("progress update", exc)
-    return _percent(done, total)
+        with self._lock:
+            self.done += n
+            self.total = max(self.total, self.done)  # ASHA or a resumed job may do more than planned
+            self._send(self.done, self.total)
+            return _percent(self.done, self.total)
 
+    def finish(self) -> None:
+        """The bar to 100% at the end of the job, whatever was counted."""
+        if self.id is not None:
+            with self._lock:
+                self.done = self.total = max(self.done, self.total)
+                self._send(self.done, self.total)
 
-def finish_progress(job_id: str) -> None:
-    """The bar to 100% at the end of the job, whatever was counted; forgets the job."""
-    with _LOCK:
-        entry = _PROGRESS.pop(job_id, None)
-    if entry is not None:
-        artifact_id, done, total = entry
+    def _send(self, done: int, total: int) -> None:
         try:
-            update_progress(artifact_id, max(done, total), max(done, total))
+            update_progress(self.id, done, total)  # type: ignore[arg-type]  (checked by the callers)
         except Exception as exc:
             _warn("progress update", exc)
 
@@ -330,29 +310,13 @@ def _warn(what: str, exc: BaseException) -> None:
 
 
 @task(name="report progress start", cache_policy=NO_CACHE)
-def report_start(total_trial_rungs: int, job_id: str | None = None) -> str | None:
-    """Progress artifact at 0%; its id as a string (None when it could not be created).
-
-    With ``job_id``, ``advance_progress(job_id)`` from any bracket or ASHA subflow of the job moves it.
-    """
+def report_start(total_trial_rungs: int) -> str | None:
+    """Progress artifact at 0%; its id as a string (None when it could not be created): a ``ProgressBar``'s."""
     try:
-        artifact_id = str(start_progress(total_trial_rungs))
+        return str(start_progress(total_trial_rungs))
     except Exception as exc:
         _warn("progress artifact", exc)
         return None
-    if job_id is not None:
-        track_progress(job_id, artifact_id, total_trial_rungs)
-    return artifact_id
-
-
-@task(name="report progress", task_run_name="report progress {done}/{total}", cache_policy=NO_CACHE)
-def report_progress(artifact_id: str | None, done: int, total: int) -> None:
-    if artifact_id is None:
-        return
-    try:
-        update_progress(artifact_id, done, total)
-    except Exception as exc:
-        _warn("progress update", exc)
 
 
 @task(name="report results", cache_policy=NO_CACHE)
@@ -366,13 +330,9 @@ def report_results(
     run_id: str | None = None,
     title: str = "Hyperband job",
     extra: dict[str, Any] | None = None,
-    job_id: str | None = None,
 ) -> dict[str, Any]:
-    """Leaderboard and summary artifacts in Prefect; both plots on the MLflow parent run (when given);
-    the job's progress bar (``job_id``) to 100%."""
+    """Leaderboard and summary artifacts in Prefect; both plots on the MLflow parent run (when given)."""
     out: dict[str, Any] = {"leaderboard": None, "summary": None, "plots": []}
-    if job_id is not None:
-        finish_progress(job_id)
     try:
         out["leaderboard"] = str(publish_leaderboard(rows, configs, metric, direction))
     except Exception as exc:
@@ -382,15 +342,10 @@ def report_results(
     except Exception as exc:
         _warn("summary artifact", exc)
     if tracking_uri and run_id:
-        for attempt in range(3):  # the tracking server may blip, as in tasks.record
-            try:
-                out["plots"] = log_plots(tracking_uri, run_id, rows, metric, direction)
-                break
-            except Exception as exc:
-                if attempt == 2:
-                    _warn("MLflow plots", exc)
-                else:
-                    import time
+        from prefect_hyperband.tasks.record import retrying
 
-                    time.sleep(2 * (attempt + 1))
+        try:  # the tracking server may blip: the one retry policy of MLflow writes
+            out["plots"] = retrying(log_plots, tracking_uri, run_id, rows, metric, direction)
+        except Exception as exc:
+            _warn("MLflow plots", exc)
     return out

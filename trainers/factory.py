@@ -26,10 +26,6 @@ class TrainerSettings:
     dask_address: str | None = None
     threads: int | None = None  # CPU threads per trial
     rounds_per_unit: int = 10  # xgboost
-    # torch across machines: the trainer can build a multi-node launch, but nothing starts the other
-    # machines' ranks yet (a trial pool's flow runs would); no flag sets these, so they stay 1 and None
-    nnodes: int = 1
-    rdzv_endpoint: str | None = None
     trainer: str | None = None  # function: path/to/file.py:function or package.module:function
     script: str | None = None  # script: a training script run under torch's launcher
     timeout: float | None = None  # --trial-timeout, for trainers that run processes (they kill them themselves)

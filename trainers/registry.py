@@ -59,6 +59,10 @@ class Model:
     log_model: Callable[[Any, str], Any] | None = None
     #: where it sorts in lists and help (built-ins first)
     order: int = 100
+    #: it trains on ``--data`` (a synthetic curve does not: its parent run logs no data)
+    reads_data: bool = True
+    #: the TuneParams fields only this model reads (the parent run logs them for it, "" for the others)
+    fields: tuple[str, ...] = ()
 
 
 _models: dict[str, Model] = {}
@@ -115,6 +119,11 @@ def names() -> tuple[str, ...]:
 def built_in() -> tuple[str, ...]:
     """The models that need no code of the user's (``--model`` choices)."""
     return tuple(n for n in names() if _models[n].user_code is None)
+
+
+def model_specific_fields() -> tuple[str, ...]:
+    """The TuneParams fields some model reads and others do not (``Model.fields``), sorted."""
+    return tuple(sorted({f for n in names() for f in _models[n].fields}))
 
 
 def user_code_fields() -> Mapping[str, str]:

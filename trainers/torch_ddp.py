@@ -57,9 +57,6 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 #: Config keys ``train`` accepts (``seed`` overrides the trainer's seed for one trial).
 PARAMS = frozenset({*DEFAULT_CONFIG, "seed"})
-#: Test hooks: ``_fail_rank`` makes that rank fail at ``_fail_epoch`` (1-based) by ``_fail_how``.
-TEST_HOOKS = frozenset({"_fail_rank", "_fail_epoch", "_fail_how"})
-FAIL_MODES = ("exit", "raise", "kill", "hang")
 LR_SCALING = ("linear", "none")
 DEFAULT_SPACE: dict[str, dict[str, Any]] = {
     "lr": {"type": "float", "low": 5e-3, "high": 0.2, "log": True},
@@ -100,7 +97,7 @@ def _check(ok: bool, message: str) -> None:
 
 def resolve_config(config: Mapping[str, Any], seed: int = 0) -> dict[str, Any]:
     """``config`` over ``DEFAULT_CONFIG``, checked and coerced to plain types (InputError on a bad value)."""
-    unknown = sorted(str(k) for k in config if k not in PARAMS and k not in TEST_HOOKS)
+    unknown = sorted(str(k) for k in config if k not in PARAMS)
     _check(not unknown, f"unknown torch hyperparameter(s) {', '.join(unknown)}; accepted: {', '.join(sorted(PARAMS))}")
     merged = {**DEFAULT_CONFIG, "seed": seed, **config}
     out: dict[str, Any] = {
@@ -122,18 +119,7 @@ def resolve_config(config: Mapping[str, Any], seed: int = 0) -> dict[str, Any]:
     _check(0 <= out["momentum"] < 1, f"momentum must be in [0, 1), got {out['momentum']}")
     _check(out["lr_scaling"] in LR_SCALING, f"lr_scaling must be one of {', '.join(LR_SCALING)}, got {out['lr_scaling']!r}")
     _check(out["warmup_epochs"] >= 0, f"warmup_epochs must be >= 0, got {out['warmup_epochs']}")
-    out.update(_test_hooks(config))
     return out
-
-
-def _test_hooks(config: Mapping[str, Any]) -> dict[str, Any]:
-    hooks: dict[str, Any] = {}
-    if config.get("_fail_rank") is not None:
-        hooks["_fail_rank"] = _as_int("_fail_rank", config["_fail_rank"])
-        hooks["_fail_epoch"] = _as_int("_fail_epoch", config.get("_fail_epoch", 1))
-        hooks["_fail_how"] = str(config.get("_fail_how", "exit"))
-        _check(hooks["_fail_how"] in FAIL_MODES, f"_fail_how must be one of {', '.join(FAIL_MODES)}")
-    return hooks
 
 
 def effective_lr(config: Mapping[str, Any], world_size: int) -> float:
@@ -274,6 +260,9 @@ class TorchTrainer:
     concurrent call, at most ``pool_size`` pools (default: one per call running at once); ``close()``
     stops them. ``warm=False`` launches fresh processes for every call.
     """
+
+    #: the module each rank runs (``python -m``); a subclass may wrap it
+    worker_module = "prefect_hyperband.trainers.torch_worker"
 
     model = "torch"
 
@@ -420,7 +409,7 @@ class TorchTrainer:
             "--rdzv-backend", "c10d", *rendezvous,
             "--max-restarts", "0",
             "--monitor-interval", "0.1",
-            "-m", "prefect_hyperband.trainers.torch_worker", *worker_args,
+            "-m", self.worker_module, *worker_args,
         ]  # fmt: skip
 
     def _environment(self) -> dict[str, str]:

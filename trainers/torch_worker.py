@@ -22,7 +22,6 @@ import json
 import math
 import os
 import random
-import signal
 import sys
 import time
 import traceback
@@ -139,24 +138,6 @@ def learning_rate(effective_lr: float, warmup_epochs: int, epoch: int, step: int
         return effective_lr
     done = epoch * steps_per_epoch + step + 1
     return effective_lr * min(1.0, done / (warmup_epochs * steps_per_epoch))
-
-
-def maybe_fail(config: Mapping[str, Any], rank: int, epoch: int) -> None:
-    """Test hook: ``_fail_rank``/``_fail_epoch`` (1-based epoch)/``_fail_how`` (exit|raise|kill|hang)."""
-    if config.get("_fail_rank") is None or int(config["_fail_rank"]) != rank:
-        return
-    if int(config.get("_fail_epoch", 1)) != epoch:
-        return
-    how = config.get("_fail_how", "exit")
-    print(f"injected failure ({how}) at rank {rank}, epoch {epoch}", file=sys.stderr, flush=True)
-    if how == "raise":
-        raise RuntimeError(f"injected failure at rank {rank}, epoch {epoch}")
-    if how == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if how == "hang":
-        while True:
-            time.sleep(1)
-    os._exit(1)
 
 
 def safe_score(metric: str, y_true: np.ndarray, prediction: np.ndarray) -> float:
@@ -338,7 +319,6 @@ def train_job(
     history: list[dict[str, float]] = []
     t0 = time.perf_counter()
     for epoch in range(state.start_epoch, int(job["resource"])):
-        maybe_fail(state.config, rank, epoch + 1)
         train_loss = state.train_epoch(epoch)
         if rank == 0:
             history.append({"step": epoch + 1, "train_loss": train_loss, f"val_{job['metric']}": state.validate()})

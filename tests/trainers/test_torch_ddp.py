@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from faulty_torch import Fault, FaultyTorchTrainer
 from torch_helpers import max_difference, torch_descendants
 from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.trainers.errors import InputError
@@ -106,14 +107,13 @@ def test_digits_default_config_two_workers_reaches_95_percent(digits_runs):
 def test_killed_rank_fails_only_its_call_fast_and_leaves_no_processes(tmp_path):
     scratch = tmp_path / "failing"
     scratch.mkdir()
-    failing = TorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=256, scratch_dir=str(scratch))
+    failing = FaultyTorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=256, scratch_dir=str(scratch))
     healthy = TorchTrainer(DIGITS, workers=1, warm=False, threads_per_rank=1, max_train_rows=256)
-    crash = {"_fail_rank": 1, "_fail_epoch": 2, "_fail_how": "exit"}
     with ThreadPoolExecutor(1) as pool:
         neighbour = pool.submit(healthy.train, {}, 3, None, str(tmp_path / "neighbour.pt"))
         started = time.monotonic()
         with pytest.raises(RuntimeError, match=r"(?s)failed rank.*1.*injected failure \(exit\) at rank 1, epoch 2"):
-            failing.train(crash, 4, None, str(tmp_path / "crash.pt"))
+            failing.train({}, 4, None, str(tmp_path / "crash.pt"), fault=Fault(rank=1, epoch=2, how="exit"))
         assert time.monotonic() - started < 60
         assert processes_with(str(scratch)) == []
         assert neighbour.result().resource == 3  # the concurrent call was unaffected
@@ -125,10 +125,10 @@ def test_killed_rank_fails_only_its_call_fast_and_leaves_no_processes(tmp_path):
 
 @pytest.mark.slow  # processes end to end (the fast tier keeps its loop behaviours on fakes)
 def test_hanging_rank_is_killed_at_the_trial_timeout(tmp_path):
-    trainer = TorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=256, trial_timeout=8)
+    trainer = FaultyTorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=256, trial_timeout=8)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="timed out after 8 s"):
-        trainer.train({"_fail_rank": 0, "_fail_how": "hang"}, 2, None, str(tmp_path / "hang.pt"))
+        trainer.train({}, 2, None, str(tmp_path / "hang.pt"), fault=Fault(rank=0, how="hang"))
     assert time.monotonic() - started < 8 + 15
     assert torch_descendants(os.getpid()) == []
     trainer.close()
@@ -144,6 +144,7 @@ def test_config_validation_and_launch_command():
         ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
         ({"lr_scaling": "sqrt"}, "lr_scaling must be one of linear, none"),
         ({"learning_rate": 0.1}, "unknown torch hyperparameter"),
+        ({"_fail_rank": 0, "_fail_how": "hang"}, "unknown torch hyperparameter"),  # no fault through a config
     ]:
         with pytest.raises(InputError, match=rule):
             resolve_config(bad)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from faulty_torch import Fault, FaultyTorchTrainer
 from torch_helpers import max_difference, torch_descendants
 from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.trainers.errors import InputError
@@ -31,7 +32,7 @@ def weights(checkpoint: str) -> dict[str, torch.Tensor]:
 def warm(tmp_path_factory):
     """One warm 2-rank trainer shared by the tests below (its pool launches once)."""
     scratch = tmp_path_factory.mktemp("warm-scratch")
-    trainer = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=ROWS, scratch_dir=str(scratch))
+    trainer = FaultyTorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=ROWS, scratch_dir=str(scratch))
     assert trainer.warm  # the default on one machine
     yield trainer
     trainer.close()
@@ -68,9 +69,8 @@ def test_failing_rank_fails_only_its_call_then_the_pool_relaunches(warm, tmp_pat
     warm.train({}, 1, None, str(tmp_path / "before.pt"))
     pool = warm.pools[0]
     pool_dir, starts = str(pool.dir), pool.starts
-    crash = {"_fail_rank": 1, "_fail_epoch": 2, "_fail_how": "raise"}
     with pytest.raises(RuntimeError, match=r"(?s)failed rank.*1.*RuntimeError: injected failure at rank 1, epoch 2"):
-        warm.train(crash, 3, None, str(tmp_path / "crash.pt"))
+        warm.train({}, 3, None, str(tmp_path / "crash.pt"), fault=Fault(rank=1, epoch=2, how="raise"))
     assert not (tmp_path / "crash.pt").exists()
     assert processes_with(pool_dir) == [] and not Path(pool_dir).exists()  # torn down
     after = warm.train({}, 1, None, str(tmp_path / "after.pt"))  # relaunched
@@ -86,7 +86,7 @@ def test_hanging_rank_is_killed_at_the_trial_timeout(warm, tmp_path):
     try:
         started = time.monotonic()
         with pytest.raises(RuntimeError, match="timed out after 4 s"):
-            warm.train({"_fail_rank": 0, "_fail_how": "hang"}, 1, None, str(tmp_path / "hang.pt"))
+            warm.train({}, 1, None, str(tmp_path / "hang.pt"), fault=Fault(rank=0, how="hang"))
         assert time.monotonic() - started < 4 + 10
         assert processes_with(pool_dir) == []
     finally:

@@ -30,4 +30,4 @@ def extra(params: Any) -> tuple[tuple[str, Any], ...]:
 
 
 MODEL = Model("synthetic", build, "an instant closed-form learning curve (--unit-seconds emulates cost)",
-              space=space, metric=metric, extra=extra, order=2)
+              space=space, metric=metric, extra=extra, order=2, reads_data=False, fields=("unit_seconds",))

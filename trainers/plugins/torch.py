@@ -19,7 +19,7 @@ def build(settings: Any):
     if settings.timeout:
         kwargs.setdefault("trial_timeout", settings.timeout)
     return TorchTrainer(settings.data, workers=settings.workers, metric=settings.metric, seed=settings.seed,
-                        nnodes=settings.nnodes, rdzv_endpoint=settings.rdzv_endpoint, **kwargs)
+                        **kwargs)
 
 
 def space():

@@ -51,5 +51,5 @@ def log_model(trainer: Any, checkpoint: str):
 
 MODEL = Model(
     "xgboost", build, "XGBoost (one unit = --rounds-per-unit boosting rounds)", space=space, metric=metric,
-    checkpoint_suffix=".ubj", local_workers=True, log_model=log_model, order=0,
+    checkpoint_suffix=".ubj", local_workers=True, log_model=log_model, order=0, fields=("rounds_per_unit",),
 )

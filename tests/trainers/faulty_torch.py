@@ -1,0 +1,81 @@
+"""A test-only TorchTrainer whose ranks fail on purpose: the fault a test asks for never passes through a config
+a user could write. ``FaultyTorchTrainer.train(config, ..., fault=Fault(...))`` sends the fault in the job the
+ranks read, and the ranks run this module, which wraps the product's worker (``python -m faulty_torch``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from prefect_hyperband.trainers.torch_ddp import TorchTrainer
+
+
+@dataclass(frozen=True)
+class Fault:
+    rank: int
+    how: Literal["exit", "raise", "kill", "hang"] = "exit"
+    epoch: int = 1  # 1-based: the rank fails as this epoch starts
+
+
+class FaultyTorchTrainer(TorchTrainer):
+    worker_module = "faulty_torch"
+
+    def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str,
+              fault: Fault | None = None):
+        self._fault = fault
+        try:
+            return super().train(config, resource, checkpoint, out)
+        finally:
+            self._fault = None
+
+    def _job(self, *args: Any, **kwargs: Any) -> dict:
+        job = super()._job(*args, **kwargs)
+        if getattr(self, "_fault", None) is not None:
+            job["fault"] = asdict(self._fault)
+        return job
+
+    def _environment(self) -> dict[str, str]:
+        env = super()._environment()
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env["PYTHONPATH"]])
+        return env
+
+
+def _fail(how: str, rank: int, epoch: int) -> None:
+    print(f"injected failure ({how}) at rank {rank}, epoch {epoch}", file=sys.stderr, flush=True)
+    if how == "raise":
+        raise RuntimeError(f"injected failure at rank {rank}, epoch {epoch}")
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "hang":
+        while True:
+            time.sleep(1)
+    os._exit(1)
+
+
+def _main() -> None:
+    from prefect_hyperband.trainers import torch_worker
+
+    train_job, train_epoch = torch_worker.train_job, torch_worker.Run.train_epoch
+
+    def faulty_train_job(job: Mapping[str, Any], rank: int, *args: Any, **kwargs: Any) -> None:
+        fault = job.get("fault")
+        if fault and fault["rank"] == rank:
+            def failing_epoch(run: Any, epoch: int) -> float:
+                if epoch + 1 == fault["epoch"]:
+                    _fail(fault["how"], rank, epoch + 1)
+                return train_epoch(run, epoch)
+
+            torch_worker.Run.train_epoch = failing_epoch  # this rank's process ends with its failure
+        train_job(job, rank, *args, **kwargs)
+
+    torch_worker.train_job = faulty_train_job
+    torch_worker.main()
+
+
+if __name__ == "__main__":
+    _main()
