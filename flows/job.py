@@ -120,7 +120,11 @@ def prepare(params: TuneParams) -> Job:
 
         concurrency = pool_concurrency(params.trial_pool)
     else:
-        concurrency = params.trial_concurrency(_cluster_size(params.dask_address) if params.dask_address else None)
+        size = _cluster_size(params.dask_address) if params.dask_address else None
+        if size is not None and size < params.workers:  # before any training, in one line
+            raise InputError(f"the Dask cluster at {params.dask_address} has {size} workers, fewer than "
+                             f"--workers {params.workers}")
+        concurrency = params.trial_concurrency(size)
     settings = TrainerSettings(
         model=params.model,
         data=spec,

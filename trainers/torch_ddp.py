@@ -286,6 +286,7 @@ class TorchTrainer:
         scratch_dir: str | None = None,
         warm: bool | None = None,
         pool_size: int | None = None,
+        dask_address: str | None = None,
     ):
         self.workers = _as_int("workers", workers)
         self.nnodes = _as_int("nnodes", nnodes)
@@ -325,6 +326,12 @@ class TorchTrainer:
         self.pool_size = pool_size
         self._pools = WarmPools(self._new_pool, pool_size)
         self._closed = False
+        self._dask = None  # with dask_address: each trial-rung's ranks on a group of the cluster's workers
+        if dask_address:
+            from prefect_hyperband.trainers.torch_dask import DaskRanks
+
+            self.warm = False  # the Dask workers are the warm processes
+            self._dask = DaskRanks(dask_address, self.workers, self._arrays())
 
     @property
     def world_size(self) -> int:
@@ -343,7 +350,9 @@ class TorchTrainer:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         if checkpoint and resource == start:
             return self._unchanged(checkpoint, out, resource, started)
-        if self.warm:
+        if self._dask is not None:
+            result = self._dask.run(self._job(cfg, resource, checkpoint, out, None), checkpoint, out, self.trial_timeout)
+        elif self.warm:
             result = self._run_warm(cfg, resource, checkpoint, out)
         else:
             workdir = Path(tempfile.mkdtemp(prefix="torch-trial-", dir=self.scratch_dir))
@@ -379,6 +388,9 @@ class TorchTrainer:
         """Stop the warm pools (no rank process is left); safe to call any number of times."""
         self._closed = True
         self._pools.close()
+        if self._dask is not None:
+            self._dask.close()
+            self._dask = None
 
     @property
     def pools(self) -> list[TorchPool]:
@@ -435,6 +447,13 @@ class TorchTrainer:
             "threads_per_rank": self.threads_per_rank,
             "max_train_rows": self.max_train_rows,
         }
+
+    def _arrays(self) -> dict[str, Any]:
+        """The split the ranks train on, in memory (training rows cut to ``max_train_rows``)."""
+        ds, rows = self.dataset, self.max_train_rows
+        return {"X_train": ds.X_train[:rows], "y_train": ds.y_train[:rows], "X_val": ds.X_val, "y_val": ds.y_val,
+                "task": ds.task, "n_classes": ds.n_classes,
+                "image_shape": list(ds.image_shape) if ds.image_shape is not None else None}
 
     def _save_arrays(self, workdir: Path) -> dict[str, Any]:
         """Write the split the ranks train on (training rows cut to ``max_train_rows``) beside the job."""

@@ -65,9 +65,12 @@ class Arrays:
     """The split the trainer saved for this trial (no pandas/sklearn import, no re-splitting per rank)."""
 
     def __init__(self, meta: Mapping[str, Any]):
-        with np.load(meta["file"]) as npz:
-            self.X_train, self.y_train = npz["X_train"], npz["y_train"]
-            self.X_val, self.y_val = npz["X_val"], npz["y_val"]
+        if "file" in meta:
+            with np.load(meta["file"]) as npz:
+                self.X_train, self.y_train = npz["X_train"], npz["y_train"]
+                self.X_val, self.y_val = npz["X_val"], npz["y_val"]
+        else:  # the arrays themselves (a Dask worker holds them in memory)
+            self.X_train, self.y_train, self.X_val, self.y_val = (meta[k] for k in ("X_train", "y_train", "X_val", "y_val"))
         self.task: str = meta["task"]
         self.n_classes = int(meta["n_classes"])
         shape = meta.get("image_shape")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -31,7 +30,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from prefect_hyperband.trainers import stopping
+from prefect_hyperband.trainers import dask_groups, stopping
+from prefect_hyperband.trainers.dask_groups import WorkerGroups
 from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_sidecar
 from prefect_hyperband.trainers.data import DataSpec, Dataset, check_metric, load, score
 from prefect_hyperband.trainers.errors import InputError
@@ -121,7 +121,7 @@ class XGBoostTrainer:
         self.objective = self._objective()
         self._local = threading.local()
         self._client = self._cluster = None
-        self._groups: queue.Queue | None = None  # free worker groups: (their addresses, their DaskQuantileDMatrix)
+        self._groups: WorkerGroups | None = None  # free worker groups, each with its DaskQuantileDMatrix
         self.groups: list[tuple[str, ...]] = []
         self.dask_address = dask_address
         self.workers = workers
@@ -136,14 +136,7 @@ class XGBoostTrainer:
         from xgboost import dask as dxgb
 
         if address:
-            try:
-                self._client = Client(address, timeout="10s")
-            except (OSError, TimeoutError) as exc:
-                raise InputError(f"cannot reach the Dask scheduler at {address}: {exc}") from exc
-            available = len(self._client.scheduler_info()["workers"])
-            if available < workers:
-                self._client.close()
-                raise InputError(f"the Dask cluster at {address} has {available} workers, fewer than --workers {workers}")
+            self._client = dask_groups.connect(address, workers)
         else:
             self._cluster = LocalCluster(
                 n_workers=workers,
@@ -155,15 +148,16 @@ class XGBoostTrainer:
             )
             self._client = Client(self._cluster)
         self._client.wait_for_workers(workers, timeout=120)
-        addresses = sorted(self._client.scheduler_info()["workers"])
-        self.groups = [tuple(addresses[i : i + workers]) for i in range(0, len(addresses) - workers + 1, workers)]
         rows = -(-len(self.data.y_train) // workers)
-        self._groups = queue.Queue()
-        for group in self.groups:  # the same row partitions on every group: the same model wherever a trial trains
+
+        def put_data(group: tuple[str, ...]):  # the same row partitions on every group: the same model anywhere
             X = da.from_array(self.data.X_train, chunks=(rows, self.data.X_train.shape[1]))
             y = da.from_array(self.data.y_train, chunks=rows)
             X, y = self._client.persist([X, y], workers=list(group), allow_other_workers=False)
-            self._groups.put((group, dxgb.DaskQuantileDMatrix(self._client, X, y)))
+            return dxgb.DaskQuantileDMatrix(self._client, X, y)
+
+        self._groups = WorkerGroups(self._client, workers, put_data)
+        self.groups = self._groups.groups
 
     @property
     def dask_client(self):
@@ -171,8 +165,10 @@ class XGBoostTrainer:
 
     def close(self) -> None:
         """Shut down what this trainer started; an external cluster is only disconnected."""
-        client, cluster = self._client, self._cluster
+        client, cluster, groups = self._client, self._cluster, self._groups
         self._client = self._cluster = self._groups = None
+        if groups is not None:
+            groups.close()
         if client is not None:
             client.close()
         if cluster is not None:
@@ -242,11 +238,8 @@ class XGBoostTrainer:
         groups = self._groups
         if groups is None:
             raise RuntimeError("the Dask cluster of this trainer is closed (the job is stopping)")
-        group, dtrain = groups.get()  # a free group of workers: trials on one group never interleave
-        try:
+        with groups.take() as (_, dtrain):  # a free group of workers: trials on one group never interleave
             return dxgb.train(self._client, params, dtrain, num_boost_round=rounds, xgb_model=booster)["booster"]
-        finally:
-            groups.put((group, dtrain))
 
     # -- evaluation ---------------------------------------------------------------------------
     def booster(self, checkpoint: str):

@@ -19,7 +19,7 @@ def build(settings: Any):
     if settings.timeout:
         kwargs.setdefault("trial_timeout", settings.timeout)
     return TorchTrainer(settings.data, workers=settings.workers, metric=settings.metric, seed=settings.seed,
-                        **kwargs)
+                        dask_address=settings.dask_address, **kwargs)
 
 
 def space():

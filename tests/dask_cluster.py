@@ -1,0 +1,66 @@
+"""A real Dask cluster for tests: ``dask scheduler`` and ``dask worker`` processes on loopback addresses, each
+address a "host" as Dask and a rendezvous see it (every address in 127.0.0.0/8 is this machine)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Iterator
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, hosts: list[str], log_dir: str) -> None:
+        self.port = _free_port()
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.log_dir = log_dir
+        env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False", "OMP_NUM_THREADS": "1"}
+        self.scheduler = self._start(["scheduler", "--host", "127.0.0.1", "--port", str(self.port),
+                                      "--dashboard-address", ":0", "--no-show"], "scheduler", env)
+        self.workers = [self._start(["worker", self.address, "--host", host, "--nthreads", "1", "--nworkers", "1",
+                                     "--no-dashboard", "--memory-limit", "0", "--death-timeout", "60"],
+                                    f"worker{i}", env) for i, host in enumerate(hosts)]
+        self.wait_for(len(hosts))
+
+    def _start(self, args: list[str], name: str, env: dict) -> subprocess.Popen:
+        log = open(os.path.join(self.log_dir, f"{name}.log"), "w")
+        return subprocess.Popen([sys.executable, "-m", "dask", *args], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+    def wait_for(self, n: int, timeout: float = 120) -> None:
+        from distributed import Client
+
+        with Client(self.address, timeout="30s") as client:
+            client.wait_for_workers(n, timeout=timeout)
+
+    def stop(self) -> None:
+        for proc in [*self.workers, self.scheduler]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in [*self.workers, self.scheduler]:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@contextlib.contextmanager
+def cluster(hosts: list[str], log_dir: str) -> Iterator[Cluster]:
+    started = Cluster(hosts, log_dir)
+    try:
+        yield started
+    finally:
+        started.stop()
