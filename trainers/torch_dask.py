@@ -87,7 +87,12 @@ class DaskRanks:
     def run(self, job: Mapping[str, Any], checkpoint: str | None, out: str, deadline: float) -> dict[str, Any]:
         """Train ``job`` on a free group; rank 0's checkpoint written to ``out``; the result (history, timings)."""
         with self._groups.take() as (group, data):
-            hosts = [self.client.scheduler_info()["workers"][a]["host"] for a in group]
+            alive = self.client.scheduler_info()["workers"]
+            lost = [a for a in group if a not in alive]
+            if lost:  # a pinned rank would wait for it forever: fail now, naming it
+                raise RuntimeError(f"Dask worker(s) {', '.join(lost)} of this trial's group are gone (a restarted "
+                                   "worker comes back under a new address); resume the job to regroup the cluster")
+            hosts = [alive[a]["host"] for a in group]
             port = self.client.run(free_port, workers=[group[0]])[group[0]]
             previous = Path(checkpoint).read_bytes() if checkpoint else None
             job = {**job, "launched_at": time.time(), "group": list(group)}

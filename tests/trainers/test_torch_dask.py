@@ -52,3 +52,28 @@ def test_ranks_on_dask_workers_of_two_hosts_train_the_local_numbers(tmp_path):
     assert np.isclose(remote.evaluate(resumed.checkpoint), local.evaluate(whole.checkpoint), atol=1e-6)
     assert first.info["world_size"] == 2 and first.workers == 2
     assert (first.info["warm_start"], again.info["warm_start"]) == (0.0, 1.0)  # the second use of the workers: warm
+
+
+@pytest.mark.slow  # real scheduler and worker processes, one killed
+def test_a_worker_killed_mid_trial_rung_fails_it_fast_and_its_group_says_so(tmp_path):
+    import os
+    import signal
+    import threading
+    import time
+
+    with cluster(HOSTS, str(tmp_path)) as c:
+        trainer = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, dask_address=c.address)
+        try:
+            group = trainer._dask.groups[0]  # the first trial-rung takes the first group
+            pid = trainer._dask.client.run(os.getpid, workers=[group[1]])[group[1]]
+            threading.Timer(3.0, os.kill, (pid, signal.SIGKILL)).start()  # its rank 1, mid-training
+            started = time.monotonic()
+            with pytest.raises(Exception) as failed:
+                trainer.train(DEFAULT_CONFIG, 30, None, str(tmp_path / "killed.pt"))
+            assert time.monotonic() - started < 60, failed.value  # released by the peer's error, not a hang
+            assert not (tmp_path / "killed.pt").exists()
+            assert trainer.train(DEFAULT_CONFIG, 1, None, str(tmp_path / "other.pt")).resource == 1  # group 2
+            with pytest.raises(RuntimeError, match=f"{group[1]} of this trial's group are gone"):
+                trainer.train(DEFAULT_CONFIG, 1, None, str(tmp_path / "gone.pt"))
+        finally:
+            trainer.close()
