@@ -30,8 +30,8 @@ def _command_base():
     return Command
 
 
-def _study_fields() -> dict[str, Any]:
-    """``hyperband scale``'s own parameters (its ``workers`` is a list of sizes), as fields for the generated flags."""
+def _study() -> type:
+    """``hyperband scale``'s own parameters (its ``workers`` is a list of sizes)."""
     from typing import Annotated, Optional
 
     from pydantic import BaseModel, Field
@@ -43,7 +43,12 @@ def _study_fields() -> dict[str, Any]:
                                               "(default: the tuned score at the smallest size, 0.01 worse).")
         tolerance: float = Field(0.005, ge=0, description="Sizes within this of the best tuned score count as good.")
 
-    return {name: (f.annotation, f) for name, f in Study.model_fields.items()}
+    return Study
+
+
+def _study_fields() -> dict[str, Any]:
+    """The study's fields, for its generated flags."""
+    return {name: (f.annotation, f) for name, f in _study().model_fields.items()}
 
 
 def _mount(parser: argparse.ArgumentParser, params_cls: type | None, **fields: Any) -> None:
@@ -286,10 +291,11 @@ def _scale(flags: dict[str, Any], args: argparse.Namespace, params_cls: type | N
     message = _model_error(flags)
     if message:
         return _fail(message)
-    study = {k: flags.pop(k) for k in _study_fields() if k in flags}
+    Study = _study()
+    study = {k: flags.pop(k) for k in Study.model_fields if k in flags}
     flags.pop("resume", None)
     try:
-        study = _study_model()(**study)
+        study = Study(**study)
         params = job_params({**flags, "workers": study.workers[0]}, params_cls)
     except ValidationError as exc:
         return _fail(_one_line(exc))
@@ -315,12 +321,6 @@ def _scale(flags: dict[str, Any], args: argparse.Namespace, params_cls: type | N
         print(result["table"])
         print(f"MLflow: experiment {params.experiment!r}, study run {result['study_run_id']} (each size's job nested under it)")
     return _exit(0)
-
-
-def _study_model():
-    from pydantic import create_model
-
-    return create_model("Study", **_study_fields())
 
 
 def _resume_flags(params) -> str:

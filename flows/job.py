@@ -15,20 +15,10 @@ from prefect_hyperband.hyperband.promotion import Direction
 from prefect_hyperband.tasks import storage as storages
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.tracking import check_reachable, tracking_uri
-from prefect_hyperband.trainers import data as datasets, registry
+from prefect_hyperband.trainers import dask_groups, registry
+from prefect_hyperband.trainers import data as datasets
 from prefect_hyperband.trainers.errors import InputError
 from prefect_hyperband.trainers.factory import TrainerSettings, model_space
-
-
-def _cluster_size(address: str) -> int:
-    """Workers of the Dask cluster at ``address`` (one short connection): trials at once = workers // --workers."""
-    from distributed import Client
-
-    try:
-        with Client(address, timeout="10s") as client:
-            return len(client.scheduler_info()["workers"])
-    except (OSError, TimeoutError) as exc:
-        raise InputError(f"cannot reach the Dask scheduler at {address}: {exc}") from exc
 
 
 def _on_every_machine(path: str | None, pool: str | None) -> str | None:
@@ -120,11 +110,8 @@ def prepare(params: TuneParams) -> Job:
 
         concurrency = pool_concurrency(params.trial_pool)
     else:
-        size = _cluster_size(params.dask_address) if params.dask_address else None
-        if size is not None and size < params.workers:  # before any training, in one line
-            raise InputError(f"the Dask cluster at {params.dask_address} has {size} workers, fewer than "
-                             f"--workers {params.workers}")
-        concurrency = params.trial_concurrency(size)
+        size = dask_groups.cluster_size(params.dask_address, params.workers) if params.dask_address else None
+        concurrency = params.trial_concurrency(size)  # too few workers: one line above, before any training
     settings = TrainerSettings(
         model=params.model,
         data=spec,

@@ -31,6 +31,15 @@ def connect(address: str, workers: int):
     return client
 
 
+def cluster_size(address: str, workers: int) -> int:
+    """Workers of the cluster at ``address`` (one short connection; ``connect``'s checks): a job's preflight."""
+    client = connect(address, workers)
+    try:
+        return len(client.scheduler_info()["workers"])
+    finally:
+        client.close()
+
+
 def host_of(address: str) -> str:
     """``tcp://10.0.0.5:41234`` -> ``10.0.0.5`` (IPv6 ``tcp://[::1]:41234`` -> ``::1``)."""
     rest = address.split("://", 1)[-1]

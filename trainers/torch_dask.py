@@ -77,7 +77,7 @@ class DaskRanks:
 
     def __init__(self, address: str, workers: int, data: Mapping[str, Any], timeout: float = COLLECTIVE_TIMEOUT) -> None:
         self.client = dask_groups.connect(address, workers)
-        self.workers, self.timeout = workers, timeout
+        self.timeout = timeout
         self._groups = dask_groups.WorkerGroups(
             self.client, workers,
             lambda group: self.client.scatter([dict(data)], workers=list(group), broadcast=True, hash=False)[0])
@@ -95,7 +95,7 @@ class DaskRanks:
             hosts = [alive[a]["host"] for a in group]
             port = self.client.run(free_port, workers=[group[0]])[group[0]]
             previous = Path(checkpoint).read_bytes() if checkpoint else None
-            job = {**job, "launched_at": time.time(), "group": list(group)}
+            job = {**job, "launched_at": time.time()}
             futures = [
                 self.client.submit(
                     rank_task, job, contract(i, len(group), hosts[:i].count(host), hosts.count(host), hosts[0], port),

@@ -457,15 +457,10 @@ class TorchTrainer:
 
     def _save_arrays(self, workdir: Path) -> dict[str, Any]:
         """Write the split the ranks train on (training rows cut to ``max_train_rows``) beside the job."""
-        ds, rows = self.dataset, self.max_train_rows
+        split = self._arrays()
         path = workdir / "data.npz"
-        np.savez(path, X_train=ds.X_train[:rows], y_train=ds.y_train[:rows], X_val=ds.X_val, y_val=ds.y_val)
-        return {
-            "file": str(path.resolve()),
-            "task": ds.task,
-            "n_classes": ds.n_classes,
-            "image_shape": list(ds.image_shape) if ds.image_shape is not None else None,
-        }
+        np.savez(path, **{k: split.pop(k) for k in ("X_train", "y_train", "X_val", "y_val")})
+        return {"file": str(path.resolve()), **split}
 
     def _new_pool(self) -> TorchPool:
         return TorchPool(

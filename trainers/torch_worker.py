@@ -274,7 +274,7 @@ class Run:
                 "y_std": float(self.stats["y_std"]),
             },
             "rng": {"world_size": self.world_size, "ranks": rng},
-            "config": {k: v for k, v in self.config.items() if not str(k).startswith("_")},
+            "config": dict(self.config),
             "metric": self.job["metric"],
             "seed": self.seed,
         }
