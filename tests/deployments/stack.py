@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,13 +15,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
+from ports import free_port  # tests/ports.py
+
 BIN = Path(sys.executable).parent
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port("127.0.0.1")
 
 
 def _exe(name: str) -> str:
