@@ -282,6 +282,8 @@ class Loop:
             self.lost += (self.clock.now() - began) * self.workers  # cost with no training seconds on record
         if discarded:  # stopped mid-training: not the trial's failure; --resume trains it again
             return
+        if out is not None and out.trained is not None:  # attempts the trainer ran again itself (a lost Dask worker)
+            self.lost += float(out.trained.info.get("lost_worker_seconds", 0.0))
         if out is None:
             self._orchestration_failed(flight.todo, failure)
             return

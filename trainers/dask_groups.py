@@ -4,16 +4,24 @@ trainers share on a cluster.
 The cluster's W workers make W // n groups (the rest wait unused). A group is packed on as few hosts as the
 workers allow (workers sorted by host, then port), since ranks on one host talk through its memory. A trial-rung
 takes a free group and gives it back: two trial-rungs never share a worker, so two collectives never interleave
-on one worker (they would deadlock on single-threaded workers).
+on one worker (they would deadlock on single-threaded workers). A group that lost a worker is retired and its
+other workers regroup with the workers that joined since.
 """
 
 from __future__ import annotations
 
 import contextlib
 import queue
+import threading
 from typing import Any, Callable, Iterator
 
+from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.errors import InputError
+
+#: seconds between looks for a free group
+POLL = 0.5
+#: seconds a trial-rung waits for workers to come back when every group lost one
+REGROUP_WAIT = 120.0
 
 
 def connect(address: str, workers: int):
@@ -59,25 +67,83 @@ def split(addresses: list[str], n: int) -> list[tuple[str, ...]]:
 
 
 class WorkerGroups:
-    """The free groups of a client's cluster; ``prepare(group)`` is what each group keeps (its data, say)."""
+    """The groups of a client's cluster; ``prepare(group)`` is what each group keeps (its data, say).
+
+    A group that lost a worker is retired; its other workers and any worker that joined since (a worker Dask's
+    nanny restarted comes back under a new address) make new groups as soon as there are ``n`` of them.
+    """
 
     def __init__(self, client: Any, n: int, prepare: Callable[[tuple[str, ...]], Any] = lambda group: None) -> None:
-        self.groups = split(list(client.scheduler_info()["workers"]), n)
+        self.client, self.n, self._prepare = client, n, prepare
+        self._lock = threading.Lock()
         self._free: queue.Queue | None = queue.Queue()
-        for group in self.groups:
-            self._free.put((group, prepare(group)))
+        self.groups: list[tuple[str, ...]] = []  # the live ones, free or busy
+        self.retired: list[tuple[str, ...]] = []
+        self._add(split(self.alive(), n))
+
+    def alive(self) -> list[str]:
+        return list(self.client.scheduler_info()["workers"])
+
+    def _add(self, groups: list[tuple[str, ...]]) -> None:
+        for group in groups:
+            item = (group, self._prepare(group))
+            with self._lock:
+                self.groups.append(group)
+            if self._free is not None:
+                self._free.put(item)
+
+    def regroup(self) -> list[tuple[str, ...]]:
+        """New groups of the live workers that are in no group (a retired group's, newcomers'); the new ones."""
+        with self._lock:
+            grouped = {a for g in self.groups for a in g}
+        new = split([a for a in self.alive() if a not in grouped], self.n)
+        self._add(new)
+        return new
+
+    def retire(self, group: tuple[str, ...]) -> None:
+        """``group`` lost a worker: no trial-rung takes it again; its other workers regroup."""
+        with self._lock:
+            if group in self.groups:
+                self.groups.remove(group)
+                self.retired.append(group)
+        self.regroup()
 
     @contextlib.contextmanager
-    def take(self) -> Iterator[tuple[tuple[str, ...], Any]]:
-        """A free group and what it keeps, for one trial-rung (waits while every group is busy)."""
-        free = self._free
-        if free is None:
-            raise RuntimeError("the Dask cluster of this trainer is closed (the job is stopping)")
-        item = free.get()
+    def take(self, wait: float = REGROUP_WAIT) -> Iterator[tuple[tuple[str, ...], Any]]:
+        """A free group and what it keeps, for one trial-rung (waits while every group is busy; while none is
+        left, waits ``wait`` seconds for workers to come back, then fails in one line)."""
+        self.regroup()  # workers that joined since (a restarted one, a scaled-up cluster) make new groups
+        waited = 0.0
+        while True:
+            free = self._free
+            if free is None:
+                raise RuntimeError("the Dask cluster of this trainer is closed (the job is stopping)")
+            try:
+                item = free.get(timeout=POLL)
+                with self._lock:
+                    if item[0] in self.groups:
+                        break
+                continue  # retired while it waited in the queue
+            except queue.Empty:
+                stopping.check()
+                with self._lock:
+                    live = bool(self.groups)
+                if live:
+                    continue
+                if self.regroup():
+                    continue
+                waited += POLL
+                if waited >= wait:
+                    raise RuntimeError(f"the Dask cluster has {len(self.alive())} workers left, fewer than --workers "
+                                       f"{self.n}, and none came back in {wait:g} s")
+        group = item[0]
         try:
             yield item
         finally:
-            free.put(item)
+            with self._lock:
+                live = group in self.groups
+            if live and self._free is not None:
+                self._free.put(item)
 
     def close(self) -> None:
         self._free = None

@@ -47,7 +47,7 @@ class ScriptTrainer:
     model = "script"
 
     def __init__(self, script: str, metric: str, workers: int = 1, threads: int | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, dask_address: str | None = None) -> None:
         path = Path(script)
         if not path.is_file():
             raise InputError(f"--script {script!r} is not a file")
@@ -58,13 +58,22 @@ class ScriptTrainer:
         self.timeout = timeout
         self._running: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
+        self._dask = None  # with dask_address: each trial-rung's ranks on a group of the cluster's workers
+        if dask_address:
+            from prefect_hyperband.trainers.torch_dask import DaskRanks
 
-    def command(self, config: Mapping[str, Any]) -> list[str]:
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                "--nproc-per-node", str(self.workers), self.script]
+            self._dask = DaskRanks(dask_address, workers)
+
+    def args(self, config: Mapping[str, Any]) -> list[str]:
+        """The script's command-line arguments: ``--name value`` per hyperparameter."""
+        argv: list[str] = []
         for name, value in config.items():
             argv += [f"--{name}", json.dumps(value) if isinstance(value, (dict, list, bool)) or value is None else str(value)]
         return argv
+
+    def command(self, config: Mapping[str, Any]) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                "--nproc-per-node", str(self.workers), self.script, *self.args(config)]
 
     def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:
         start = int(json.loads(Path(checkpoint).read_text())["resource"]) if checkpoint else 0
@@ -72,21 +81,45 @@ class ScriptTrainer:
         directory.mkdir(parents=True, exist_ok=True)
         reports, log = directory.with_suffix(".reports.jsonl"), directory.with_suffix(".log")
         reports.unlink(missing_ok=True)  # a retried trial-rung starts its reports afresh
-        env = {
-            **os.environ,
+        tuner = {
             "HYPERBAND_CONFIG": json.dumps(dict(config)),
             "HYPERBAND_RESOURCE": str(resource),
             "HYPERBAND_START": str(start),
-            "HYPERBAND_CHECKPOINT_DIR": str(directory),
-            "HYPERBAND_REPORT_FILE": str(reports),
             "HYPERBAND_TRIAL_ID": directory.parent.name,
             "OMP_NUM_THREADS": str(self.threads),
-            "PYTHONUNBUFFERED": "1",
         }
-        env.pop("HYPERBAND_CHECKPOINT", None)
-        if checkpoint:
-            env["HYPERBAND_CHECKPOINT"] = str(Path(checkpoint).with_suffix(""))
+        previous = Path(checkpoint).with_suffix("") if checkpoint else None
         began = time.perf_counter()
+        info: dict[str, float] = {"world_size": float(self.workers)}
+        if self._dask is not None:
+            from prefect_hyperband.trainers.script_dask import run_script
+
+            ran = run_script(self._dask, self, config, tuner, previous, directory, reports, log)
+            info.update(lost_worker_seconds=ran.lost_worker_seconds, attempts=float(ran.attempts),
+                        warm_start=ran.warm)
+            seconds = time.perf_counter() - began - ran.lost_worker_seconds / self.workers
+        else:
+            self._launch(config, tuner, previous, directory, reports, log, began)
+            seconds = time.perf_counter() - began
+        history = _read_reports(reports)
+        at_end = [row for row in history if row["step"] == resource and self.metric in row]
+        if not at_end:
+            raise ScriptFailed(f"reported no {self.metric!r} at step {resource} (HYPERBAND_RESOURCE); "
+                               f"reported steps: {sorted({int(r['step']) for r in history}) or 'none'}")
+        metrics = {k: v for k, v in at_end[-1].items() if k != "step"}
+        if not math.isfinite(metrics[self.metric]):
+            raise ScriptFailed(f"metric {self.metric!r} is {metrics[self.metric]} at step {resource}")
+        write_json_atomic(out, {"resource": resource, "metrics": metrics})
+        return TrainResult(str(out), resource, resource - start, seconds, self.workers, history=history, info=info)
+
+    def _launch(self, config: Mapping[str, Any], tuner: Mapping[str, str], previous: Path | None, directory: Path,
+                reports: Path, log: Path, began: float) -> None:
+        """The trial-rung on this machine: torch's launcher with ``workers`` ranks."""
+        env = {**os.environ, **tuner, "HYPERBAND_CHECKPOINT_DIR": str(directory),
+               "HYPERBAND_REPORT_FILE": str(reports), "PYTHONUNBUFFERED": "1"}
+        env.pop("HYPERBAND_CHECKPOINT", None)
+        if previous is not None:
+            env["HYPERBAND_CHECKPOINT"] = str(previous)
         with open(log, "wb") as sink:
             proc = subprocess.Popen(self.command(config), stdout=sink, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
@@ -104,30 +137,21 @@ class ScriptTrainer:
                 with self._lock:
                     self._running.discard(proc)
                 _kill_group(proc)  # ranks the launcher left (it exits when rank 0 does)
-        seconds = time.perf_counter() - began
         if code != 0:
             raise ScriptFailed(_failure(code, log))
-        history = _read_reports(reports)
-        at_end = [row for row in history if row["step"] == resource and self.metric in row]
-        if not at_end:
-            raise ScriptFailed(f"reported no {self.metric!r} at step {resource} (HYPERBAND_RESOURCE); "
-                               f"reported steps: {sorted({int(r['step']) for r in history}) or 'none'}")
-        metrics = {k: v for k, v in at_end[-1].items() if k != "step"}
-        if not math.isfinite(metrics[self.metric]):
-            raise ScriptFailed(f"metric {self.metric!r} is {metrics[self.metric]} at step {resource}")
-        write_json_atomic(out, {"resource": resource, "metrics": metrics})
-        world = {"world_size": float(self.workers)}
-        return TrainResult(str(out), resource, resource - start, seconds, self.workers, history=history, info=world)
 
     def evaluate(self, checkpoint: str) -> float:
         return float(json.loads(Path(checkpoint).read_text())["metrics"][self.metric])
 
     def close(self) -> None:
-        """Kill every launcher still running (a job stopping), with its ranks."""
+        """Kill every launcher still running (a job stopping), with its ranks; leave the Dask cluster."""
         with self._lock:
             running = list(self._running)
         for proc in running:
             _kill_group(proc)
+        if self._dask is not None:
+            self._dask.close()
+            self._dask = None
 
 
 def _wait(proc: subprocess.Popen, began: float, timeout: float | None) -> int:

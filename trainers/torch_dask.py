@@ -21,9 +21,11 @@ import os
 import socket
 import tempfile
 import time
+import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from prefect_hyperband.trainers import dask_groups, stopping
 
@@ -31,6 +33,10 @@ from prefect_hyperband.trainers import dask_groups, stopping
 WAIT_POLL = 0.5
 #: seconds a collective may wait for a peer: a lost worker releases its group's other ranks at this timeout at worst
 COLLECTIVE_TIMEOUT = 120.0
+#: times a trial-rung runs again on another group after its group lost a worker (then the trial fails)
+RETRIES = 2
+#: seconds to look for a lost worker after a rank's error (the scheduler may learn of it after the peers)
+LOST_GRACE = 10.0
 
 
 def free_port() -> int:
@@ -72,51 +78,126 @@ def rank_task(job: Mapping[str, Any], env: Mapping[str, str], data: Mapping[str,
         return {"checkpoint": Path(job["out"]).read_bytes(), "result": json.loads(Path(job["result"]).read_text())}
 
 
-class DaskRanks:
-    """The trainer's side: a client of the cluster at ``address``, its groups of ``workers``, each holding ``data``."""
+class GroupLost(RuntimeError):
+    """A worker of the group running a trial-rung left the cluster (killed, its machine gone)."""
 
-    def __init__(self, address: str, workers: int, data: Mapping[str, Any], timeout: float = COLLECTIVE_TIMEOUT) -> None:
+    def __init__(self, group: tuple[str, ...], gone: list[str], cause: BaseException | None) -> None:
+        self.group, self.gone = group, gone
+        why = f": {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}" if cause else ""
+        super().__init__(f"Dask worker(s) {', '.join(gone)} of group {', '.join(group)} left the cluster{why}")
+
+
+@dataclass
+class Ran:
+    """One trial-rung's ranks on a group: each rank's return value (rank order), and what getting there cost."""
+
+    results: list[Any]
+    group: tuple[str, ...]
+    warm: float  # 1.0 when every worker of the group had run a rank of this job before
+    lost_worker_seconds: float  # attempts on groups that lost a worker: wall seconds x ranks
+    attempts: int
+
+
+class DaskRanks:
+    """The trainer's side: a client of the cluster at ``address``, its groups of ``workers``, each holding ``data``.
+
+    ``run(task, ...)`` runs ``task(job, env, data, previous, timeout)`` as one rank per worker of a free group. A
+    group that loses a worker mid-trial-rung is retired (its other ranks are released by their collective's error
+    or timeout) and the trial-rung runs again, from the same checkpoint, on another group: ``retries`` times,
+    then it fails with the reasons. Any other error of a rank fails the trial-rung at once."""
+
+    def __init__(self, address: str, workers: int, data: Mapping[str, Any] | None = None,
+                 timeout: float = COLLECTIVE_TIMEOUT, retries: int = RETRIES) -> None:
         self.client = dask_groups.connect(address, workers)
-        self.timeout = timeout
-        self._groups = dask_groups.WorkerGroups(
-            self.client, workers,
+        self.timeout, self.retries = timeout, retries
+        keep = (lambda group: None) if data is None else (
             lambda group: self.client.scatter([dict(data)], workers=list(group), broadcast=True, hash=False)[0])
-        self.groups = self._groups.groups
+        self._groups = dask_groups.WorkerGroups(self.client, workers, keep)
         self._used: set[str] = set()  # workers that have run a rank (torch imported, the code loaded)
 
-    def run(self, job: Mapping[str, Any], checkpoint: str | None, out: str, deadline: float) -> dict[str, Any]:
-        """Train ``job`` on a free group; rank 0's checkpoint written to ``out``; the result (history, timings)."""
-        with self._groups.take() as (group, data):
-            alive = self.client.scheduler_info()["workers"]
-            lost = [a for a in group if a not in alive]
-            if lost:  # a pinned rank would wait for it forever: fail now, naming it
-                raise RuntimeError(f"Dask worker(s) {', '.join(lost)} of this trial's group are gone (a restarted "
-                                   "worker comes back under a new address); resume the job to regroup the cluster")
-            hosts = [alive[a]["host"] for a in group]
+    @property
+    def groups(self) -> list[tuple[str, ...]]:
+        """The live groups (a group that lost a worker is retired, and its other workers regroup)."""
+        return self._groups.groups
+
+    def run(self, task: Callable[..., Any], job: Mapping[str, Any], previous: Any, deadline: float) -> Ran:
+        """Run ``task`` on a free group within ``deadline`` seconds; again on another group when one loses a worker."""
+        ends = time.monotonic() + deadline
+        lost, reasons = 0.0, []
+        while True:
+            with self._groups.take() as (group, data):
+                gone = self._gone(group)
+                if gone:  # lost while free: no work lost, no attempt spent
+                    self._groups.retire(group)
+                    continue
+                began = time.monotonic()
+                try:
+                    results = self._attempt(task, job, previous, group, data, ends)
+                except GroupLost as exc:
+                    lost += (time.monotonic() - began) * len(group)
+                    reasons.append(str(exc))
+                    self._groups.retire(group)
+                    if len(reasons) > self.retries:
+                        raise RuntimeError(f"the trial-rung lost its Dask group {len(reasons)} times: "
+                                           + "; ".join(reasons)) from exc
+                    continue
+            warm = float(all(a in self._used for a in group))
+            self._used.update(group)
+            return Ran(results, group, warm, lost, len(reasons) + 1)
+
+    def _attempt(self, task: Callable[..., Any], job: Mapping[str, Any], previous: Any, group: tuple[str, ...],
+                 data: Any, ends: float) -> list[Any]:
+        alive = self.client.scheduler_info()["workers"]
+        hosts = [alive[a]["host"] for a in group]
+        try:
             port = self.client.run(free_port, workers=[group[0]])[group[0]]
-            previous = Path(checkpoint).read_bytes() if checkpoint else None
-            job = {**job, "launched_at": time.time()}
-            futures = [
-                self.client.submit(
-                    rank_task, job, contract(i, len(group), hosts[:i].count(host), hosts.count(host), hosts[0], port),
-                    data, previous, self.timeout, workers=[address], allow_other_workers=False, pure=False,
-                )
-                for i, (address, host) in enumerate(zip(group, hosts))
-            ]
-            try:
-                self._wait(futures, time.monotonic() + deadline, group)
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
-            result = futures[0].result()
-        tmp = f"{out}.tmp-{os.getpid()}"
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(tmp).write_bytes(result["checkpoint"])
-        os.replace(tmp, out)
-        warm = float(all(a in self._used for a in group))
-        self._used.update(group)
-        return {**result["result"], "group": list(group), "warm_start": warm}
+        except Exception as exc:
+            gone = self._gone(group)
+            if gone:
+                raise GroupLost(group, gone, exc) from exc
+            raise
+        job = {**job, "launched_at": time.time(), "cancel": f"hyperband-cancel-{uuid.uuid4().hex}"}
+        futures = [
+            self.client.submit(
+                task, job, contract(i, len(group), hosts[:i].count(host), hosts.count(host), hosts[0], port),
+                data, previous, self.timeout, workers=[address], allow_other_workers=False, pure=False,
+            )
+            for i, (address, host) in enumerate(zip(group, hosts))
+        ]
+        try:
+            self._wait(futures, ends, group)
+        except BaseException as exc:
+            self._give_up(job["cancel"], futures)
+            if isinstance(exc, Exception):
+                gone = self._lost(group, futures)
+                if gone:
+                    raise GroupLost(group, gone, exc) from exc
+            raise
+        return [f.result() for f in futures]
+
+    def _give_up(self, cancel: str, futures: list) -> None:
+        """Cancel the ranks: a rank that runs a process (a script) ends it at the trial-rung's cancel event; a rank
+        in a collective is released by its peers' errors or the collective's timeout."""
+        from distributed import Event
+
+        with contextlib.suppress(Exception):  # the scheduler gone: the ranks end at their own timeout
+            Event(cancel, client=self.client).set()
+        for f in futures:
+            f.cancel()
+
+    def _gone(self, group: tuple[str, ...]) -> list[str]:
+        alive = self.client.scheduler_info()["workers"]
+        return [a for a in group if a not in alive]
+
+    def _lost(self, group: tuple[str, ...], futures: list, grace: float = LOST_GRACE) -> list[str]:
+        """The group's workers that left, given a rank's error: a peer's error often comes before the scheduler
+        sees the worker go, so look until the scheduler says so, every rank has ended, or ``grace`` seconds."""
+        ends = time.monotonic() + grace
+        while True:
+            gone = self._gone(group)
+            if gone or all(f.done() for f in futures) or time.monotonic() > ends:
+                return gone
+            time.sleep(0.2)
 
     @staticmethod
     def _wait(futures: list, deadline: float, group: tuple[str, ...]) -> None:
@@ -139,3 +220,17 @@ class DaskRanks:
     def close(self) -> None:
         self._groups.close()
         self.client.close()
+
+
+def run_torch(ranks: DaskRanks, job: Mapping[str, Any], checkpoint: str | None, out: str, deadline: float) -> dict[str, Any]:
+    """A torch trial-rung on the cluster: every rank gets the previous checkpoint's bytes (each restores its own RNG
+    state from it), rank 0's new checkpoint is written to ``out``; the result (history, timings, the group)."""
+    previous = Path(checkpoint).read_bytes() if checkpoint else None
+    ran = ranks.run(rank_task, job, previous, deadline)
+    first = ran.results[0]
+    tmp = f"{out}.tmp-{os.getpid()}"
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(tmp).write_bytes(first["checkpoint"])
+    os.replace(tmp, out)
+    return {**first["result"], "group": list(ran.group), "warm_start": ran.warm,
+            "lost_worker_seconds": ran.lost_worker_seconds, "attempts": ran.attempts}

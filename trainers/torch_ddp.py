@@ -351,7 +351,10 @@ class TorchTrainer:
         if checkpoint and resource == start:
             return self._unchanged(checkpoint, out, resource, started)
         if self._dask is not None:
-            result = self._dask.run(self._job(cfg, resource, checkpoint, out, None), checkpoint, out, self.trial_timeout)
+            from prefect_hyperband.trainers.torch_dask import run_torch
+
+            result = run_torch(self._dask, self._job(cfg, resource, checkpoint, out, None), checkpoint, out,
+                               self.trial_timeout)
         elif self.warm:
             result = self._run_warm(cfg, resource, checkpoint, out)
         else:
@@ -361,11 +364,12 @@ class TorchTrainer:
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
         write_sidecar(out, resource)
+        lost = float(result.get("lost_worker_seconds", 0.0))  # attempts on a Dask group that lost a worker
         return TrainResult(
             checkpoint=out,
             resource=resource,
             resource_trained=resource - start,
-            seconds=time.perf_counter() - started,
+            seconds=time.perf_counter() - started - lost / self.world_size,
             workers=self.world_size,  # every rank on every node: worker-seconds count them all
             history=result["history"],
             info=self._info(cfg, result),
@@ -512,6 +516,8 @@ class TorchTrainer:
             "effective_lr": effective_lr(cfg, world),
             "threads_per_rank": self.threads_per_rank,
             "warm_start": float(result.get("warm_start", 0.0)),
+            **({"lost_worker_seconds": float(result["lost_worker_seconds"]), "attempts": float(result["attempts"])}
+               if "attempts" in result else {}),
         }
 
     def _unchanged(self, checkpoint: str, out: str, resource: int, started: float) -> TrainResult:

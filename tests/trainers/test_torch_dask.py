@@ -21,14 +21,6 @@ def weights(checkpoint: str) -> dict[str, torch.Tensor]:
     return torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
 
 
-def test_groups_are_disjoint_and_packed_by_host():
-    addresses = ["tcp://127.0.0.3:9", "tcp://127.0.0.1:40", "tcp://127.0.0.2:7", "tcp://127.0.0.2:30", "tcp://127.0.0.1:5"]
-    assert dask_groups.split(addresses, 2) == [("tcp://127.0.0.1:5", "tcp://127.0.0.1:40"),
-                                               ("tcp://127.0.0.2:7", "tcp://127.0.0.2:30")]
-    assert dask_groups.split(addresses, 3) == [("tcp://127.0.0.1:5", "tcp://127.0.0.1:40", "tcp://127.0.0.2:7")]
-    assert dask_groups.host_of("tcp://[::1]:8786") == "::1" and dask_groups.host_of("tls://head:8786") == "head"
-
-
 @pytest.mark.slow  # real scheduler and worker processes
 def test_ranks_on_dask_workers_of_two_hosts_train_the_local_numbers(tmp_path):
     with cluster(HOSTS, str(tmp_path)) as c:
@@ -55,7 +47,7 @@ def test_ranks_on_dask_workers_of_two_hosts_train_the_local_numbers(tmp_path):
 
 
 @pytest.mark.slow  # real scheduler and worker processes, one killed
-def test_a_worker_killed_mid_trial_rung_fails_it_fast_and_its_group_says_so(tmp_path):
+def test_a_worker_killed_mid_trial_rung_runs_it_again_on_another_group_and_its_place_is_taken(tmp_path):
     import os
     import signal
     import threading
@@ -67,13 +59,16 @@ def test_a_worker_killed_mid_trial_rung_fails_it_fast_and_its_group_says_so(tmp_
             group = trainer._dask.groups[0]  # the first trial-rung takes the first group
             pid = trainer._dask.client.run(os.getpid, workers=[group[1]])[group[1]]
             threading.Timer(3.0, os.kill, (pid, signal.SIGKILL)).start()  # its rank 1, mid-training
-            started = time.monotonic()
-            with pytest.raises(Exception) as failed:
-                trainer.train(DEFAULT_CONFIG, 30, None, str(tmp_path / "killed.pt"))
-            assert time.monotonic() - started < 60, failed.value  # released by the peer's error, not a hang
-            assert not (tmp_path / "killed.pt").exists()
-            assert trainer.train(DEFAULT_CONFIG, 1, None, str(tmp_path / "other.pt")).resource == 1  # group 2
-            with pytest.raises(RuntimeError, match=f"{group[1]} of this trial's group are gone"):
-                trainer.train(DEFAULT_CONFIG, 1, None, str(tmp_path / "gone.pt"))
+            retried = trainer.train(DEFAULT_CONFIG, 20, None, str(tmp_path / "retried.pt"))
+            assert retried.info["attempts"] == 2 and retried.info["lost_worker_seconds"] > 0
+            assert group not in trainer._dask.groups and group in trainer._dask._groups.retired
+            deadline = time.monotonic() + 60  # Dask's nanny restarts the worker, under a new address
+            while len(trainer._dask.client.scheduler_info()["workers"]) < 4 and time.monotonic() < deadline:
+                time.sleep(0.5)
+            whole = trainer.train(DEFAULT_CONFIG, 20, None, str(tmp_path / "whole.pt"))
+            assert len(trainer._dask.groups) == 2 and group[0] in {a for g in trainer._dask.groups for a in g}
         finally:
             trainer.close()
+    for name, tensor in weights(whole.checkpoint).items():  # the retried trial-rung trained the same numbers
+        assert torch.allclose(weights(retried.checkpoint)[name], tensor, atol=1e-6), name
+    assert [h["val_accuracy"] for h in retried.history] == pytest.approx([h["val_accuracy"] for h in whole.history], abs=1e-6)

@@ -12,7 +12,7 @@ def build(settings: Any):
 
     assert settings.script and settings.metric
     return ScriptTrainer(settings.script, settings.metric, workers=settings.workers, threads=settings.threads,
-                         timeout=settings.timeout)
+                         timeout=settings.timeout, dask_address=settings.dask_address)
 
 
 MODEL = Model("script", build, "your training script under torch's launcher (--script train.py)", user_code="script",

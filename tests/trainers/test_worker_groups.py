@@ -1,0 +1,94 @@
+"""Worker groups on a cluster that changes (fakes of the Dask client, no processes): a group that lost a worker is
+retired, its other workers regroup with the workers that joined since; a trial-rung whose group lost a worker runs
+again on another group, twice, then fails naming each loss."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefect_hyperband.trainers import dask_groups, torch_dask
+from prefect_hyperband.trainers.torch_dask import DaskRanks, GroupLost
+
+
+class FakeClient:
+    def __init__(self, workers: list[str]) -> None:
+        self.workers = list(workers)
+
+    def scheduler_info(self) -> dict:
+        return {"workers": {a: {"host": dask_groups.host_of(a)} for a in self.workers}}
+
+
+A, B, C, D, E = (f"tcp://127.0.0.1:{p}" for p in (1, 2, 3, 4, 5))
+
+
+def test_groups_are_disjoint_and_packed_by_host():
+    addresses = ["tcp://127.0.0.3:9", "tcp://127.0.0.1:40", "tcp://127.0.0.2:7", "tcp://127.0.0.2:30", "tcp://127.0.0.1:5"]
+    assert dask_groups.split(addresses, 2) == [("tcp://127.0.0.1:5", "tcp://127.0.0.1:40"),
+                                               ("tcp://127.0.0.2:7", "tcp://127.0.0.2:30")]
+    assert dask_groups.split(addresses, 3) == [("tcp://127.0.0.1:5", "tcp://127.0.0.1:40", "tcp://127.0.0.2:7")]
+    assert dask_groups.host_of("tcp://[::1]:8786") == "::1" and dask_groups.host_of("tls://head:8786") == "head"
+
+
+def test_a_retired_group_regroups_its_other_worker_with_a_newcomer():
+    client = FakeClient([A, B, C, D])
+    kept = []
+    groups = dask_groups.WorkerGroups(client, 2, lambda g: kept.append(g) or f"data of {g}")
+    assert groups.groups == [(A, B), (C, D)]
+    client.workers.remove(B)  # killed
+    groups.retire((A, B))
+    assert groups.groups == [(C, D)] and groups.retired == [(A, B)]  # A alone makes no group
+    client.workers.append(E)  # B restarted under a new address
+    with groups.take() as (group, data):  # the next trial-rung regroups first
+        assert group in {(C, D), (A, E)}
+    assert groups.groups == [(C, D), (A, E)] and kept[-1] == (A, E)
+    taken = set()
+    with groups.take() as (g1, _), groups.take() as (g2, d2):
+        taken = {g1, g2}
+        assert d2 == f"data of {g2}"
+    assert taken == {(C, D), (A, E)}
+
+
+def test_with_no_group_left_a_trial_rung_waits_for_workers_then_says_so_in_one_line():
+    client = FakeClient([A, B])
+    groups = dask_groups.WorkerGroups(client, 2)
+    client.workers.remove(B)
+    groups.retire((A, B))
+    with pytest.raises(RuntimeError, match="has 1 workers left, fewer than --workers 2, and none came back in 0.5 s"):
+        with groups.take(wait=0.5):
+            pass
+
+
+def ranks(client: FakeClient, monkeypatch, lose: int) -> tuple[DaskRanks, list]:
+    """DaskRanks over a fake client whose first ``lose`` attempts lose a worker of their group."""
+    monkeypatch.setattr(dask_groups, "connect", lambda address, workers: client)
+    r = DaskRanks("tcp://head:8786", 2)
+    tried = []
+
+    def attempt(task, job, previous, group, data, ends):
+        tried.append(group)
+        if len(tried) <= lose:
+            client.workers.remove(group[-1])
+            raise GroupLost(group, [group[-1]], ConnectionResetError("peer closed"))
+        return [f"rank {i} on {a}" for i, a in enumerate(group)]
+
+    monkeypatch.setattr(r, "_attempt", attempt)
+    return r, tried
+
+
+def test_a_trial_rung_whose_group_lost_a_worker_runs_again_on_another_group(monkeypatch):
+    client = FakeClient([A, B, C, D, E])
+    r, tried = ranks(client, monkeypatch, lose=1)
+    ran = r.run(print, {}, None, deadline=60)
+    assert tried == [(A, B), (C, D)] and ran.group == (C, D) and ran.attempts == 2
+    assert ran.results == [f"rank 0 on {C}", f"rank 1 on {D}"] and ran.lost_worker_seconds >= 0
+    assert r.groups == [(C, D), (A, E)]  # the lost group's other worker regrouped with the spare
+
+
+def test_a_trial_rung_that_lost_three_groups_fails_naming_each_loss(monkeypatch):
+    client = FakeClient([A, B, C, D, E, "tcp://127.0.0.1:6"])
+    r, tried = ranks(client, monkeypatch, lose=3)
+    with pytest.raises(RuntimeError, match="lost its Dask group 3 times") as failed:
+        r.run(print, {}, None, deadline=60)
+    assert len(tried) == 3 == torch_dask.RETRIES + 1
+    assert all(f"{g[-1]} of group {', '.join(g)} left the cluster: ConnectionResetError: peer closed" in str(failed.value)
+               for g in tried)

@@ -1,0 +1,119 @@
+"""The user's training script on a Dask cluster (``--script train.py --dask-address ... --workers N``).
+
+Each trial-rung's N ranks run on a group of N Dask workers (``torch_dask.DaskRanks``: the torch trainer's groups,
+rendezvous and retries): on each worker of the group the script runs as a process with torchrun's environment
+contract (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and the
+tuner's (``HYPERBAND_*``, as ``trainers/script.py`` documents), exactly as ``torchrun`` would start it, so
+``dist.init_process_group()`` finds its peers on the other machines.
+
+Nothing needs a shared folder: the script travels as its bytes (a worker that has the same file at the same
+path runs it in place, so its sibling modules import), the trial's checkpoint directory travels as a tar to
+every rank and comes back from every rank (files merged, rank 0's last), and rank 0's reports come back with it.
+A rank that exits non-zero fails the trial-rung with its last lines; a worker lost mid-trial-rung sends it to
+another group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+#: seconds between looks at a rank's process
+POLL = 0.2
+#: seconds between looks at the trial-rung's cancel event (an RPC to the scheduler)
+CANCEL_POLL = 1.0
+
+
+def _event(name: str | None) -> Any:
+    if not name:
+        return None
+    from distributed import Event
+
+    return Event(name)
+
+
+def pack(directory: Path) -> bytes:
+    """A directory's files as tar bytes (empty when it does not exist)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        if directory.is_dir():
+            for path in sorted(directory.rglob("*")):
+                if path.is_file():
+                    tar.add(path, arcname=str(path.relative_to(directory)))
+    return buffer.getvalue()
+
+
+def unpack(data: bytes, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        tar.extractall(directory, filter="data")  # no absolute paths, no links out of the directory
+
+
+def script_rank(job: Mapping[str, Any], env: Mapping[str, str], data: Any, previous: bytes | None,
+                timeout: float) -> dict[str, Any]:
+    """One rank of one trial-rung, in a Dask worker: run the script under the contract; its checkpoint files,
+    and on rank 0 its reports, come back. A non-zero exit raises ``ScriptFailed`` with the rank's last lines."""
+    from prefect_hyperband.trainers.script import ScriptFailed, _failure, _kill_group
+
+    rank = int(env["RANK"])
+    with tempfile.TemporaryDirectory(prefix="hyperband-script-") as tmp:
+        script = Path(job["script"])
+        source: bytes = job["source"]
+        if not (script.is_file() and hashlib.sha256(script.read_bytes()).hexdigest() == job["sha256"]):
+            script = Path(tmp, "code", script.name)  # this worker has not got the file: run the job's copy
+            script.parent.mkdir()
+            script.write_bytes(source)
+        out, reports, log = Path(tmp, "checkpoint"), Path(tmp, "reports.jsonl"), Path(tmp, "rank.log")
+        out.mkdir()
+        variables = {**os.environ, **job["env"], **env, "HYPERBAND_CHECKPOINT_DIR": str(out),
+                     "HYPERBAND_REPORT_FILE": str(reports), "PYTHONUNBUFFERED": "1"}
+        variables.pop("HYPERBAND_CHECKPOINT", None)
+        if previous is not None:
+            unpack(previous, Path(tmp, "previous"))
+            variables["HYPERBAND_CHECKPOINT"] = str(Path(tmp, "previous"))
+        began = time.monotonic()
+        with open(log, "wb") as sink:
+            proc = subprocess.Popen([sys.executable, str(script), *job["args"]], stdout=sink, stderr=subprocess.STDOUT,
+                                    env=variables, cwd=str(script.parent), start_new_session=True)
+            cancel, looked = _event(job.get("cancel")), began
+            try:
+                while proc.poll() is None:
+                    time.sleep(POLL)
+                    now = time.monotonic()
+                    if now - began > timeout:
+                        raise ScriptFailed(f"rank {rank} timed out after {timeout:g} s")
+                    if cancel is not None and now - looked > CANCEL_POLL:
+                        looked = now
+                        if cancel.is_set():  # the job stopped, or a peer failed: the trial-rung is given up
+                            raise ScriptFailed(f"rank {rank} stopped: its trial-rung was given up")
+            finally:
+                _kill_group(proc)  # a timeout, the worker closing: no process of the script left behind
+        if proc.returncode != 0:
+            raise ScriptFailed(f"rank {rank} on {env['MASTER_ADDR'] if rank == 0 else 'its worker'} "
+                               f"{_failure(proc.returncode, log)}")
+        return {"checkpoint": pack(out), "reports": reports.read_text() if rank == 0 and reports.is_file() else "",
+                "log": log.read_bytes()[-200_000:] if rank == 0 else b""}
+
+
+def run_script(ranks: Any, trainer: Any, config: Mapping[str, Any], env: Mapping[str, str], checkpoint_dir: Path | None,
+               directory: Path, reports: Path, log: Path) -> Any:
+    """A script trial-rung on the cluster; every rank's checkpoint files land in ``directory`` (rank 0's last), rank
+    0's reports in ``reports`` and its output in ``log``, as the local launcher leaves them. Returns ``Ran``."""
+    source = Path(trainer.script).read_bytes()
+    job = {"script": trainer.script, "source": source, "sha256": hashlib.sha256(source).hexdigest(),
+           "args": trainer.args(config), "env": dict(env)}
+    previous = pack(checkpoint_dir) if checkpoint_dir is not None else None
+    ran = ranks.run(script_rank, job, previous, trainer.timeout or float("inf"))
+    for result in reversed(ran.results):  # rank 0's files last: where two ranks wrote one file, rank 0's counts
+        unpack(result["checkpoint"], directory)
+    reports.write_text(ran.results[0]["reports"])
+    log.write_bytes(ran.results[0]["log"])
+    return ran
