@@ -11,6 +11,8 @@ from typing import Any, Sequence
 from prefect_hyperband.trainers.errors import InputError
 
 EXIT_USAGE = 2
+#: the job stopped on something outside it that may come back (its Dask scheduler): ``--resume`` later (EX_TEMPFAIL)
+EXIT_TEMPFAIL = 75
 
 
 class _Parser(argparse.ArgumentParser):
@@ -362,6 +364,9 @@ def _run(params, args: argparse.Namespace) -> int:
         if live is not None:
             live.stop()
             progress.detach(live)
+    if state.is_cancelled() and "stopped: " in (state.message or ""):  # not a signal: the cluster went away
+        print(f"hyperband: {state.message}", file=sys.stderr)
+        return _exit(EXIT_TEMPFAIL)
     if state.is_cancelled():
         import re
         import signal

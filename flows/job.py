@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import time
@@ -128,7 +129,7 @@ def prepare(params: TuneParams) -> Job:
         extra=model.extra(params),
     )
     if model.user_code:  # a trainer file that does not import, a script that is not a file: fail now, in one line
-        model.build(settings)
+        model.build(dataclasses.replace(settings, dask_address=None)).close()  # the code, not the cluster (above)
     uri = tracking_uri(params.tracking_uri)
     check_reachable(uri)
     job_id = params.job_id or new_job_id()

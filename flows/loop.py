@@ -88,6 +88,8 @@ class Stop(Protocol):
     def requested(self) -> bool: ...
     @property
     def signum(self) -> int: ...
+    @property
+    def reason(self) -> str | None: ...
 
 
 class Events(Protocol):
@@ -100,9 +102,9 @@ class Events(Protocol):
 class JobStopped(Exception):
     """The job stopped on request (a signal, a cancellation); its state is saved and ``--resume`` finishes it."""
 
-    def __init__(self, signum: int, abandoned: int) -> None:
-        super().__init__(f"stopped by {signal_name(signum)}")
-        self.signum, self.abandoned = signum, abandoned
+    def __init__(self, signum: int, abandoned: int, reason: str | None = None) -> None:
+        super().__init__(f"stopped: {reason}" if reason else f"stopped by {signal_name(signum)}")
+        self.signum, self.abandoned, self.reason = signum, abandoned, reason
 
 
 def signal_name(signum: int) -> str:
@@ -213,7 +215,8 @@ class Loop:
                     self.save(self.rows, self.elapsed(), self.lost)
                 self._close()
             if self.stop_began is not None:
-                raise JobStopped(self.stop.signum, sum(not f.recording for f in self.flights.values()))
+                raise JobStopped(self.stop.signum, sum(not f.recording for f in self.flights.values()),
+                                 self.stop.reason)
             self.to_close += ended(self.scheduler.finish())
             self._close()
         finally:

@@ -28,11 +28,14 @@ class StopToken:
     def __init__(self) -> None:
         self._event = threading.Event()
         self._signum: int | None = None
+        self._reason: str | None = None
         self._cancelled: set[int] = set()
 
-    def request(self, signum: int = 0) -> None:
+    def request(self, signum: int = 0, reason: str | None = None) -> None:
+        """Stop the job: on a signal (``signum``), or for a ``reason`` the job cannot go on past (its cluster
+        gone); the first request names the stop."""
         if self._signum is None:
-            self._signum = signum
+            self._signum, self._reason = signum, reason
         self._event.set()
 
     def requested(self) -> bool:
@@ -43,6 +46,11 @@ class StopToken:
     def signum(self) -> int:
         """The signal that asked for the stop (0: none did, or no stop)."""
         return self._signum or 0
+
+    @property
+    def reason(self) -> str | None:
+        """Why the job stopped when no signal asked (None for a signal or a cancellation)."""
+        return self._reason
 
     def cancel_thread(self, ident: int) -> None:
         """Stop the training running in thread ``ident`` at its next unit (its trial-rung timed out)."""

@@ -109,7 +109,7 @@ class DaskRanks:
     def __init__(self, address: str, workers: int, data: Mapping[str, Any] | None = None,
                  timeout: float = COLLECTIVE_TIMEOUT, retries: int = RETRIES) -> None:
         self.client = dask_groups.connect(address, workers)
-        self.timeout, self.retries = timeout, retries
+        self.address, self.timeout, self.retries = address, timeout, retries
         keep = (lambda group: None) if data is None else (
             lambda group: self.client.scatter([dict(data)], workers=list(group), broadcast=True, hash=False)[0])
         self._groups = dask_groups.WorkerGroups(self.client, workers, keep)
@@ -122,6 +122,27 @@ class DaskRanks:
 
     def run(self, task: Callable[..., Any], job: Mapping[str, Any], previous: Any, deadline: float) -> Ran:
         """Run ``task`` on a free group within ``deadline`` seconds; again on another group when one loses a worker."""
+        try:
+            return self._run(task, job, previous, deadline)
+        except Exception:
+            if not self._unreachable():
+                raise
+            reason = f"the Dask scheduler at {self.address} is unreachable"
+            token = stopping.current()
+            if token is not None:  # the job stops (its state saved); --resume continues once it is back
+                token.request(reason=reason)
+            raise stopping.Stopped(reason) from None
+
+    def _unreachable(self, grace: float = LOST_GRACE) -> bool:
+        """The client lost its scheduler and did not get it back within ``grace`` seconds."""
+        ends = time.monotonic() + grace
+        while self.client.status != "running":
+            if self.client.status in ("closed", "closing", "failed") or time.monotonic() > ends:
+                return True
+            time.sleep(0.2)
+        return False
+
+    def _run(self, task: Callable[..., Any], job: Mapping[str, Any], previous: Any, deadline: float) -> Ran:
         ends = time.monotonic() + deadline
         lost, reasons = 0.0, []
         while True:
@@ -165,7 +186,7 @@ class DaskRanks:
             for i, (address, host) in enumerate(zip(group, hosts))
         ]
         try:
-            self._wait(futures, ends, group)
+            self._wait(futures, ends, group, lambda: self.client.status == "running")
         except BaseException as exc:
             self._give_up(job["cancel"], futures)
             if isinstance(exc, Exception):
@@ -200,13 +221,16 @@ class DaskRanks:
             time.sleep(0.2)
 
     @staticmethod
-    def _wait(futures: list, deadline: float, group: tuple[str, ...]) -> None:
+    def _wait(futures: list, deadline: float, group: tuple[str, ...], connected: Callable[[], bool]) -> None:
         """Until every rank is done; the first rank's error raised at once (its peers are then cancelled, and a
-        collective they wait in ends at its timeout); a stop of the job or the deadline ends the wait too."""
+        collective they wait in ends at its timeout); a stop of the job, the deadline or the scheduler's connection
+        lost ends the wait too."""
         from distributed import wait
 
         pending = list(futures)
         while pending:
+            if not connected():
+                raise ConnectionError("lost the connection to the Dask scheduler")
             with contextlib.suppress(TimeoutError):  # Dask's wait raises when none is done in time
                 wait(pending, timeout=WAIT_POLL, return_when="FIRST_COMPLETED")
             for f in [f for f in pending if f.done()]:

@@ -1,14 +1,19 @@
 """The torch job on a Dask cluster of two "hosts": each trial-rung's two DDP ranks on a group of two Dask workers,
-two trial-rungs at once, and the numbers of the same job on one machine."""
+two trial-rungs at once, a worker SIGKILLed mid-trial-rung, and the numbers of the same job on one machine."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from dask_cluster import cluster  # tests/dask_cluster.py
+from mlflow_runs import runs_of  # tests/flows
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
@@ -19,7 +24,26 @@ def rows_of(result: dict) -> list[dict]:
     return json.loads((Path(result["job_dir"]) / "state.json").read_text())["rows"]
 
 
-def test_the_torch_job_on_dask_groups_equals_the_job_on_one_machine(tracking_uri, tmp_path, capsys):
+def kill_a_busy_worker(address: str, jobs: Path, killed: list[str]) -> None:
+    """Once the job has 4 results, SIGKILL a worker that runs a rank (Dask's nanny restarts it, new address)."""
+    from distributed import Client
+
+    with Client(address, timeout="10s") as client:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            states = list(jobs.glob("*/state.json"))
+            if states and len(json.loads(states[0].read_text()).get("rows", [])) >= 4:
+                busy = [w for w, keys in client.processing().items() if keys]
+                if busy:
+                    pid = client.run(os.getpid, workers=[busy[0]])[busy[0]]
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(busy[0])
+                    return
+            time.sleep(0.2)
+
+
+def test_the_torch_job_on_dask_groups_survives_a_killed_worker_and_equals_the_job_on_one_machine(
+        tracking_uri, tmp_path, capsys):
     from prefect_hyperband.flows.params import TuneParams
     from prefect_hyperband.flows.tune import tune
 
@@ -31,7 +55,11 @@ def test_the_torch_job_on_dask_groups_equals_the_job_on_one_machine(tracking_uri
         assert main(["tune", "--model", "torch", "--data", "digits", "--workers", "5", "--dask-address", c.address,
                      "--job-dir", str(tmp_path / "jobs"), "--tracking-uri", tracking_uri]) == 2  # before any training
         assert capsys.readouterr().err.strip().endswith("has 4 workers, fewer than --workers 5")
-        remote = tune(TuneParams(**common, dask_address=c.address, job_id="dask"))
+        killed: list[str] = []
+        killer = threading.Thread(target=kill_a_busy_worker, args=(c.address, tmp_path / "jobs", killed))
+        killer.start()
+        remote = tune(TuneParams(**common, dask_address=c.address, job_id="dask", experiment="dask"))
+        killer.join()
     local = tune(TuneParams(**common, job_id="local"))
     assert remote["summary"]["concurrency"] == 2 and local["summary"]["concurrency"] == 1
     scores = {(r["trial_id"], r["resource"]): r["score"] for r in rows_of(remote)}
@@ -41,3 +69,7 @@ def test_the_torch_job_on_dask_groups_equals_the_job_on_one_machine(tracking_uri
     intervals = sorted((r["started"], r["ended"]) for r in rows_of(remote))
     assert sum(1 for (a0, a1), (b0, b1) in zip(intervals, intervals[1:]) if b0 < a1) >= 3  # both groups at once
     assert all(r["workers"] == 2 for r in rows_of(remote))
+    # the killed worker's trial-rung ran again on another group: its time is lost worker-seconds, no run twice
+    assert killed and remote["summary"]["lost_worker_seconds"] > 0 and remote["summary"]["failed_trials"] == 0
+    _, _, children = runs_of(tracking_uri, "dask", remote["parent_run_id"])
+    assert len(children) == remote["summary"]["configs"] and all(r.info.status == "FINISHED" for r in children)

@@ -120,13 +120,13 @@ class Tracker:
 
 class Stop:
     def __init__(self) -> None:
-        self.on, self.signum = False, 0
+        self.on, self.signum, self.reason = False, 0, None
 
     def requested(self):
         return self.on
 
-    def request(self, signum=2):
-        self.on, self.signum = True, signum
+    def request(self, signum=2, reason=None):
+        self.on, self.signum, self.reason = True, signum, reason
 
 
 class Watch:
@@ -207,6 +207,14 @@ def test_a_stop_ends_the_loop_saved_and_a_resume_reaches_the_uninterrupted_resul
     kept = {(r["trial_id"], r["resource"]) for r in last["rows"]}
     assert not kept & {(t.trial_id, t.resource) for t in rest.submitted}  # kept results are not trained again
     assert len(drive.rows) == sum(len(s) for s in scores(whole).values())
+
+
+def test_a_stop_for_a_reason_names_it():
+    sim, stop = Sim(), Stop()
+    sim.on_submit = lambda todo: stop.request(0, "the Dask scheduler at tcp://head:8786 is unreachable") \
+        if len(sim.submitted) == 5 else None
+    with pytest.raises(JobStopped, match=r"^stopped: the Dask scheduler at tcp://head:8786 is unreachable$"):
+        make(hyperband(9, seed=1), sim, stop=stop).run()
 
 
 def test_a_stop_gives_the_trainings_in_flight_their_grace_then_abandons_them():

@@ -56,6 +56,40 @@ def test_the_ddp_example_with_two_workers_trains_exactly_11_epochs_at_world_size
     assert result["best"]["score"] > 0.8  # digits with a small MLP, 3 epochs
     assert not launchers()  # no launcher or rank left behind
 
+    # the same job on a Dask cluster of two "hosts": each rank a process on a worker of a group, the checkpoint
+    # directory and rank 0's reports carried through Dask, the numbers of torch's launcher here
+    from dask_cluster import cluster  # tests/dask_cluster.py
+    from prefect_hyperband.trainers.script import ScriptFailed, ScriptTrainer
+
+    with cluster(["127.0.0.1", "127.0.0.2", "127.0.0.2", "127.0.0.3"], str(tmp_path)) as c:
+        code = cli.main(["tune", "--script", DDP, "--workers", "2", "--space", DDP_SPACE, "--metric", "val_accuracy",
+                         "--direction", "maximize", "--min-resource", "1", "--max-resource", "3", "--eta", "3",
+                         "--seed", "1", "--job-dir", str(tmp_path / "jobs"), "--experiment", "ddp-dask", "--json",
+                         "--dask-address", c.address])
+        assert code == 0
+        remote = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        broken = tmp_path / "broken.py"
+        broken.write_text("import os, sys\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n"
+                          "sys.exit(4)\n")
+        failing = ScriptTrainer(str(broken), "loss", workers=2, timeout=60, dask_address=c.address)
+        try:
+            with pytest.raises(ScriptFailed, match=r"(?s)rank \d .*exited with code 4.*rank \d of 2"):
+                failing.train({}, 1, None, str(tmp_path / "broken" / "t0" / "r1.json"))
+        finally:
+            failing.close()
+    assert remote["summary"]["concurrency"] == 2 and remote["summary"]["failed_trials"] == 0
+    here, there = rows(result), rows(remote)
+    assert here.keys() == there.keys() and len(here) == 6
+    assert all(abs(here[k] - there[k]) <= 1e-6 for k in here), (here, there)
+    _, _, children = runs_of(tracking_uri, "ddp-dask", remote["parent_run_id"])
+    world = [m.value for c in children for m in client.get_metric_history(c.info.run_id, "world_size")]
+    assert len(world) == 11 and set(world) == {2.0}
+
+
+def rows(result: dict) -> dict[tuple[str, int], float]:
+    saved = json.loads((Path(result["job_dir"]) / "state.json").read_text())["rows"]
+    return {(r["trial_id"], r["resource"]): r["score"] for r in saved}
+
 
 def script(tmp_path: Path, body: str) -> str:
     path = tmp_path / "train_script.py"

@@ -11,6 +11,8 @@ from prefect_hyperband.trainers.torch_dask import DaskRanks, GroupLost
 
 
 class FakeClient:
+    status = "running"
+
     def __init__(self, workers: list[str]) -> None:
         self.workers = list(workers)
 

@@ -1,0 +1,155 @@
+"""What running torch trials on a Dask cluster or a Prefect work pool costs per trial-rung, against one machine.
+
+The torch digits job (1, R, 3) at world size 2 (``--workers 2``: two DDP ranks per trial-rung), three ways, same
+seed, same run:
+
+* one machine: the local warm pools (rank processes kept across trial-rungs);
+* a Dask cluster: a ``LocalCluster`` of 4 worker processes (1 thread each) on loopback, two groups of two, each
+  trial-rung's ranks as Dask tasks on a group (``--dask-address``);
+* a Prefect work pool: a Prefect server, a process pool and 2 process workers, every trial-rung a flow run
+  (``--trial-pool``, a shared ``--storage`` folder); each of its processes starts its own two ranks.
+
+Printed per run: the flow's wall, the trial-rungs' pure training (the ranks' epoch loops, from each child run's
+``train_seconds``), and the overhead per trial-rung: (flow wall x concurrency - pure training) / trial-rungs, the
+slot-seconds each trial-rung cost beyond its epochs. Also: whether every trial-rung's score equals the one-machine
+job's (to 1e-6). On a 2-core machine the cluster's processes share 2 cores: this measures overheads, not a
+cluster's speed-up.
+
+Run from the repository root::
+
+    python benchmarks/bench_dask_torch.py             # R=9: 22 trial-rungs per run (~5 min on 2 cores)
+    python benchmarks/bench_dask_torch.py --no-pool   # the one-machine and Dask runs only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common  # noqa: E402
+from bench_trial_pool import BIN, _port, _tune, _wait  # noqa: E402
+
+
+def pure_training(uri: str, parent_run_id: str) -> float:
+    """Seconds the ranks spent in their epoch loops, summed over the job's trial-rungs (child runs' metric)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    parent = client.get_run(parent_run_id)
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                                  max_results=5000)
+    return sum(m.value for c in children for m in client.get_metric_history(c.info.run_id, "train_seconds"))
+
+
+def scores(job_dir: str) -> dict[tuple[str, int], float]:
+    rows = json.loads((Path(job_dir) / "state.json").read_text())["rows"]
+    return {(r["trial_id"], r["resource"]): r["score"] for r in rows}
+
+
+def pool_run(tmp: Path, flags: list[str]) -> tuple[dict, float, str]:
+    """The job on a process work pool of 2 workers (a Prefect server of its own); (result, CLI wall, MLflow URI)."""
+    port = _port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env.update(PREFECT_HOME=str(tmp / "home"), PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
+               PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_WORKER_QUERY_SECONDS="1", HYPERBAND_NO_LIVE="1")
+    procs = []
+    uri = f"sqlite:///{tmp}/pool.db"
+    try:
+        procs.append(subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                                      env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True))
+        _wait(f"http://127.0.0.1:{port}/api/health")
+        subprocess.run([str(BIN / "prefect"), "work-pool", "create", "bench-pool", "--type", "process"], env=env,
+                       check=True, capture_output=True)
+        for i in range(2):
+            (tmp / f"machine-{i}").mkdir()
+            procs.append(subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "bench-pool"], env=env,
+                                          cwd=tmp / f"machine-{i}", stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, start_new_session=True))
+        time.sleep(5)  # the workers' first poll
+        result, wall = _tune(env, tmp, [*flags, "--trial-pool", "bench-pool", "--storage", str(tmp / "shared"),
+                                        "--tracking-uri", uri, "--job-dir", str(tmp / "pool-jobs")])
+    finally:
+        for p in reversed(procs):
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+    return result, wall, uri
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-resource", type=int, default=9)
+    parser.add_argument("--no-pool", action="store_true", help="skip the work-pool run")
+    args = parser.parse_args(argv)
+    R = args.max_resource
+    common.header(f"bench_dask_torch: torch digits (1, {R}, 3), world size 2: one machine vs Dask vs a work pool")
+    from distributed import LocalCluster
+
+    from prefect_hyperband.tasks import tracking
+
+    common_fields = dict(model="torch", data="digits", min_resource=1, max_resource=R, eta=3, seed=0, workers=2,
+                         register_model=False, baseline=False)
+    runs = []  # (label, result, wall end to end, MLflow URI)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-dask-torch-"))
+    try:
+        with common.prefect_server():
+            uri = f"sqlite:///{tmp}/local.db"
+            tracking.check_reachable(uri)
+            result, wall = common.run_tune(**common_fields, job_dir=str(tmp / "jobs"), job_id="local", tracking_uri=uri)
+            runs.append(("one machine, warm pools", result, wall, uri))
+            print(f"   one machine: flow wall {result['summary']['wall_seconds']:.1f} s", flush=True)
+            with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, host="127.0.0.1",
+                              dashboard_address=None) as cluster:
+                uri = f"sqlite:///{tmp}/dask.db"
+                tracking.check_reachable(uri)
+                result, wall = common.run_tune(**common_fields, job_dir=str(tmp / "jobs"), job_id="dask",
+                                               tracking_uri=uri, dask_address=cluster.scheduler_address)
+                runs.append(("Dask, 4 workers", result, wall, uri))
+                print(f"   Dask: flow wall {result['summary']['wall_seconds']:.1f} s", flush=True)
+        if not args.no_pool:
+            flags = ["--model", "torch", "--data", "digits", "--max-resource", str(R), "--seed", "0", "--workers", "2",
+                     "--no-baseline", "--no-register-model", "--concurrency", "2"]
+            result, wall, uri = pool_run(tmp, flags)
+            runs.append(("work pool, 2 workers", result, wall, uri))
+            print(f"   work pool: flow wall {result['summary']['wall_seconds']:.1f} s", flush=True)
+        rows, overheads, reference = [], [], scores(runs[0][1]["job_dir"])
+        for label, result, wall, uri in runs:
+            s = result["summary"]
+            n, pure = s["trial_rungs"], pure_training(uri, result["parent_run_id"])
+            overhead = (s["wall_seconds"] * s["concurrency"] - pure) / n
+            got = scores(result["job_dir"])
+            same = got.keys() == reference.keys() and all(abs(got[k] - reference[k]) <= 1e-6 for k in got)
+            overheads.append(overhead)
+            rows.append((label, s["concurrency"], n, wall, s["wall_seconds"], pure, overhead,
+                         overhead / overheads[0], same))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print()
+    print(common.table(rows, ["run", "concurrency", "trial-rungs", "end to end s", "flow wall s", "pure training s",
+                              "overhead s per trial-rung", "x one machine", "same scores"]))
+    if len(overheads) == 3:
+        print(f"Dask overhead per trial-rung: {overheads[1] / overheads[0]:.2f}x one machine's (target <= 1.3x); "
+              f"the work pool's is {overheads[2] / overheads[1]:.1f}x Dask's (target >= 5x)")
+    print(json.dumps({"bench": "dask_torch", "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
