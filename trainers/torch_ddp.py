@@ -18,7 +18,6 @@ exactly what a cold launch would (every trial re-seeds from its seed or checkpoi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -254,9 +253,9 @@ class TorchTrainer:
     ``threads_per_rank`` defaults to cpu_count // (workers * concurrent_trials): pass the number
     of trials that run at once, since oversubscribed intra-op threads slow small models ~5x.
     ``max_train_rows`` cuts the training split (tests); ``scratch_dir`` holds each call's job
-    folder (must be shared storage when ``nnodes`` > 1).
+    folder. Ranks across machines run on a Dask cluster (``dask_address``, ``trainers/torch_dask.py``).
 
-    ``warm`` (default: on when ``nnodes`` == 1) keeps the ranks alive between calls: a pool per
+    ``warm`` (default: on) keeps the ranks alive between calls: a pool per
     concurrent call, at most ``pool_size`` pools (default: one per call running at once); ``close()``
     stops them. ``warm=False`` launches fresh processes for every call.
     """
@@ -277,8 +276,6 @@ class TorchTrainer:
         workers: int = 1,
         metric: str | None = None,
         seed: int = 0,
-        nnodes: int = 1,
-        rdzv_endpoint: str | None = None,
         trial_timeout: float = 600.0,
         threads_per_rank: int | None = None,
         concurrent_trials: int = 1,
@@ -289,14 +286,7 @@ class TorchTrainer:
         dask_address: str | None = None,
     ):
         self.workers = _as_int("workers", workers)
-        self.nnodes = _as_int("nnodes", nnodes)
         _check(self.workers >= 1, f"workers must be >= 1, got {workers}")
-        _check(self.nnodes >= 1, f"nnodes must be >= 1, got {nnodes}")
-        _check(self.nnodes == 1 or bool(rdzv_endpoint), f"nnodes={nnodes} needs a rendezvous endpoint (host:port)")
-        _check(
-            rdzv_endpoint is None or re.fullmatch(r"[^\s:]+:\d+", rdzv_endpoint) is not None,
-            f"rendezvous endpoint must be host:port, got {rdzv_endpoint!r}",
-        )
         self.trial_timeout = _as_float("trial_timeout", trial_timeout)
         _check(self.trial_timeout > 0, f"trial_timeout must be > 0 seconds, got {trial_timeout}")
         concurrent_trials = _as_int("concurrent_trials", concurrent_trials)
@@ -309,17 +299,12 @@ class TorchTrainer:
             _check(max_train_rows >= 1, f"max_train_rows must be >= 1, got {max_train_rows}")
         self.max_train_rows = max_train_rows
         self.spec, self.seed = spec, _as_int("seed", seed)
-        self.rdzv_endpoint = rdzv_endpoint
         self.scratch_dir = scratch_dir
         self.dataset: Dataset = load(spec)
         self.metric = metric or self.dataset.default_metric
         check_metric(self.metric, self.dataset.task)
         _check(warm is None or isinstance(warm, bool), f"warm must be true or false, got {warm!r}")
-        _check(
-            not (warm and self.nnodes > 1),
-            f"warm pools run on one machine; pass warm=False for nnodes={self.nnodes}",
-        )
-        self.warm = self.nnodes == 1 if warm is None else warm
+        self.warm = True if warm is None else warm
         if pool_size is not None:
             pool_size = _as_int("pool_size", pool_size)
             _check(pool_size >= 1, f"pool_size must be >= 1 (concurrent trials per job), got {pool_size}")
@@ -335,7 +320,7 @@ class TorchTrainer:
 
     @property
     def world_size(self) -> int:
-        return self.workers * self.nnodes
+        return self.workers
 
     # -- protocol ------------------------------------------------------------------------
 
@@ -370,7 +355,7 @@ class TorchTrainer:
             resource=resource,
             resource_trained=resource - start,
             seconds=time.perf_counter() - started - lost / self.world_size,
-            workers=self.world_size,  # every rank on every node: worker-seconds count them all
+            workers=self.world_size,  # every rank: worker-seconds count them all
             history=result["history"],
             info=self._info(cfg, result),
         )
@@ -405,11 +390,7 @@ class TorchTrainer:
 
     def launch_command(self, job_path: str, out: str) -> list[str]:
         """The ``torch.distributed.run`` command line of one trial."""
-        if self.rdzv_endpoint is None:
-            rendezvous = ["--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", uuid.uuid4().hex]
-        else:  # every machine's launcher must pass the same id: derive it from the checkpoint path
-            run_id = "hb-" + hashlib.sha1(str(out).encode()).hexdigest()[:16]
-            rendezvous = ["--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", run_id]
+        rendezvous = ["--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", uuid.uuid4().hex]
         return self._launcher(rendezvous, ["--job", job_path])
 
     def serve_command(self, pool_dir: Path) -> list[str]:
@@ -420,7 +401,7 @@ class TorchTrainer:
     def _launcher(self, rendezvous: list[str], worker_args: list[str]) -> list[str]:
         return [
             sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", str(self.nnodes),
+            "--nnodes", "1",
             "--nproc-per-node", str(self.workers),
             "--rdzv-backend", "c10d", *rendezvous,
             "--max-restarts", "0",

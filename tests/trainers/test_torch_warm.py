@@ -110,9 +110,7 @@ def test_concurrent_calls_get_a_pool_each_and_close_leaves_no_processes(tmp_path
 def test_pool_options():
     with pytest.raises(InputError, match="pool_size must be >= 1"):
         TorchTrainer(DIGITS, pool_size=0)
-    with pytest.raises(InputError, match="warm=False"):
-        TorchTrainer(DIGITS, nnodes=2, rdzv_endpoint="head:29400", warm=True)
-    assert not TorchTrainer(DIGITS, nnodes=2, rdzv_endpoint="head:29400").warm  # cold across machines
+    assert TorchTrainer(DIGITS).warm
     assert not TorchTrainer(DIGITS, warm=False).warm
     single = TorchTrainer(DIGITS, workers=2, pool_size=1)
     command = single.serve_command(Path("/tmp/pool"))
