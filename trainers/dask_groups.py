@@ -93,10 +93,13 @@ class WorkerGroups:
                 self._free.put(item)
 
     def regroup(self) -> list[tuple[str, ...]]:
-        """New groups of the live workers that are in no group (a retired group's, newcomers'); the new ones."""
+        """New groups of the idle live workers that are in no group (a retired group's, newcomers'); the new ones."""
         with self._lock:
             grouped = {a for g in self.groups for a in g}
-        new = split([a for a in self.alive() if a not in grouped], self.n)
+        # a worker still running a rank of its lost group's trial-rung (Dask cannot stop a running task; the rank
+        # ends at its collective's error or timeout) would hold up a new group's rendezvous: it waits until idle
+        busy = {a for a, keys in self.client.processing().items() if keys}
+        new = split([a for a in self.alive() if a not in grouped and a not in busy], self.n)
         self._add(new)
         return new
 

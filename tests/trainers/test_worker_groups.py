@@ -15,9 +15,13 @@ class FakeClient:
 
     def __init__(self, workers: list[str]) -> None:
         self.workers = list(workers)
+        self.busy: set[str] = set()
 
     def scheduler_info(self) -> dict:
         return {"workers": {a: {"host": dask_groups.host_of(a)} for a in self.workers}}
+
+    def processing(self) -> dict:
+        return {a: ["a-rank"] if a in self.busy else [] for a in self.workers}
 
 
 A, B, C, D, E = (f"tcp://127.0.0.1:{p}" for p in (1, 2, 3, 4, 5))
@@ -40,6 +44,10 @@ def test_a_retired_group_regroups_its_other_worker_with_a_newcomer():
     groups.retire((A, B))
     assert groups.groups == [(C, D)] and groups.retired == [(A, B)]  # A alone makes no group
     client.workers.append(E)  # B restarted under a new address
+    client.busy = {A}  # still running its lost group's rank: not regrouped until it ends
+    with groups.take() as (group, data):
+        assert group == (C, D) and groups.groups == [(C, D)]
+    client.busy = set()
     with groups.take() as (group, data):  # the next trial-rung regroups first
         assert group in {(C, D), (A, E)}
     assert groups.groups == [(C, D), (A, E)] and kept[-1] == (A, E)
