@@ -388,22 +388,21 @@ class TorchTrainer:
 
     # -- launching ---------------------------------------------------------------------------
 
-    def launch_command(self, job_path: str, out: str) -> list[str]:
+    def launch_command(self, job_path: str) -> list[str]:
         """The ``torch.distributed.run`` command line of one trial."""
-        rendezvous = ["--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", uuid.uuid4().hex]
-        return self._launcher(rendezvous, ["--job", job_path])
+        return self._launcher(["--job", job_path])
 
     def serve_command(self, pool_dir: Path) -> list[str]:
-        """The command line of a warm pool (one machine, its own rendezvous): ranks serve ``pool_dir``."""
-        rendezvous = ["--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", uuid.uuid4().hex]
-        return self._launcher(rendezvous, ["--serve", str(pool_dir), "--owner", str(os.getpid())])
+        """The command line of a warm pool: ranks serve ``pool_dir``."""
+        return self._launcher(["--serve", str(pool_dir), "--owner", str(os.getpid())])
 
-    def _launcher(self, rendezvous: list[str], worker_args: list[str]) -> list[str]:
+    def _launcher(self, worker_args: list[str]) -> list[str]:
+        """torch's launcher on this machine, with a rendezvous of its own (ranks across machines: ``dask_address``)."""
         return [
             sys.executable, "-m", "torch.distributed.run",
             "--nnodes", "1",
             "--nproc-per-node", str(self.workers),
-            "--rdzv-backend", "c10d", *rendezvous,
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", uuid.uuid4().hex,
             "--max-restarts", "0",
             "--monitor-interval", "0.1",
             "-m", self.worker_module, *worker_args,
@@ -461,7 +460,7 @@ class TorchTrainer:
         """Launch the ranks, wait (bounded by ``trial_timeout``), and read rank 0's result file."""
         job = self._job(cfg, resource, checkpoint, out, workdir)
         job_path = str(workdir / "job.json")
-        command = self.launch_command(job_path, out)
+        command = self.launch_command(job_path)
         job["launched_at"] = time.time()
         write_json_atomic(job_path, job)
         with open(workdir / "launcher.log", "wb") as log:

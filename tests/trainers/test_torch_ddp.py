@@ -150,7 +150,7 @@ def test_config_validation_and_launch_command():
             resolve_config(bad)
     with pytest.raises(InputError, match="does not fit"):
         TorchTrainer(DIGITS, metric="rmse")
-    single = TorchTrainer(DIGITS, workers=2).launch_command("/tmp/job.json", "/tmp/t.pt")
+    single = TorchTrainer(DIGITS, workers=2).launch_command("/tmp/job.json")
     assert single[single.index("--rdzv-endpoint") + 1] == "127.0.0.1:0" and "--max-restarts" in single
     assert single[single.index("--nnodes") + 1] == "1" and single[single.index("--nproc-per-node") + 1] == "2"
     with pytest.raises(TypeError):  # across machines is the Dask path (dask_address), not torchrun's --nnodes
