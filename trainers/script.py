@@ -115,11 +115,7 @@ class ScriptTrainer:
     def _launch(self, config: Mapping[str, Any], tuner: Mapping[str, str], previous: Path | None, directory: Path,
                 reports: Path, log: Path, began: float) -> None:
         """The trial-rung on this machine: torch's launcher with ``workers`` ranks."""
-        env = {**os.environ, **tuner, "HYPERBAND_CHECKPOINT_DIR": str(directory),
-               "HYPERBAND_REPORT_FILE": str(reports), "PYTHONUNBUFFERED": "1"}
-        env.pop("HYPERBAND_CHECKPOINT", None)
-        if previous is not None:
-            env["HYPERBAND_CHECKPOINT"] = str(previous)
+        env = script_env(tuner, previous, directory, reports)
         with open(log, "wb") as sink:
             proc = subprocess.Popen(self.command(config), stdout=sink, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
@@ -152,6 +148,18 @@ class ScriptTrainer:
         if self._dask is not None:
             self._dask.close()
             self._dask = None
+
+
+def script_env(tuner: Mapping[str, str], previous: Path | None, directory: Path, reports: Path,
+               **extra: str) -> dict[str, str]:
+    """The script's environment: this process's, the tuner's contract for the trial-rung (``HYPERBAND_*``, where
+    to resume from, save to and report to) and ``extra`` (a rank's torchrun contract on a Dask worker)."""
+    env = {**os.environ, **tuner, **extra, "HYPERBAND_CHECKPOINT_DIR": str(directory),
+           "HYPERBAND_REPORT_FILE": str(reports), "PYTHONUNBUFFERED": "1"}
+    env.pop("HYPERBAND_CHECKPOINT", None)
+    if previous is not None:
+        env["HYPERBAND_CHECKPOINT"] = str(previous)
+    return env
 
 
 def _wait(proc: subprocess.Popen, began: float, timeout: float | None) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import subprocess
 import sys
 import tarfile
@@ -61,7 +60,7 @@ def script_rank(job: Mapping[str, Any], env: Mapping[str, str], data: Any, previ
                 timeout: float) -> dict[str, Any]:
     """One rank of one trial-rung, in a Dask worker: run the script under the contract; its checkpoint files,
     and on rank 0 its reports, come back. A non-zero exit raises ``ScriptFailed`` with the rank's last lines."""
-    from prefect_hyperband.trainers.script import ScriptFailed, _failure, _kill_group
+    from prefect_hyperband.trainers.script import ScriptFailed, _failure, _kill_group, script_env
 
     rank = int(env["RANK"])
     with tempfile.TemporaryDirectory(prefix="hyperband-script-") as tmp:
@@ -73,12 +72,10 @@ def script_rank(job: Mapping[str, Any], env: Mapping[str, str], data: Any, previ
             script.write_bytes(source)
         out, reports, log = Path(tmp, "checkpoint"), Path(tmp, "reports.jsonl"), Path(tmp, "rank.log")
         out.mkdir()
-        variables = {**os.environ, **job["env"], **env, "HYPERBAND_CHECKPOINT_DIR": str(out),
-                     "HYPERBAND_REPORT_FILE": str(reports), "PYTHONUNBUFFERED": "1"}
-        variables.pop("HYPERBAND_CHECKPOINT", None)
-        if previous is not None:
-            unpack(previous, Path(tmp, "previous"))
-            variables["HYPERBAND_CHECKPOINT"] = str(Path(tmp, "previous"))
+        restored = Path(tmp, "previous") if previous is not None else None
+        if restored is not None:
+            unpack(previous, restored)
+        variables = script_env(job["env"], restored, out, reports, **env)
         began = time.monotonic()
         with open(log, "wb") as sink:
             proc = subprocess.Popen([sys.executable, str(script), *job["args"]], stdout=sink, stderr=subprocess.STDOUT,
