@@ -25,18 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
-from bench_trial_pool import BIN, _port, _tune, _wait  # noqa: E402
+from bench_trial_pool import _tune, work_pool  # noqa: E402
 
 
 def pure_training(uri: str, parent_run_id: str) -> float:
@@ -57,39 +53,10 @@ def scores(job_dir: str) -> dict[tuple[str, int], float]:
 
 def pool_run(tmp: Path, flags: list[str]) -> tuple[dict, float, str]:
     """The job on a process work pool of 2 workers (a Prefect server of its own); (result, CLI wall, MLflow URI)."""
-    port = _port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
-    env.update(PREFECT_HOME=str(tmp / "home"), PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
-               PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_WORKER_QUERY_SECONDS="1", HYPERBAND_NO_LIVE="1")
-    procs = []
     uri = f"sqlite:///{tmp}/pool.db"
-    try:
-        procs.append(subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                      env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                      start_new_session=True))
-        _wait(f"http://127.0.0.1:{port}/api/health")
-        subprocess.run([str(BIN / "prefect"), "work-pool", "create", "bench-pool", "--type", "process"], env=env,
-                       check=True, capture_output=True)
-        for i in range(2):
-            (tmp / f"machine-{i}").mkdir()
-            procs.append(subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "bench-pool"], env=env,
-                                          cwd=tmp / f"machine-{i}", stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, start_new_session=True))
-        time.sleep(5)  # the workers' first poll
+    with work_pool(tmp, 2) as env:
         result, wall = _tune(env, tmp, [*flags, "--trial-pool", "bench-pool", "--storage", str(tmp / "shared"),
                                         "--tracking-uri", uri, "--job-dir", str(tmp / "pool-jobs")])
-    finally:
-        for p in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
     return result, wall, uri
 
 

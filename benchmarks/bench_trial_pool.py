@@ -16,6 +16,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
@@ -61,16 +63,10 @@ def _tune(env: dict[str, str], cwd: Path, flags: list[str]) -> tuple[dict, float
     return json.loads(out.stdout.strip().splitlines()[-1]), wall
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=2, help="process workers on the pool")
-    ap.add_argument("--concurrency", type=int, default=2)
-    ap.add_argument("--max-resource", type=int, default=9)
-    ap.add_argument("--data", default="breast-cancer")
-    args = ap.parse_args()
-    common.header(f"trial pool vs one process: xgboost (1, {args.max_resource}, 3) on {args.data}, "
-                  f"{args.workers} workers, concurrency {args.concurrency}")
-    tmp = Path(tempfile.mkdtemp(prefix="bench-pool-"))
+@contextlib.contextmanager
+def work_pool(tmp: Path, workers: int) -> Iterator[dict[str, str]]:
+    """A Prefect server of its own (SQLite in ``tmp``, loopback), a process work pool ``bench-pool`` and ``workers``
+    process workers, each in its own folder (a machine); yields the environment of a CLI that uses them."""
     port = _port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env.update(PREFECT_HOME=str(tmp / "home"), PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
@@ -84,18 +80,13 @@ def main() -> None:
         _wait(f"http://127.0.0.1:{port}/api/health")
         subprocess.run([str(BIN / "prefect"), "work-pool", "create", "bench-pool", "--type", "process"], env=env,
                        check=True, capture_output=True)
-        for i in range(args.workers):
+        for i in range(workers):
             (tmp / f"machine-{i}").mkdir()
             procs.append(subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "bench-pool"], env=env,
                                           cwd=tmp / f"machine-{i}", stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL, start_new_session=True))
         time.sleep(5)  # the workers' first poll
-        flags = ["--model", "xgboost", "--data", args.data, "--max-resource", str(args.max_resource), "--seed", "0",
-                 "--rounds-per-unit", "2", "--no-baseline", "--no-register-model", "--concurrency", str(args.concurrency)]
-        local, local_wall = _tune(env, tmp, [*flags, "--job-dir", str(tmp / "local"),
-                                             "--tracking-uri", f"sqlite:///{tmp}/local.db"])
-        pooled, pool_wall = _tune(env, tmp, [*flags, "--trial-pool", "bench-pool", "--storage", str(tmp / "shared"),
-                                             "--tracking-uri", f"sqlite:///{tmp}/pool.db"])
+        yield env
     finally:
         for p in reversed(procs):
             try:
@@ -107,6 +98,28 @@ def main() -> None:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=2, help="process workers on the pool")
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--max-resource", type=int, default=9)
+    ap.add_argument("--data", default="breast-cancer")
+    args = ap.parse_args()
+    common.header(f"trial pool vs one process: xgboost (1, {args.max_resource}, 3) on {args.data}, "
+                  f"{args.workers} workers, concurrency {args.concurrency}")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-pool-"))
+    try:
+        with work_pool(tmp, args.workers) as env:
+            flags = ["--model", "xgboost", "--data", args.data, "--max-resource", str(args.max_resource), "--seed",
+                     "0", "--rounds-per-unit", "2", "--no-baseline", "--no-register-model", "--concurrency",
+                     str(args.concurrency)]
+            local, local_wall = _tune(env, tmp, [*flags, "--job-dir", str(tmp / "local"),
+                                                 "--tracking-uri", f"sqlite:///{tmp}/local.db"])
+            pooled, pool_wall = _tune(env, tmp, [*flags, "--trial-pool", "bench-pool", "--storage",
+                                                 str(tmp / "shared"), "--tracking-uri", f"sqlite:///{tmp}/pool.db"])
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
     n = local["summary"]["trial_rungs"]
     rows = [("one process", local_wall, local["summary"]["wall_seconds"], local_wall / n, 1.0),
