@@ -48,6 +48,11 @@ def cluster_size(address: str, workers: int) -> int:
         client.close()
 
 
+def executing(dask_worker: Any) -> int:
+    """Tasks running in this worker's threads, cancelled ones included (``client.run`` passes the worker)."""
+    return len(dask_worker.state.executing) + len(dask_worker.state.long_running)
+
+
 def host_of(address: str) -> str:
     """``tcp://10.0.0.5:41234`` -> ``10.0.0.5`` (IPv6 ``tcp://[::1]:41234`` -> ``::1``)."""
     rest = address.split("://", 1)[-1]
@@ -96,10 +101,14 @@ class WorkerGroups:
         """New groups of the idle live workers that are in no group (a retired group's, newcomers'); the new ones."""
         with self._lock:
             grouped = {a for g in self.groups for a in g}
-        # a worker still running a rank of its lost group's trial-rung (Dask cannot stop a running task; the rank
-        # ends at its collective's error or timeout) would hold up a new group's rendezvous: it waits until idle
-        busy = {a for a, keys in self.client.processing().items() if keys}
-        new = split([a for a in self.alive() if a not in grouped and a not in busy], self.n)
+        free = [a for a in self.alive() if a not in grouped]
+        if len(free) < self.n:
+            return []
+        # a worker still running a rank of its lost group's trial-rung would hold up a new group's rendezvous: Dask
+        # cannot stop a running task (a cancelled one runs on, and the scheduler no longer lists it; the rank ends
+        # at its collective's error or timeout), so ask the workers themselves, and group only the idle ones
+        running = self.client.run(executing, workers=free)
+        new = split([a for a in free if not running.get(a, 1)], self.n)
         self._add(new)
         return new
 

@@ -67,6 +67,7 @@ def rank_task(job: Mapping[str, Any], env: Mapping[str, str], data: Mapping[str,
             Path(tmp, "in.pt").write_bytes(checkpoint)
             job["checkpoint"] = os.path.join(tmp, "in.pt")
         device, backend = torch_worker.device_for(int(env["LOCAL_RANK"]))
+        _fresh_world(dist)
         dist.init_process_group(backend, init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=timeout))
         try:
@@ -76,6 +77,17 @@ def rank_task(job: Mapping[str, Any], env: Mapping[str, str], data: Mapping[str,
         if rank != 0:
             return None
         return {"checkpoint": Path(job["out"]).read_bytes(), "result": json.loads(Path(job["result"]).read_text())}
+
+
+def _fresh_world(dist: Any) -> None:
+    """Name this rank's process group as a fresh process would. torch names a default group by a per-process
+    counter (its store keys carry the name) and resets it only in ``destroy_process_group``; a rank whose
+    ``init_process_group`` failed (its peer's worker killed mid-rendezvous) leaves it raised, and its worker's next
+    group would then wait on keys its peers never write, until the collective timeout."""
+    if dist.is_initialized():
+        dist.destroy_process_group()  # resets the counter
+    else:
+        dist.distributed_c10d._world.group_count = 0  # what destroy_process_group does (no public call for it)
 
 
 class GroupLost(RuntimeError):
@@ -186,10 +198,10 @@ class DaskRanks:
             for i, (address, host) in enumerate(zip(group, hosts))
         ]
         try:
-            self._wait(futures, ends, group, lambda: self.client.status == "running")
+            self._wait(futures, ends, group)
         except BaseException as exc:
             self._give_up(job["cancel"], futures)
-            if isinstance(exc, Exception):
+            if isinstance(exc, Exception) and not isinstance(exc, GroupLost):
                 gone = self._lost(group, futures)
                 if gone:
                     raise GroupLost(group, gone, exc) from exc
@@ -220,17 +232,20 @@ class DaskRanks:
                 return gone
             time.sleep(0.2)
 
-    @staticmethod
-    def _wait(futures: list, deadline: float, group: tuple[str, ...], connected: Callable[[], bool]) -> None:
+    def _wait(self, futures: list, deadline: float, group: tuple[str, ...]) -> None:
         """Until every rank is done; the first rank's error raised at once (its peers are then cancelled, and a
-        collective they wait in ends at its timeout); a stop of the job, the deadline or the scheduler's connection
-        lost ends the wait too."""
+        collective they wait in ends at its timeout); a worker of the group gone (``GroupLost``: its rank never
+        ends, and a peer blocked in the rendezvous may not fail before the collective timeout), a stop of the job,
+        the deadline or the scheduler's connection lost ends the wait too."""
         from distributed import wait
 
         pending = list(futures)
         while pending:
-            if not connected():
+            if self.client.status != "running":
                 raise ConnectionError("lost the connection to the Dask scheduler")
+            gone = self._gone(group)
+            if gone:
+                raise GroupLost(group, gone, None)
             with contextlib.suppress(TimeoutError):  # Dask's wait raises when none is done in time
                 wait(pending, timeout=WAIT_POLL, return_when="FIRST_COMPLETED")
             for f in [f for f in pending if f.done()]:

@@ -20,8 +20,9 @@ class FakeClient:
     def scheduler_info(self) -> dict:
         return {"workers": {a: {"host": dask_groups.host_of(a)} for a in self.workers}}
 
-    def processing(self) -> dict:
-        return {a: ["a-rank"] if a in self.busy else [] for a in self.workers}
+    def run(self, fn, workers: list[str]) -> dict:
+        assert fn is dask_groups.executing
+        return {a: int(a in self.busy) for a in workers}
 
 
 A, B, C, D, E = (f"tcp://127.0.0.1:{p}" for p in (1, 2, 3, 4, 5))
