@@ -5,14 +5,15 @@ seed, same run:
 
 * one machine: the local warm pools (rank processes kept across trial-rungs);
 * a Dask cluster: a ``LocalCluster`` of 4 worker processes (1 thread each) on loopback, two groups of two, each
-  trial-rung's ranks as Dask tasks on a group (``--dask-address``);
+  trial-rung's ranks as Dask tasks on a group (``--dask-address``), once one trial-rung at a time (the slots of
+  one machine: the like-for-like overhead) and once two at once (both groups);
 * a Prefect work pool: a Prefect server, a process pool and 2 process workers, every trial-rung a flow run
   (``--trial-pool``, a shared ``--storage`` folder); each of its processes starts its own two ranks.
 
 Printed per run: the flow's wall, the trial-rungs' pure training (the ranks' epoch loops, from each child run's
 ``train_seconds``), and the overhead per trial-rung: (flow wall x concurrency - pure training) / trial-rungs, the
-slot-seconds each trial-rung cost beyond its epochs. Also: whether every trial-rung's score equals the one-machine
-job's (to 1e-6). On a 2-core machine the cluster's processes share 2 cores: this measures overheads, not a
+slot-seconds each trial-rung cost beyond its epochs; the mean startup (dispatch to the ranks' first epoch, the
+rendezvous included). Also: whether every trial-rung's score equals the one-machine job's (to 1e-6). On a 2-core machine the cluster's processes share 2 cores: this measures overheads, not a
 cluster's speed-up.
 
 Run from the repository root::
@@ -35,15 +36,27 @@ import _common as common  # noqa: E402
 from bench_trial_pool import _tune, work_pool  # noqa: E402
 
 
-def pure_training(uri: str, parent_run_id: str) -> float:
-    """Seconds the ranks spent in their epoch loops, summed over the job's trial-rungs (child runs' metric)."""
+def summed(uri: str, parent_run_id: str, metric: str) -> tuple[float, int]:
+    """A metric of the job's child runs summed over every trial-rung (each one's step), and how many there were."""
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
     parent = client.get_run(parent_run_id)
     children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
                                   max_results=5000)
-    return sum(m.value for c in children for m in client.get_metric_history(c.info.run_id, "train_seconds"))
+    values = [m.value for c in children for m in client.get_metric_history(c.info.run_id, metric)]
+    return sum(values), len(values)
+
+
+def pure_training(uri: str, parent_run_id: str) -> float:
+    """Seconds the ranks spent in their epoch loops, summed over the job's trial-rungs (child runs' metric)."""
+    return summed(uri, parent_run_id, "train_seconds")[0]
+
+
+def mean_startup(uri: str, parent_run_id: str) -> float:
+    """Seconds from a trial-rung's dispatch to its ranks' first epoch (the rendezvous included), on average."""
+    total, n = summed(uri, parent_run_id, "startup_seconds")
+    return total / max(1, n)
 
 
 def scores(job_dir: str) -> dict[tuple[str, int], float]:
@@ -86,10 +99,14 @@ def main(argv: list[str] | None = None) -> int:
                               dashboard_address=None) as cluster:
                 uri = f"sqlite:///{tmp}/dask.db"
                 tracking.check_reachable(uri)
-                result, wall = common.run_tune(**common_fields, job_dir=str(tmp / "jobs"), job_id="dask",
-                                               tracking_uri=uri, dask_address=cluster.scheduler_address)
-                runs.append(("Dask, 4 workers", result, wall, uri))
-                print(f"   Dask: flow wall {result['summary']['wall_seconds']:.1f} s", flush=True)
+                for concurrency in (1, 2):  # one trial-rung at a time: the same slots as one machine's
+                    uri = f"sqlite:///{tmp}/dask{concurrency}.db"
+                    tracking.check_reachable(uri)
+                    result, wall = common.run_tune(**common_fields, job_dir=str(tmp / "jobs"),
+                                                   job_id=f"dask{concurrency}", tracking_uri=uri,
+                                                   dask_address=cluster.scheduler_address, concurrency=concurrency)
+                    runs.append((f"Dask, 4 workers, {concurrency} at once", result, wall, uri))
+                    print(f"   Dask at {concurrency}: flow wall {result['summary']['wall_seconds']:.1f} s", flush=True)
         if not args.no_pool:
             flags = ["--model", "torch", "--data", "digits", "--max-resource", str(R), "--seed", "0", "--workers", "2",
                      "--no-baseline", "--no-register-model", "--concurrency", "2"]
@@ -105,15 +122,19 @@ def main(argv: list[str] | None = None) -> int:
             same = got.keys() == reference.keys() and all(abs(got[k] - reference[k]) <= 1e-6 for k in got)
             overheads.append(overhead)
             rows.append((label, s["concurrency"], n, wall, s["wall_seconds"], pure, overhead,
-                         overhead / overheads[0], same))
+                         overhead / overheads[0], mean_startup(uri, result["parent_run_id"]), same))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print()
     print(common.table(rows, ["run", "concurrency", "trial-rungs", "end to end s", "flow wall s", "pure training s",
-                              "overhead s per trial-rung", "x one machine", "same scores"]))
-    if len(overheads) == 3:
-        print(f"Dask overhead per trial-rung: {overheads[1] / overheads[0]:.2f}x one machine's (target <= 1.3x); "
-              f"the work pool's is {overheads[2] / overheads[1]:.1f}x Dask's (target >= 5x)")
+                              "overhead s per trial-rung", "x one machine", "startup s per trial-rung",
+                              "same scores"]))
+    print(f"Dask overhead per trial-rung, one at a time: {overheads[1] / overheads[0]:.2f}x one machine's (target <= "
+          f"1.3x); two at once: {overheads[2] / overheads[0]:.2f}x (a group idles while a bracket's last rung trains "
+          "on the other)")
+    if len(overheads) == 4:
+        print(f"the work pool's overhead is {overheads[3] / overheads[2]:.1f}x Dask's at the same concurrency "
+              "(target >= 5x)")
     print(json.dumps({"bench": "dask_torch", "rows": rows}))
     return 0
 

@@ -95,6 +95,9 @@ class TuneParams(BaseModel):
         for model in given.values():
             self.model = model
         code = registry.get(self.model).user_code
+        if code == "trainer" and self.dask_address and self.workers != 1:
+            raise ValueError(f"a training function runs each trial-rung on one Dask worker; drop workers "
+                             f"({self.workers}), or give a DDP script (--script) to run ranks on several")
         if code:
             missing = [f for f in (code, "metric", "direction", "space") if not getattr(self, f)]
             if missing:

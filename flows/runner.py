@@ -8,27 +8,48 @@ trial-rung again.
 
 from __future__ import annotations
 
+import contextlib
 import time
+
+from prefect import tags
 
 from prefect_hyperband.flows.loop import Outcome
 from prefect_hyperband.hyperband.trial import TrialJob
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
+from prefect_hyperband.trainers import factory
+from prefect_hyperband.trainers.base import placement
 
 
 def work(job: Job, tj: TrialJob) -> Outcome:
-    """The ``train`` and ``evaluate`` tasks of one trial-rung; a trainer's error is the outcome's, not raised."""
-    trained_state = train_trial(job, tj.trial_id, tj.config, tj.resource, tj.checkpoint, return_state=True)
+    """The ``train`` and ``evaluate`` tasks of one trial-rung; a trainer's error is the outcome's, not raised.
+
+    On a cluster's workers (a Dask group), the group is taken first, and both task runs are tagged with its
+    workers' addresses: the Prefect UI shows where each trial-rung trained."""
+    with contextlib.ExitStack() as held:
+        group = _reserve(job, held)
+        with tags(*group):
+            trained_state = train_trial(job, tj.trial_id, tj.config, tj.resource, tj.checkpoint, return_state=True)
     trained = trained_state.result(raise_on_failure=False)
     if isinstance(trained, BaseException) or not trained_state.is_completed():
         return Outcome(tj, None, None, _describe(trained, trained_state))
-    evaluated_state = evaluate_trial(job, tj.trial_id, tj.resource, trained, return_state=True)
+    with tags(*group):
+        evaluated_state = evaluate_trial(job, tj.trial_id, tj.resource, trained, return_state=True)
     evaluated = evaluated_state.result(raise_on_failure=False)
     if isinstance(evaluated, BaseException) or not evaluated_state.is_completed():
         return Outcome(tj, trained, None, _describe(evaluated, evaluated_state))
     ended = time.time()
     started = ended - evaluated.seconds - trained.seconds  # the work itself, without the task runs around it
     return Outcome(tj, trained, evaluated, None, started, ended)
+
+
+def _reserve(job: Job, held: contextlib.ExitStack) -> tuple[str, ...]:
+    """The workers the trial-rung will train on, reserved until ``held`` closes; () when it trains here, or when
+    the trainer does not build or no group comes (the train task then fails with it: the trial's error)."""
+    try:
+        return held.enter_context(placement(factory.get(job.settings)))
+    except Exception:
+        return ()
 
 
 def remote(job: Job, tj: TrialJob) -> Outcome:

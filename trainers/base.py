@@ -39,7 +39,8 @@ class TrainResult:
 
 
 class Trainer(Protocol):
-    """A model family on one data set; one instance per job, shared by its trials."""
+    """A model family on one data set; one instance per job, shared by its trials. A trainer that trains on a
+    cluster's groups of workers also has ``worker_groups`` (``dask_groups.WorkerGroups``; see ``placement``)."""
 
     model: str
     workers: int
@@ -54,6 +55,18 @@ class Trainer(Protocol):
 
     def close(self) -> None:
         """Release what the trainer started (clusters, process groups)."""
+
+
+@contextlib.contextmanager
+def placement(trainer: Any) -> Iterator[tuple[str, ...]]:
+    """The workers the calling thread's next ``train`` will run on, held for it meanwhile: a free group of a
+    trainer with ``worker_groups`` (a Dask cluster's), reserved until the block ends; () for one that trains here."""
+    groups = getattr(trainer, "worker_groups", None)
+    if groups is None:
+        yield ()
+        return
+    with groups.reserve() as group:
+        yield group
 
 
 def write_json_atomic(path: str | os.PathLike[str], payload: Mapping[str, Any], indent: int | None = 2) -> None:

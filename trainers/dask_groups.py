@@ -84,6 +84,7 @@ class WorkerGroups:
         self._free: queue.Queue | None = queue.Queue()
         self.groups: list[tuple[str, ...]] = []  # the live ones, free or busy
         self.retired: list[tuple[str, ...]] = []
+        self._reserved = threading.local()  # the group ``reserve`` holds for the calling thread's next ``take``
         self._add(split(self.alive(), n))
 
     def alive(self) -> list[str]:
@@ -121,9 +122,28 @@ class WorkerGroups:
         self.regroup()
 
     @contextlib.contextmanager
+    def reserve(self) -> Iterator[tuple[str, ...]]:
+        """Take a free group for the calling thread before its trial-rung starts (the job tags the trial-rung's
+        task runs with its workers); the thread's next ``take`` gets it, unless it was retired meanwhile."""
+        with self.take() as item:
+            self._reserved.item = item
+            try:
+                yield item[0]
+            finally:
+                self._reserved.item = None
+
+    @contextlib.contextmanager
     def take(self, wait: float = REGROUP_WAIT) -> Iterator[tuple[tuple[str, ...], Any]]:
         """A free group and what it keeps, for one trial-rung (waits while every group is busy; while none is
-        left, waits ``wait`` seconds for workers to come back, then fails in one line)."""
+        left, waits ``wait`` seconds for workers to come back, then fails in one line); the group the calling
+        thread reserved, when it has one still live."""
+        held = getattr(self._reserved, "item", None)
+        if held is not None:
+            with self._lock:
+                live = held[0] in self.groups
+            if live:  # (a retry after a loss finds it retired, and takes another)
+                yield held
+                return
         self.regroup()  # workers that joined since (a restarted one, a scaled-up cluster) make new groups
         waited = 0.0
         while True:

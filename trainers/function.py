@@ -160,12 +160,22 @@ class FunctionTrainer:
 
     model = "function"
 
-    def __init__(self, entry: str, metric: str, workers: int = 1) -> None:
+    def __init__(self, entry: str, metric: str, workers: int = 1, dask_address: str | None = None) -> None:
         self.entry, self.metric, self.workers = entry, metric, workers
         self.fn = load(entry)
         #: ``log_model(checkpoint_dir) -> ModelInfo`` beside the function in its module, if any: the champion's flavour
         hook = getattr(sys.modules.get(getattr(self.fn, "__module__", "") or ""), "log_model", None)
         self.log_model_hook = hook if callable(hook) else None
+        self._dask = None  # with dask_address: each trial-rung on a free worker of the cluster (function_dask)
+        if dask_address:
+            from prefect_hyperband.trainers.torch_dask import DaskRanks
+
+            self._dask = DaskRanks(dask_address, 1, rendezvous=False)
+
+    @property
+    def worker_groups(self):
+        """The Dask workers (groups of one) the trial-rungs run on (None: the job's own threads)."""
+        return self._dask.worker_groups if self._dask is not None else None
 
     def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:
         start = _held(checkpoint)
@@ -173,29 +183,46 @@ class FunctionTrainer:
         directory.mkdir(parents=True, exist_ok=True)
         trial = Trial(dict(config), resource, start, str(Path(checkpoint).with_suffix("")) if checkpoint else None,
                       str(directory), trial_id=directory.parent.name)
-        began = time.perf_counter()
-        _REPORTS.trial = trial
-        try:
-            returned = self.fn(trial)
-        finally:
-            _REPORTS.trial = None
-        seconds = time.perf_counter() - began
-        metrics = _metrics(returned, self.metric)
+        info: dict[str, float] = {}
+        if self._dask is not None:
+            from prefect_hyperband.trainers.function_dask import run_function
+
+            previous = Path(checkpoint).with_suffix("") if checkpoint else None
+            metrics, trial.history, seconds, ran = run_function(self._dask, self, trial, previous, directory)
+            info = {"lost_worker_seconds": ran.lost_worker_seconds, "attempts": float(ran.attempts),
+                    "warm_start": ran.warm}
+        else:
+            returned, seconds = call(self.fn, trial)
+            metrics = metrics_of(returned, self.metric)
         write_json_atomic(out, {"resource": resource, "metrics": metrics})
-        return TrainResult(str(out), resource, resource - start, seconds, self.workers, history=trial.history)
+        return TrainResult(str(out), resource, resource - start, seconds, self.workers, history=trial.history, info=info)
 
     def evaluate(self, checkpoint: str) -> float:
         return float(json.loads(Path(checkpoint).read_text())["metrics"][self.metric])
 
     def close(self) -> None:
-        """Nothing to release: the function runs in the job's own threads."""
+        """Leave the Dask cluster, if any (in the job's own threads there is nothing to release)."""
+        if self._dask is not None:
+            self._dask.close()
+            self._dask = None
+
+
+def call(fn: Callable[[Trial], Any], trial: Trial) -> tuple[Any, float]:
+    """``fn(trial)`` with ``prefect_hyperband.report`` bound to ``trial``: what it returned, and its seconds."""
+    began = time.perf_counter()
+    _REPORTS.trial = trial
+    try:
+        returned = fn(trial)
+    finally:
+        _REPORTS.trial = None
+    return returned, time.perf_counter() - began
 
 
 def _held(checkpoint: str | None) -> int:
     return int(json.loads(Path(checkpoint).read_text())["resource"]) if checkpoint else 0
 
 
-def _metrics(returned: Any, metric: str) -> dict[str, float]:
+def metrics_of(returned: Any, metric: str) -> dict[str, float]:
     """The returned mapping as numbers; the job's metric must be there and finite."""
     if not isinstance(returned, Mapping):
         raise ValueError(f"the trainer must return a dict of metrics holding {metric!r}, got {type(returned).__name__}")

@@ -75,6 +75,11 @@ class ScriptTrainer:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                 "--nproc-per-node", str(self.workers), self.script, *self.args(config)]
 
+    @property
+    def worker_groups(self):
+        """The Dask workers' groups a trial-rung's ranks run on (None: this machine's launcher)."""
+        return self._dask.worker_groups if self._dask is not None else None
+
     def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:
         start = int(json.loads(Path(checkpoint).read_text())["resource"]) if checkpoint else 0
         directory = Path(out).with_suffix("")

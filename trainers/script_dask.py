@@ -39,6 +39,24 @@ def _event(name: str | None) -> Any:
     return Event(name)
 
 
+def shipped(path: str) -> dict[str, Any]:
+    """A file of the user's code as a job carries it to the workers (``code_here`` reads it there)."""
+    source = Path(path).read_bytes()
+    return {"script": path, "source": source, "sha256": hashlib.sha256(source).hexdigest()}
+
+
+def code_here(job: Mapping[str, Any], tmp: Path) -> Path:
+    """The user's file on this worker: in place when the worker has the same file at the same path (its sibling
+    modules then import), else the job's copy written under ``tmp``."""
+    path = Path(job["script"])
+    if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == job["sha256"]:
+        return path
+    copy = Path(tmp, "code", path.name)
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_bytes(job["source"])
+    return copy
+
+
 def pack(directory: Path) -> bytes:
     """A directory's files as tar bytes (empty when it does not exist)."""
     buffer = io.BytesIO()
@@ -64,12 +82,7 @@ def script_rank(job: Mapping[str, Any], env: Mapping[str, str], data: Any, previ
 
     rank = int(env["RANK"])
     with tempfile.TemporaryDirectory(prefix="hyperband-script-") as tmp:
-        script = Path(job["script"])
-        source: bytes = job["source"]
-        if not (script.is_file() and hashlib.sha256(script.read_bytes()).hexdigest() == job["sha256"]):
-            script = Path(tmp, "code", script.name)  # this worker has not got the file: run the job's copy
-            script.parent.mkdir()
-            script.write_bytes(source)
+        script = code_here(job, Path(tmp))
         out, reports, log = Path(tmp, "checkpoint"), Path(tmp, "reports.jsonl"), Path(tmp, "rank.log")
         out.mkdir()
         restored = Path(tmp, "previous") if previous is not None else None
@@ -104,9 +117,7 @@ def run_script(ranks: Any, trainer: Any, config: Mapping[str, Any], env: Mapping
                directory: Path, reports: Path, log: Path) -> Any:
     """A script trial-rung on the cluster; every rank's checkpoint files land in ``directory`` (rank 0's last), rank
     0's reports in ``reports`` and its output in ``log``, as the local launcher leaves them. Returns ``Ran``."""
-    source = Path(trainer.script).read_bytes()
-    job = {"script": trainer.script, "source": source, "sha256": hashlib.sha256(source).hexdigest(),
-           "args": trainer.args(config), "env": dict(env)}
+    job = {**shipped(trainer.script), "args": trainer.args(config), "env": dict(env)}
     previous = pack(checkpoint_dir) if checkpoint_dir is not None else None
     ran = ranks.run(script_rank, job, previous, trainer.timeout or float("inf"))
     for result in reversed(ran.results):  # rank 0's files last: where two ranks wrote one file, rank 0's counts

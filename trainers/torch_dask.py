@@ -67,16 +67,41 @@ def rank_task(job: Mapping[str, Any], env: Mapping[str, str], data: Mapping[str,
             Path(tmp, "in.pt").write_bytes(checkpoint)
             job["checkpoint"] = os.path.join(tmp, "in.pt")
         device, backend = torch_worker.device_for(int(env["LOCAL_RANK"]))
-        _fresh_world(dist)
-        dist.init_process_group(backend, init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=timeout))
+        _join(dist, env, backend, timeout)
         try:
             torch_worker.train_job(job, rank, world, device, backend, torch_worker.Arrays(data))
-        finally:
-            dist.destroy_process_group()
+        except BaseException:  # the group's collectives may be out of step: the next trial-rung meets afresh
+            _leave(dist)
+            raise
         if rank != 0:
             return None
         return {"checkpoint": Path(job["out"]).read_bytes(), "result": json.loads(Path(job["result"]).read_text())}
+
+
+#: the process group this worker's ranks belong to, kept between trial-rungs of the same group: (master, port,
+#: rank, world) of its rendezvous; a trial-rung of the same group (same rendezvous) skips the rendezvous
+_JOINED: dict[str, Any] = {"key": None}
+
+
+def _join(dist: Any, env: Mapping[str, str], backend: str, timeout: float) -> None:
+    """This rank in its group's process group: the one it already joined when the group (its rendezvous: the
+    driver keeps a group's port while its ranks succeed) is the same, else a fresh rendezvous."""
+    key = (env["MASTER_ADDR"], env["MASTER_PORT"], env["RANK"], env["WORLD_SIZE"])
+    if dist.is_initialized() and _JOINED["key"] == key:
+        return
+    _leave(dist)
+    _fresh_world(dist)
+    dist.init_process_group(backend, init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
+                            rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                            timeout=timedelta(seconds=timeout))
+    _JOINED["key"] = key
+
+
+def _leave(dist: Any) -> None:
+    _JOINED["key"] = None
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
 
 
 def _fresh_world(dist: Any) -> None:
@@ -119,13 +144,23 @@ class DaskRanks:
     then it fails with the reasons. Any other error of a rank fails the trial-rung at once."""
 
     def __init__(self, address: str, workers: int, data: Mapping[str, Any] | None = None,
-                 timeout: float = COLLECTIVE_TIMEOUT, retries: int = RETRIES) -> None:
+                 timeout: float = COLLECTIVE_TIMEOUT, retries: int = RETRIES, rendezvous: bool = True,
+                 keep_world: bool = False) -> None:
         self.client = dask_groups.connect(address, workers)
-        self.address, self.timeout, self.retries = address, timeout, retries
+        self.address, self.timeout, self.retries, self.rendezvous = address, timeout, retries, rendezvous
+        #: the ranks keep their process group between trial-rungs (``rank_task``): a group's rendezvous port is
+        #: kept while its trial-rungs succeed, so the next one finds its process group joined (a script's ranks are
+        #: processes that end: each trial-rung meets at a new port)
+        self.keep_world = keep_world
+        self._ports: dict[tuple[str, ...], int] = {}
         keep = (lambda group: None) if data is None else (
             lambda group: self.client.scatter([dict(data)], workers=list(group), broadcast=True, hash=False)[0])
         self._groups = dask_groups.WorkerGroups(self.client, workers, keep)
         self._used: set[str] = set()  # workers that have run a rank (torch imported, the code loaded)
+
+    @property
+    def worker_groups(self) -> dask_groups.WorkerGroups:
+        return self._groups
 
     @property
     def groups(self) -> list[tuple[str, ...]]:
@@ -182,8 +217,9 @@ class DaskRanks:
                  data: Any, ends: float) -> list[Any]:
         alive = self.client.scheduler_info()["workers"]
         hosts = [alive[a]["host"] for a in group]
-        try:
-            port = self.client.run(free_port, workers=[group[0]])[group[0]]
+        try:  # a port on the first worker for the ranks to meet at (a task of one, a user's function, meets nobody)
+            port = self._ports.get(group) or (
+                self.client.run(free_port, workers=[group[0]])[group[0]] if self.rendezvous else 0)
         except Exception as exc:
             gone = self._gone(group)
             if gone:
@@ -200,12 +236,15 @@ class DaskRanks:
         try:
             self._wait(futures, ends, group)
         except BaseException as exc:
+            self._ports.pop(group, None)  # the ranks left their process group (or are stuck in it): meet afresh
             self._give_up(job["cancel"], futures)
             if isinstance(exc, Exception) and not isinstance(exc, GroupLost):
                 gone = self._lost(group, futures)
                 if gone:
                     raise GroupLost(group, gone, exc) from exc
             raise
+        if self.keep_world:
+            self._ports[group] = port
         return [f.result() for f in futures]
 
     def _give_up(self, cancel: str, futures: list) -> None:

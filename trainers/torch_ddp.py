@@ -316,13 +316,18 @@ class TorchTrainer:
             from prefect_hyperband.trainers.torch_dask import DaskRanks
 
             self.warm = False  # the Dask workers are the warm processes
-            self._dask = DaskRanks(dask_address, self.workers, self._arrays())
+            self._dask = DaskRanks(dask_address, self.workers, self._arrays(), keep_world=True)
 
     @property
     def world_size(self) -> int:
         return self.workers
 
     # -- protocol ------------------------------------------------------------------------
+
+    @property
+    def worker_groups(self):
+        """The Dask workers' groups a trial-rung's ranks run on (None: this machine's launcher)."""
+        return self._dask.worker_groups if self._dask is not None else None
 
     def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:
         """Train ``config`` to ``resource`` epochs (resuming ``checkpoint``), checkpoint to ``out``."""

@@ -163,6 +163,11 @@ class XGBoostTrainer:
     def dask_client(self):
         return self._client
 
+    @property
+    def worker_groups(self) -> WorkerGroups | None:
+        """The Dask workers' groups a trial-rung trains on (None on this machine's threads)."""
+        return self._groups
+
     def close(self) -> None:
         """Shut down what this trainer started; an external cluster is only disconnected."""
         client, cluster, groups = self._client, self._cluster, self._groups

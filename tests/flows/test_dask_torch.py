@@ -58,7 +58,8 @@ def test_the_torch_job_on_dask_groups_survives_a_killed_worker_and_equals_the_jo
         killed: list[str] = []
         killer = threading.Thread(target=kill_a_busy_worker, args=(c.address, tmp_path / "jobs", killed))
         killer.start()
-        remote = tune(TuneParams(**common, dask_address=c.address, job_id="dask", experiment="dask"))
+        state = tune(TuneParams(**common, dask_address=c.address, job_id="dask", experiment="dask"), return_state=True)
+        remote = state.result()
         killer.join()
     local = tune(TuneParams(**common, job_id="local"))
     assert remote["summary"]["concurrency"] == 2 and local["summary"]["concurrency"] == 1
@@ -73,3 +74,24 @@ def test_the_torch_job_on_dask_groups_survives_a_killed_worker_and_equals_the_jo
     assert killed and remote["summary"]["lost_worker_seconds"] > 0 and remote["summary"]["failed_trials"] == 0
     _, _, children = runs_of(tracking_uri, "dask", remote["parent_run_id"])
     assert len(children) == remote["summary"]["configs"] and all(r.info.status == "FINISHED" for r in children)
+    # in Prefect, each trial-rung's train and evaluate task runs are tagged with its group's worker addresses
+    placed = task_run_tags(state.state_details.flow_run_id, 2 * 22)
+    assert len(placed) == 2 * 22 and all(len(t) == 2 and all(a.startswith("tcp://127.0.0.") for a in t) for t in placed)
+    assert len(set(placed)) >= 2 and any(len({a.rsplit(":", 1)[0] for a in t}) == 2 for t in placed)  # across hosts
+
+
+def task_run_tags(flow_run_id, n: int, wait: float = 150) -> list[tuple[str, ...]]:
+    """The tags of the flow run's train and evaluate task runs, once the server has recorded ``n`` of them (it
+    records them from their events, within seconds; a busy SQLite can delay that: see test_modes)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    only = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+    deadline = time.monotonic() + wait
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = [t for t in client.read_task_runs(flow_run_filter=only, limit=200)
+                    if t.name.split(" ")[0] in ("train", "evaluate")]
+            if len(runs) >= n or time.monotonic() > deadline:
+                return [tuple(sorted(t.tags)) for t in runs]
+            time.sleep(0.5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -46,12 +47,34 @@ def test_the_sklearn_example_from_the_cli_trains_exactly_69_epochs(tracking_uri,
     assert set(json.loads(Path(client.download_artifacts(parent.info.run_id, "best_config.json", str(tmp_path))).read_text())["config"]) == {
         "alpha", "eta0", "learning_rate"}
 
+    # the same job from Python on a Dask cluster of two "hosts": each trial-rung on a free worker, the file's code
+    # and the checkpoint directory carried through Dask; the same numbers as in the job's own threads
     import prefect_hyperband as hb
+    from dask_cluster import cluster  # tests/dask_cluster.py
 
-    again = hb.tune(EXAMPLE, space=SPACE, metric="val_loss", direction="minimize", max_resource=9, eta=3, seed=4,
-                    job_dir=str(tmp_path / "jobs"), experiment="sk-python")
+    with cluster(["127.0.0.1", "127.0.0.2"], str(tmp_path)) as c:
+        again = hb.tune(EXAMPLE, space=SPACE, metric="val_loss", direction="minimize", max_resource=9, eta=3, seed=4,
+                        job_dir=str(tmp_path / "jobs"), experiment="sk-python", dask_address=c.address)
+        here = os.getpid()
+
+        def where(trial: hb.Trial) -> dict[str, float]:  # no importable name: Dask carries it by value
+            trial.report(trial.resource, pid=os.getpid())
+            return {"loss": 1.0 / (1 + trial.resource)}
+
+        placed = hb.tune(where, space=SPACE, metric="loss", direction="minimize", max_resource=3, eta=3,
+                         job_dir=str(tmp_path / "jobs"), experiment="sk-where", dask_address=c.address)
+    assert again.summary["concurrency"] == 2 and again.summary["failed_trials"] == 0
     assert again.best_config == result["best"]["config"] and again.best_score == pytest.approx(result["best"]["score"])
     assert again.best_trial == result["best"]["trial_id"] and again.parent_run_id != result["parent_run_id"]
+    saved = {(r["trial_id"], r["resource"]): r["score"] for r in rows_of({"job_dir": again.job_dir})}
+    assert saved == pytest.approx({(r["trial_id"], r["resource"]): r["score"] for r in rows_of(result)}, abs=1e-12)
+    _, _, children = runs_of(tracking_uri, "sk-where", placed.parent_run_id)
+    pids = {c.data.metrics["pid"] for c in children}
+    assert placed.summary["failed_trials"] == 0 and pids and here not in pids  # it ran on the workers, not here
+
+
+def rows_of(result: dict) -> list[dict]:
+    return json.loads((Path(result["job_dir"]) / "state.json").read_text())["rows"]
 
 
 def test_a_failing_user_trainer_fails_its_trials_only(tracking_uri, tmp_path):
@@ -88,6 +111,8 @@ def test_a_failing_user_trainer_fails_its_trials_only(tracking_uri, tmp_path):
         (["--trainer", EXAMPLE, "--metric", "val_loss", "--space", SPACE], "your own trainer needs direction"),
         (["--trainer", EXAMPLE, "--metric", "val_loss", "--direction", "minimize"], "your own trainer needs space"),
         (["--trainer", EXAMPLE, "--metric", "val_loss", "--direction", "down", "--space", SPACE], "--direction: Input should be 'minimize' or 'maximize', got 'down'"),
+        (["--trainer", EXAMPLE, "--metric", "val_loss", "--direction", "minimize", "--space", SPACE, "--workers", "2",
+          "--dask-address", "tcp://127.0.0.1:8786"], "runs each trial-rung on one Dask worker; drop workers (2)"),
     ],
 )
 def test_bad_user_code_input_is_one_line_and_exit_2(tracking_uri, tmp_path, capsys, extra, message):

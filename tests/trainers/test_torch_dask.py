@@ -72,6 +72,17 @@ def test_warm_workers_then_a_lost_scheduler_stops_the_job_naming_it(tmp_path):
             first = trainer.train(DEFAULT_CONFIG, 1, None, str(tmp_path / "first.pt"))
             again = trainer.train(DEFAULT_CONFIG, 1, None, str(tmp_path / "again.pt"))
             assert (first.info["warm_start"], again.info["warm_start"]) == (0.0, 1.0)  # the workers' second rank: warm
+            # the second trial-rung found its process group joined: one rendezvous per group, not per trial-rung
+            def joined_world() -> tuple:  # on a worker: its ranks' rendezvous, and how many groups it has made
+                import torch.distributed as dist
+
+                from prefect_hyperband.trainers import torch_dask
+
+                return torch_dask._JOINED["key"], dist.distributed_c10d._world.group_count
+
+            joined = trainer._dask.client.run(joined_world)
+            assert len(joined) == 2 and all(key is not None and groups == 1 for key, groups in joined.values())
+            assert len({key[:2] for key, _ in joined.values()}) == 1  # both ranks of one rendezvous
             threading.Timer(3.0, c.scheduler.send_signal, (signal.SIGKILL,)).start()  # mid-trial-rung
             with stopping.bind(token), pytest.raises(stopping.Stopped, match="Dask scheduler at .* is unreachable"):
                 trainer.train(DEFAULT_CONFIG, 30, None, str(tmp_path / "cut.pt"))

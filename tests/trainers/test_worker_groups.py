@@ -103,3 +103,26 @@ def test_a_trial_rung_that_lost_three_groups_fails_naming_each_loss(monkeypatch)
     assert len(tried) == 3 == torch_dask.RETRIES + 1
     assert all(f"{g[-1]} of group {', '.join(g)} left the cluster: ConnectionResetError: peer closed" in str(failed.value)
                for g in tried)
+
+
+def test_a_reserved_group_is_the_one_its_thread_takes_and_a_retry_after_a_loss_takes_another(monkeypatch):
+    import threading
+
+    from prefect_hyperband.trainers.base import placement
+
+    client = FakeClient([A, B, C, D, E, "tcp://127.0.0.1:6"])
+    r, tried = ranks(client, monkeypatch, lose=0)
+    with placement(r) as group:  # what the job tags the trial-rung's task runs with
+        assert group == (A, B)
+        elsewhere: list = []  # another thread's trial-rung: not the reserved group
+        other = threading.Thread(target=lambda: elsewhere.append(r.run(print, {}, None, deadline=60).group))
+        other.start()
+        other.join()
+        assert elsewhere == [(C, D)]
+        assert r.run(print, {}, None, deadline=60).group == (A, B)
+    r, tried = ranks(FakeClient([A, B, C, D, E, "tcp://127.0.0.1:6"]), monkeypatch, lose=1)
+    with placement(r) as group:
+        ran = r.run(print, {}, None, deadline=60)
+    assert group == (A, B) and tried == [(A, B), (C, D)] and ran.group == (C, D)  # the retry left the lost group
+    with placement(object()) as here:  # a trainer without a cluster's groups trains here
+        assert here == ()

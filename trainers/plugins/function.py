@@ -12,7 +12,8 @@ def build(settings: Any):
     from prefect_hyperband.trainers.function import FunctionTrainer
 
     assert settings.trainer and settings.metric
-    return FunctionTrainer(settings.trainer, settings.metric, workers=settings.workers)
+    return FunctionTrainer(settings.trainer, settings.metric, workers=settings.workers,
+                           dask_address=settings.dask_address)
 
 
 def log_model(trainer: Any, checkpoint: str):
