@@ -32,12 +32,13 @@ class JobResult:
 def tune(
     train: Callable[..., Mapping[str, Any]] | str,
     space: Mapping[str, Mapping[str, Any]] | str,
-    metric: str,
-    direction: str,
+    metric: str | Mapping[str, str] | None = None,
+    direction: str | None = None,
     max_resource: int = 81,
     eta: int = 3,
     min_resource: int = 1,
     stop: StopToken | None = None,
+    metrics: Mapping[str, str] | None = None,
     **options: Any,
 ) -> JobResult:
     """Tune ``train(trial) -> {metric: value}`` over ``space`` with Hyperband; any ``TuneParams`` field in ``options``.
@@ -49,6 +50,9 @@ def tune(
     ``train`` is a function (importable, or defined right here: then a killed job resumes only in
     this process) or its entry string, ``path/to/file.py:function`` / ``package.module:function``, or a
     training script, ``path/to/train.py`` (run under torch's launcher with ``workers`` ranks).
+
+    Several objectives: ``metrics={"val_loss": "min", "latency_ms": "min"}`` (or as ``metric``; the first is the
+    job's metric; each value ``max`` or ``min``, no ``direction``); ``train`` returns every one of them.
     """
     from prefect_hyperband.flows.server import batch_server_writes
     from prefect_hyperband.flows.tune import tune as tune_flow
@@ -61,7 +65,9 @@ def tune(
         code = {"script": train}
     else:
         code = {"trainer": train if isinstance(train, str) else entry_of(train)}
-    params = TuneParams(**code, space=dict(space) if isinstance(space, Mapping) else space, metric=metric,
+    named = metrics if metrics is not None else metric
+    entries = [f"{name}:{way}" for name, way in named.items()] if isinstance(named, Mapping) else named
+    params = TuneParams(**code, space=dict(space) if isinstance(space, Mapping) else space, metric=entries,
                         direction=direction, max_resource=max_resource, eta=eta, min_resource=min_resource, **options)
     with stopping.bind(stop or StopToken()):
         state = tune_flow(params, return_state=True)

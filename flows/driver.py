@@ -19,7 +19,7 @@ from prefect_hyperband.flows.process import stop_on_signals
 from prefect_hyperband.flows.state import save_state
 from prefect_hyperband.flows.tracker import MlflowTracker
 from prefect_hyperband.hyperband import schedule
-from prefect_hyperband.hyperband.promotion import sort_key
+from prefect_hyperband.hyperband.promotion import first, sort_key
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, best_of
 from prefect_hyperband.tasks import report
 from prefect_hyperband.tasks.job import Job
@@ -131,13 +131,13 @@ def _show_result(job: Job, scheduler: Scheduler, out: Outcome) -> None:
         return
     best = best_of(scheduler.records(), job.direction)
     display.result(display.Result(
-        out.job.bracket, out.job.trial_id, out.job.resource, out.score,
-        None if best is None else best[2], None if best is None else best[0].trial_id))
+        out.job.bracket, out.job.trial_id, out.job.resource, out.metric,
+        None if best is None else first(best[2]), None if best is None else best[0].trial_id))
 
 
 def _log_rung(logger, job: Job, scheduler: Scheduler, closed: Decision, promoted: int) -> None:
     records = {t.trial_id: t for t in scheduler.records() if t.bracket == closed.bracket}
-    scores = {t: r.scores.get(closed.resource) for t, r in records.items() if closed.resource in r.scores}
+    scores = {t: first(r.scores.get(closed.resource)) for t, r in records.items() if closed.resource in r.scores}
     ranked = sorted(scores, key=lambda t: sort_key(t, scores[t], job.direction))
     top = ranked[0] if ranked else None
     failed = sum(v is None for v in scores.values())
@@ -158,8 +158,8 @@ def _log_asha(logger, job: Job, scheduler: Scheduler, out: Outcome, n: int) -> N
         20 if improved else 10,
         "asha: %s s=%d r=%d %s %s; %d results, best %s",
         out.job.trial_id, out.job.bracket, out.job.resource, job.metric_key,
-        "failed" if out.score is None else f"{out.score:.4f}", n,
-        "n/a" if best is None else f"{best[2]:.4f} ({best[0].trial_id} at r={best[1]})",
+        "failed" if out.metric is None else f"{out.metric:.4f}", n,
+        "n/a" if best is None else f"{first(best[2]):.4f} ({best[0].trial_id} at r={best[1]})",
     )
 
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prefect_hyperband.flows import objectives
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.state import check_free, job_store, load_job_record
 from prefect_hyperband.hyperband import schedule, space as spaces
@@ -62,6 +63,8 @@ def resume_params(job_dir: str, job_id: str, given: dict[str, Any] | None = None
         raise InputError(f"no job {job_id!r} to resume under {where} (expected {job_id}/job.json){hint}")
     # a field an older version saved and this one no longer has (nnodes, rdzv_endpoint) is dropped
     saved = {k: v for k, v in record["params"].items() if k in TuneParams.model_fields}
+    if isinstance(saved.get("metric"), str):  # saved before a job could have several objectives
+        saved["metric"] = [saved["metric"]]
     given = dict(given or {})
     for name, value in given.items():
         if name in MAY_CHANGE_ON_RESUME or name not in saved or value == saved[name]:
@@ -100,12 +103,26 @@ def prepare(params: TuneParams) -> Job:
         validation_fraction=params.validation_fraction,
         seed=params.seed,
     )
+    entries = params.metric or []
+    first, stated = objectives.parse_entry(entries[0]) if entries else (None, None)
     if model.metric is None:  # the user's code reads its own data; the metric is theirs, by their name
-        metric = params.metric or ""
-        direction: Direction = "min" if params.direction == "minimize" else "max"
+        metric = first or ""
+        flag: Direction | None = None if params.direction is None else ("min" if params.direction == "minimize" else "max")
+        if stated and flag and stated != flag:
+            raise InputError(f"--metric {entries[0]} and --direction {params.direction} disagree; give one")
+        direction: Direction = stated or flag or "max"
     else:
-        metric = model.metric(spec, params.metric)
+        metric = model.metric(spec, first[4:] if first and first.startswith("val_") else first)
         direction = datasets.metric_direction(metric)
+        if stated and stated != direction:
+            raise InputError(f"--metric {entries[0]}: {metric} is better {'larger' if direction == 'max' else 'smaller'}; "
+                             f"drop :{stated}")
+    try:
+        chosen = objectives.objectives(entries, metric if model.metric is None else f"val_{metric}", direction,
+                                       model.metric is None)
+        objectives.check_select(objectives.parse_select(params.select), [name for name, _ in chosen] or [metric])
+    except ValueError as why:
+        raise InputError(str(why)) from None
     if params.trial_pool and not params.concurrency:  # the pool's limit, or one per online worker
         from prefect_hyperband.flows.trial import pool_concurrency
 
@@ -155,6 +172,8 @@ def prepare(params: TuneParams) -> Job:
         settings=settings,
         metric=metric,
         direction=direction,
+        objectives=chosen,
+        select=params.select,
         min_resource=params.min_resource,
         max_resource=params.max_resource,
         eta=params.eta,

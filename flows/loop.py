@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from prefect_hyperband.hyperband.accounting import TrialRung
+from prefect_hyperband.hyperband.promotion import first
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, ended
 from prefect_hyperband.hyperband.trial import TrialJob
 from prefect_hyperband.trainers.base import Evaluation, TrainResult
@@ -42,8 +43,14 @@ class Outcome:
     ended: float | None = None
 
     @property
-    def score(self) -> float | None:
+    def score(self) -> float | tuple[float, ...] | None:
+        """What the scheduler ranks: the metric, or the objectives' values (several objectives)."""
         return self.evaluated.score if self.evaluated is not None else None
+
+    @property
+    def metric(self) -> float | None:
+        """The job's metric (of several objectives, the first)."""
+        return first(self.score)
 
     @property
     def checkpoint(self) -> str | None:
@@ -54,7 +61,7 @@ class Outcome:
         return TrialRung(
             trial_id=j.trial_id, bracket=j.bracket, rung=j.rung, resource=j.resource,
             resource_trained=t.resource_trained if t else 0, train_seconds=t.seconds if t else 0.0,
-            eval_seconds=e.seconds if e else 0.0, workers=t.workers if t else 1, score=self.score,
+            eval_seconds=e.seconds if e else 0.0, workers=t.workers if t else 1, score=self.metric,
             started=self.started, ended=self.ended,
         )
 

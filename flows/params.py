@@ -7,6 +7,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from prefect_hyperband.flows import objectives
 from prefect_hyperband.trainers import registry
 
 
@@ -31,7 +32,10 @@ class TuneParams(BaseModel):
     mode: Literal["hyperband", "asha"] = Field(
         "hyperband", description="hyperband: synchronous brackets (Li et al. 2018); asha: asynchronous (Li et al. 2020)."
     )
-    sampler: Literal["random", "tpe"] = Field("random", description="random, or Optuna's TPE fitted per rung (BOHB).")
+    sampler: Literal["random", "tpe", "priorband"] = Field(
+        "random", description="random; Optuna's TPE fitted per rung (BOHB); or priorband: the space's priors, "
+        "uniform and the incumbent in PriorBand's proportions (Mallik et al. 2023)."
+    )
     max_trials: Optional[int] = Field(None, ge=1, description="asha: configs to start (default: as many as Hyperband).")
     time_budget: Optional[float] = Field(None, gt=0, description="asha: seconds after which no new trial starts.")
     data: str = Field(
@@ -39,7 +43,17 @@ class TuneParams(BaseModel):
         description="bank-marketing (bundled), digits, breast-cancer, or a CSV path (comma/semicolon, optionally .gz).",
     )
     target: Optional[str] = Field(None, description="Target column of a CSV file.")
-    metric: Optional[str] = Field(None, description="auc, accuracy, rmse or logloss; default from the target.")
+    # a string too in the schema (a deployment's or the UI form's one metric); always a list once validated
+    metric: Optional[Union[list[str], str]] = Field(
+        None, description="The metric to tune: auc, accuracy, rmse or logloss (default from the target), or your "
+        "trainer's. Give it again for several objectives, each name:max or name:min (e.g. --metric auc --metric "
+        "predict_ms:min): the built-ins also report train_seconds, predict_ms (per 1,000 validation rows) and "
+        "model_bytes.",
+    )
+    select: str = Field(
+        "first", description="Several objectives: the champion on the Pareto front; first (the best first "
+        "objective), knee, or a constraint like predict_ms<=2 (the best first objective among those meeting it).",
+    )
     space: Optional[Union[str, dict[str, dict[str, Any]]]] = Field(
         None, description="YAML search space file, or the space itself; default: the model's own."
     )
@@ -76,6 +90,26 @@ class TuneParams(BaseModel):
     baseline: bool = Field(True, description="Also train the model's default config to R, for the summary.")
     resume: bool = Field(False, description="Continue the job job_id from its saved state and checkpoints.")
 
+    @field_validator("metric", mode="before")
+    @classmethod
+    def _metrics(cls, value: Any) -> Any:
+        """One metric as a plain string (a saved job, a Python call) is a list of one; each entry name[:max|min]."""
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, (list, tuple)):
+            for entry in value:
+                objectives.parse_entry(str(entry))
+            names = [objectives.parse_entry(str(e))[0] for e in value]
+            if len(set(names)) < len(names):
+                raise ValueError(f"metric names must differ, got {', '.join(names)}")
+        return value or None
+
+    @field_validator("select")
+    @classmethod
+    def _select(cls, value: str) -> str:
+        objectives.parse_select(value)
+        return value
+
     @field_validator("dask_address")
     @classmethod
     def _address(cls, value: Optional[str]) -> Optional[str]:
@@ -99,11 +133,15 @@ class TuneParams(BaseModel):
             raise ValueError(f"a training function runs each trial-rung on one Dask worker; drop workers "
                              f"({self.workers}), or give a DDP script (--script) to run ranks on several")
         if code:
-            missing = [f for f in (code, "metric", "direction", "space") if not getattr(self, f)]
+            directed = bool(self.metric) and objectives.parse_entry(self.metric[0])[1] is not None  # loss:min
+            missing = [f for f in (code, "metric", "direction", "space") if not getattr(self, f)
+                       and not (f == "direction" and directed)]
             if missing:
                 example = "--trainer my.py:train" if code == "trainer" else "--script train.py"
                 raise ValueError(f"your own {code} needs {', '.join(missing)} (e.g. {example} "
                                  "--metric val_loss --direction minimize --space space.yaml)")
+        if self.metric and len(self.metric) > 1:
+            objectives.check_several(self.metric, self.direction, bool(code))
         return self
 
     def trial_concurrency(self, cluster_workers: int | None = None) -> int:

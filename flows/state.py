@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, Sampler, Scheduler
 from prefect_hyperband.hyperband.space import parse
@@ -140,23 +141,27 @@ def _say(text: str) -> None:
 def make_sampler(job: Job, saved: dict[str, Any] | None = None) -> Sampler:
     space = parse(job.space)
     if job.sampler == "tpe":
-        return TPESampler.from_json(space, saved) if saved else TPESampler(space, job.seed, job.direction)
+        return TPESampler.from_json(space, saved) if saved else TPESampler(space, job.seed, job.directions)
+    if job.sampler == "priorband":
+        return PriorBandSampler.from_json(space, saved) if saved else PriorBandSampler(
+            space, job.seed, job.directions, job.min_resource, job.max_resource, job.eta)
     return RandomSampler.from_json(space, saved) if saved else RandomSampler(space, job.seed)
 
 
 def make_scheduler(job: Job, max_trials: int, time_budget: float | None, clock: Callable[[], float],
                    saved: dict[str, Any] | None = None) -> Scheduler:
-    """The job's scheduler, new or as saved: ASHA, or Hyperband's brackets (in turn when TPE proposes configs)."""
+    """The job's scheduler, new or as saved: ASHA, or Hyperband's brackets (in turn when TPE or PriorBand proposes
+    configs: each bracket samples from what the earlier ones taught)."""
     space = parse(job.space)
     if job.mode == "asha":
         if saved:
             return AshaScheduler(AshaState.from_json(saved["state"]), make_sampler(job, saved["sampler"]),
                                  saved["max_trials"], saved["time_budget"], clock)
-        state = AshaState.create(job.min_resource, job.max_resource, job.eta, job.direction)
+        state = AshaState.create(job.min_resource, job.max_resource, job.eta, job.directions)
         return AshaScheduler(state, make_sampler(job), max_trials, time_budget, clock)
-    tpe = job.sampler == "tpe"
+    tpe = job.sampler in ("tpe", "priorband")
     if saved:
         sampler = make_sampler(job, saved["sampler"]) if saved.get("sampler") else None
         return HyperbandScheduler.from_json(saved, space, sampler)
-    return HyperbandScheduler(job.min_resource, job.max_resource, job.eta, job.direction, space, job.seed,
+    return HyperbandScheduler(job.min_resource, job.max_resource, job.eta, job.directions, space, job.seed,
                               make_sampler(job) if tpe else None, sequential=tpe)

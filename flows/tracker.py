@@ -57,7 +57,8 @@ class MlflowTracker:
         # a trial's first rung brings its params (again, the same values, when it is trained again after a kill)
         params = trial_params(self.job, tj.trial_id, tj.bracket, tj.config) if tj.rung == 0 else None
         if out.error is None or params is not None:
-            log_trial_rung(self.job, run_id, tj.resource, out.trained if out.error is None else None, out.score, params)
+            log_trial_rung(self.job, run_id, tj.resource, out.trained if out.error is None else None, out.metric, params,
+                           out.evaluated.metrics if out.evaluated is not None else None)
         return out
 
     def _created(self, trial_id: str) -> str | None:

@@ -70,7 +70,8 @@ def trial(job: dict[str, Any], trial_job: dict[str, Any], heartbeat_seconds: flo
             out = runner.work(spec, tj)
         result = {
             "trained": out.trained.to_json() if out.trained is not None else None,
-            "evaluated": {"score": out.evaluated.score, "seconds": out.evaluated.seconds} if out.evaluated else None,
+            "evaluated": {"score": out.evaluated.score, "seconds": out.evaluated.seconds,
+                          "metrics": out.evaluated.metrics} if out.evaluated else None,
             "error": out.error, "started": out.started, "ended": out.ended, "host": os.uname().nodename,
             "pid": os.getpid(),
         }
@@ -198,7 +199,9 @@ def run_remote(job: Job, tj: TrialJob) -> tuple[TrainResult | None, Evaluation |
         raise TrialRunLost(f"flow run {run.name} ({run.id}) ended {state.type.value}: {state.message or 'no result'}")
     store.delete(key)
     trained = TrainResult(**result["trained"]) if result["trained"] else None
-    evaluated = Evaluation(**result["evaluated"]) if result["evaluated"] else None
+    raw = result["evaluated"]
+    evaluated = Evaluation(**{**raw, "score": tuple(raw["score"]) if isinstance(raw["score"], list) else raw["score"]}) \
+        if raw else None
     return trained, evaluated, result["error"], result["started"], result["ended"]
 
 

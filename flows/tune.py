@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
+from prefect_hyperband.flows import objectives
 from prefect_hyperband.flows.driver import JobStopped, close_decided, drive
 from prefect_hyperband.flows.job import prepare, resolve
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.state import job_lock, load_state, make_scheduler, save_job_record
-from prefect_hyperband.hyperband import schedule
+from prefect_hyperband.hyperband import front, schedule
 from prefect_hyperband.hyperband.accounting import Summary, TrialRung, summarise, table
+from prefect_hyperband.hyperband.promotion import Score, first
 from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
 from prefect_hyperband.tasks import report, tracking
 from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.front import log_front
 from prefect_hyperband.tasks.record import (
     finish_job_run, keep_best_checkpoint, register_champion, start_job_run,
 )
@@ -122,6 +126,8 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         job.direction, job.tracking_uri, job.parent_run_id, title=f"Hyperband job {job.job_id}",
         extra={"MLflow parent run": job.parent_run_id, "champion version": version},
     )
+    if job.objectives:
+        log_front(job, records, run.rows, runs, best["trial_id"] if best else None)
     finish_job_run(job, metrics, best_config, summary.to_json(), table(summary))
     logger.info("summary\n%s", table(summary), extra={"hyperband_terminal": False})  # the CLI prints it once
     return {
@@ -162,11 +168,11 @@ def _adopt_runs(job: Job, runs: dict[str, str]) -> None:
 
 def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], default_score: float | None,
                wall: float, lost: float = 0.0, runs: dict[str, str] | None = None) -> tuple[Summary, dict | None]:
-    found = best_of(records, job.direction)
+    found = champion(job, records)
     best = None
     if found is not None:
         t, resource, value = found
-        best = {"trial_id": t.trial_id, "resource": resource, "score": value, "config": t.config,
+        best = {"trial_id": t.trial_id, "resource": resource, "score": first(value), "config": t.config,
                 "run_id": (runs or {}).get(t.trial_id), "checkpoint": job.checkpoint_url(t.trial_id, resource), "bracket": t.bracket}
     summary = summarise(
         [TrialRung(**r) for r in rows],
@@ -181,7 +187,25 @@ def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]],
         concurrency=job.concurrency,
         lost_worker_seconds=lost,
     )
+    if job.objectives:
+        summary = replace(summary, objectives=tuple(name for name, _ in job.objectives),
+                          front_size=sum(p.front == 0 for p in front.points(records, job.directions)))
     return summary, best
+
+
+def champion(job: Job, records: list[TrialRecord]) -> tuple[TrialRecord, int, Score] | None:
+    """The trial, resource and score to register: the best seen (one metric); of several objectives, the point of
+    the Pareto front that ``--select`` picks."""
+    if not job.objectives:
+        return best_of(records, job.direction)
+    on_front = [p for p in front.points(records, job.directions) if p.front == 0]
+    names = [name for name, _ in job.objectives]
+    chosen, note = front.choose(on_front, job.directions, names, objectives.parse_select(job.select))
+    if note:
+        get_run_logger().warning("--select %s: %s", job.select, note)
+    if chosen is None:
+        return None
+    return next(t for t in records if t.trial_id == chosen.trial_id), chosen.resource, chosen.values
 
 
 def _run_params(job: Job, params: TuneParams) -> dict[str, Any]:

@@ -49,6 +49,9 @@ class Summary:
     #: measured: worker-seconds of trainings that left no result (failed, stopped, timed out, run again);
     #: part of ``worker_seconds``. A process killed outright (SIGKILL) loses its in-flight work unmeasured.
     lost_worker_seconds: float = 0.0
+    #: several objectives: their names (the metric first), and how many configs are on the Pareto front
+    objectives: tuple[str, ...] = ()
+    front_size: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,5 +156,6 @@ def table(s: Summary) -> str:
         f"training {s.sequential_seconds:,.1f} s of the wall, longest idle stretch {s.longest_idle_seconds:.1f} s"
         + (f"; {s.lost_worker_seconds:,.1f} worker-s lost to failed, stopped or retried trainings"
            if s.lost_worker_seconds >= 0.05 else "")
+        + (f"; {s.front_size} configs on the Pareto front of {', '.join(s.objectives)}" if s.objectives else "")
     )
     return "\n".join([*lines, footer])

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Mapping
 
-from prefect_hyperband.hyperband.promotion import Direction, failed, promote, sign, sort_key
+from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, failed, promote, sign, sort_key
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 from prefect_hyperband.hyperband.trial import TrialJob
 
@@ -65,10 +65,10 @@ class AshaState:
     min_resource: int
     max_resource: int
     eta: int
-    direction: Direction
+    direction: Directions
     brackets: tuple[int, ...]
     #: s -> rung k -> trial id -> score recorded at rung k (None: failed), in report order
-    rungs: dict[int, list[dict[str, float | None]]]
+    rungs: dict[int, list[dict[str, Score]]]
     #: s -> rung k -> trial ids already promoted out of rung k
     promoted: dict[int, list[set[str]]]
     trials: dict[str, AshaTrial]
@@ -95,7 +95,7 @@ class AshaState:
         min_resource: int,
         max_resource: int,
         eta: int,
-        direction: Direction = "max",
+        direction: Directions = "max",
         brackets: Iterable[int] | None = None,
     ) -> "AshaState":
         """An empty run over ``brackets`` (default: every bracket s = s_max..0 of the schedule)."""
@@ -185,7 +185,7 @@ class AshaState:
         self,
         trial_id: str,
         resource: int,
-        score: float | None,
+        score: Score,
         checkpoint: str | None = None,
         error: str | None = None,
     ) -> None:
@@ -201,7 +201,7 @@ class AshaState:
                 f"trial {trial_id} trains to {expected} in rung {trial.rung} of bracket {trial.bracket}, got resource {resource}"
             )
         lost = failed(score)
-        self.rungs[trial.bracket][trial.rung][trial_id] = None if lost else float(score)  # type: ignore[arg-type]
+        self.rungs[trial.bracket][trial.rung][trial_id] = as_score(score)
         trial.in_flight = False
         if lost:
             trial.status, trial.error = "failed", error or "failed"
@@ -258,9 +258,9 @@ class AshaState:
             raw["min_resource"],
             raw["max_resource"],
             raw["eta"],
-            raw["direction"],
+            as_direction(raw["direction"]),
             tuple(raw["brackets"]),
-            rungs={int(s): [dict(r) for r in rungs] for s, rungs in raw["rungs"].items()},
+            rungs={int(s): [{t: as_score(v) for t, v in r.items()} for r in rungs] for s, rungs in raw["rungs"].items()},
             promoted={int(s): [set(p) for p in rungs] for s, rungs in raw["promoted"].items()},
             # states saved before run ids left the core carry one per trial: the tracking side keeps them now
             trials={t: AshaTrial(**{k: x for k, x in v.items() if k != "run_id"}) for t, v in raw["trials"].items()},

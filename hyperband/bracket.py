@@ -12,7 +12,7 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 
-from prefect_hyperband.hyperband.promotion import Direction, failed, promote
+from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, failed, promote
 from prefect_hyperband.hyperband.schedule import Bracket, Rung
 from prefect_hyperband.hyperband.space import Space
 
@@ -29,12 +29,12 @@ class Trial:
     resource: int = 0  # units held by ``checkpoint``
     checkpoint: str | None = None
     rung: int = -1  # highest rung whose result is recorded
-    scores: dict[int, float | None] = field(default_factory=dict)  # resource -> metric (None: failed)
+    scores: dict[int, Score] = field(default_factory=dict)  # resource -> metric, or objectives' values (None: failed)
     status: Status = "running"
     error: str | None = None
 
     @property
-    def last_score(self) -> float | None:
+    def last_score(self) -> Score:
         return self.scores[self.resource] if self.resource in self.scores else None
 
 
@@ -43,14 +43,14 @@ class BracketState:
     s: int
     eta: int
     rungs: tuple[Rung, ...]
-    direction: Direction
+    direction: Directions
     trials: dict[str, Trial]
     rung_index: int = 0
     active: list[str] = field(default_factory=list)  # trial ids in the current rung
 
     @classmethod
     def start(
-        cls, bracket: Bracket, eta: int, space: Space, seed: int, direction: Direction,
+        cls, bracket: Bracket, eta: int, space: Space, seed: int, direction: Directions,
         ask: Callable[[], dict[str, Any]] | None = None,
     ) -> "BracketState":
         """The bracket's n configs: from ``ask`` (a model-based sampler) or from a generator seeded by
@@ -76,13 +76,13 @@ class BracketState:
             return []
         return [t for t in self.active if self.trials[t].rung < self.rung_index]
 
-    def record(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None, error: str | None = None) -> None:
+    def record(self, trial_id: str, resource: int, score: Score, checkpoint: str | None, error: str | None = None) -> None:
         """A trial's result at the current rung; ``score=None`` marks it failed."""
         trial = self.trials[trial_id]
         if trial_id not in self.active or resource != self.current.resource:
             raise ValueError(f"{trial_id} is not training to {resource} in rung {self.rung_index} of bracket {self.s}")
         lost = failed(score)
-        trial.scores[resource] = None if lost else float(score)  # type: ignore[arg-type]
+        trial.scores[resource] = as_score(score)
         trial.rung = self.rung_index
         if lost:
             trial.status, trial.error = "failed", error or "failed"
@@ -127,9 +127,9 @@ class BracketState:
         trials = {}
         for t, v in raw["trials"].items():
             v = {k: x for k, x in v.items() if k != "run_id"}  # states saved before run ids left the core
-            v["scores"] = {int(k): s for k, s in v["scores"].items()}
+            v["scores"] = {int(k): as_score(s) for k, s in v["scores"].items()}
             trials[t] = Trial(**v)
         return cls(
-            raw["s"], raw["eta"], tuple(Rung(**r) for r in raw["rungs"]), raw["direction"], trials,
+            raw["s"], raw["eta"], tuple(Rung(**r) for r in raw["rungs"]), as_direction(raw["direction"]), trials,
             raw["rung_index"], list(raw["active"]),
         )

@@ -22,7 +22,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from prefect_hyperband.hyperband.promotion import Direction, failed, sign
+from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, several, sign
+from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.space import Param, Space
 
 
@@ -36,7 +37,7 @@ class RandomSampler:
     def ask(self) -> dict[str, Any]:
         return self.space.sample(self.rng)
 
-    def tell(self, config: Mapping[str, Any], resource: int, score: float | None) -> None:
+    def tell(self, config: Mapping[str, Any], resource: int, score: Score) -> None:
         """Random search learns nothing."""
 
     def to_json(self) -> dict[str, Any]:
@@ -50,9 +51,10 @@ class RandomSampler:
 
 
 class TPESampler:
-    """BOHB-style model-based configs: Optuna's TPE fitted on the largest resource with enough results."""
+    """BOHB-style model-based configs: Optuna's TPE fitted on the largest resource with enough results; with several
+    objectives, Optuna's multi-objective TPE (MOTPE, Ozaki et al., 2020) on the same results."""
 
-    def __init__(self, space: Space, seed: int, direction: Direction, min_observations: int | None = None) -> None:
+    def __init__(self, space: Space, seed: int, direction: Directions, min_observations: int | None = None) -> None:
         sign(direction)
         if min_observations is not None and (
             isinstance(min_observations, bool) or not isinstance(min_observations, int) or min_observations < 1
@@ -61,18 +63,17 @@ class TPESampler:
         self.space, self.seed, self.direction = space, seed, direction
         self.min_observations = len(space.params) + 1 if min_observations is None else min_observations
         self.rng = np.random.default_rng(seed)
-        #: resource -> [(config, score)], in the order told; score None: failed
-        self.observations: dict[int, list[tuple[dict[str, Any], float | None]]] = {}
+        #: resource -> [(config, score)], in the order told; score None: failed (a tuple: several objectives)
+        self.observations: dict[int, list[tuple[dict[str, Any], Score]]] = {}
         self._distributions = {p.name: _distribution(p) for p in space.params}
 
-    def tell(self, config: Mapping[str, Any], resource: int, score: float | None) -> None:
+    def tell(self, config: Mapping[str, Any], resource: int, score: Score) -> None:
         """Record a result of ``config`` at ``resource``."""
         if isinstance(resource, bool) or not isinstance(resource, int) or resource < 1:
             raise ValueError(f"resource must be an integer >= 1, got {resource!r}")
-        value = None if failed(score) else float(score)  # type: ignore[arg-type]
-        self.observations.setdefault(resource, []).append((dict(config), value))
+        self.observations.setdefault(resource, []).append((dict(config), as_score(score)))
 
-    def usable(self, resource: int) -> list[tuple[dict[str, Any], float]]:
+    def usable(self, resource: int) -> list[tuple[dict[str, Any], Score]]:
         """The observations at ``resource`` the model can fit: scored, and inside the space."""
         return [
             (c, v)
@@ -89,21 +90,23 @@ class TPESampler:
 
     def ask(self) -> dict[str, Any]:
         resource = self.chosen_resource()
-        if resource is None:
-            return self.space.sample(self.rng)
+        if resource is None:  # too few results to fit: the user's priors where the space has them
+            return priors.sample_prior(self.space, self.rng) if priors.has_priors(self.space) else self.space.sample(self.rng)
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         seed = int(self.rng.integers(2**31 - 1))
+        names = {"max": "maximize", "min": "minimize"}
+        directions = [names[d] for d in self.direction] if several(self.direction) else [names[self.direction]]  # type: ignore[index]
         study = optuna.create_study(
-            sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=0),
-            direction="maximize" if self.direction == "max" else "minimize",
+            sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=0), directions=directions,
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # experimental/deprecation notices of optuna internals
             for config, value in self.usable(resource):
                 params = {name: config[name] for name in self._distributions}
-                study.add_trial(optuna.trial.create_trial(params=params, distributions=self._distributions, value=value))
+                values = list(value) if isinstance(value, tuple) else [value]  # type: ignore[list-item]
+                study.add_trial(optuna.trial.create_trial(params=params, distributions=self._distributions, values=values))
             trial = study.ask(self._distributions)
         return {p.name: _native(p, trial.params[p.name]) for p in self.space.params}
 
@@ -111,7 +114,7 @@ class TPESampler:
         return {
             "kind": "tpe",
             "seed": self.seed,
-            "direction": self.direction,
+            "direction": list(self.direction) if several(self.direction) else self.direction,
             "min_observations": self.min_observations,
             "rng": _plain(self.rng.bit_generator.state),
             "observations": {
@@ -121,10 +124,10 @@ class TPESampler:
 
     @classmethod
     def from_json(cls, space: Space, raw: Mapping[str, Any]) -> "TPESampler":
-        sampler = cls(space, raw["seed"], raw["direction"], raw["min_observations"])
+        sampler = cls(space, raw["seed"], as_direction(raw["direction"]), raw["min_observations"])
         sampler.rng.bit_generator.state = copy.deepcopy(dict(raw["rng"]))
         sampler.observations = {
-            int(r): [(dict(o["config"]), o["score"]) for o in obs] for r, obs in raw["observations"].items()
+            int(r): [(dict(o["config"]), as_score(o["score"])) for o in obs] for r, obs in raw["observations"].items()
         }
         return sampler
 

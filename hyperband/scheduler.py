@@ -22,7 +22,8 @@ from typing import Any, Callable, Literal, Mapping, Protocol
 
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.bracket import BracketState, Status
-from prefect_hyperband.hyperband.promotion import Direction, failed, sort_key
+from prefect_hyperband.hyperband.priorband import first_rung
+from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, failed, sort_key
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 from prefect_hyperband.hyperband.space import Space
 from prefect_hyperband.hyperband.trial import TrialJob
@@ -38,7 +39,7 @@ class TrialRecord:
     status: Status
     rung: int  # highest rung reached
     resource: int  # units its checkpoint holds
-    scores: dict[int, float | None]  # resource -> metric (None: failed there)
+    scores: dict[int, Score]  # resource -> metric or objectives' values (None: failed there)
     error: str | None = None
 
 
@@ -68,13 +69,13 @@ def ended(decisions: list[Decision]) -> list[str]:
 
 class Sampler(Protocol):
     def ask(self) -> dict[str, Any]: ...
-    def tell(self, config: Mapping[str, Any], resource: int, score: float | None) -> None: ...
+    def tell(self, config: Mapping[str, Any], resource: int, score: Score) -> None: ...
     def to_json(self) -> dict[str, Any]: ...
 
 
 class Scheduler(Protocol):
     def next_job(self) -> TrialJob | None: ...
-    def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None,
+    def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
                error: str | None = None) -> list[Decision]: ...
     def finish(self) -> list[Decision]: ...
     @property
@@ -83,8 +84,9 @@ class Scheduler(Protocol):
     def to_json(self) -> dict[str, Any]: ...
 
 
-def best_of(records: list[TrialRecord], direction: Direction) -> tuple[TrialRecord, int, float] | None:
-    """The best (trial, resource, score) seen at any rung, as the paper returns; ranked by ``promotion.sort_key``."""
+def best_of(records: list[TrialRecord], direction: Directions) -> tuple[TrialRecord, int, Score] | None:
+    """The best (trial, resource, score) seen at any rung, as the paper returns; ranked by ``promotion.sort_key``
+    (of several objectives: by the first)."""
     seen = [(t, r, v) for t in records for r, v in t.scores.items() if v is not None]
     if not seen:
         return None
@@ -101,7 +103,7 @@ class HyperbandScheduler:
     min_resource: int
     max_resource: int
     eta: int
-    direction: Direction
+    direction: Directions
     space: Space
     seed: int
     sampler: Sampler | None = None  # None: each bracket draws from its own (seed, s) generator
@@ -118,7 +120,9 @@ class HyperbandScheduler:
         self.in_flight = set()  # a loaded state's in-flight jobs are pending again
 
     def _start(self, b: Bracket) -> BracketState:
-        ask = self.sampler.ask if self.sampler is not None and self.sequential else None
+        ask = None
+        if self.sampler is not None and self.sequential:
+            ask = _asker(self.sampler, first_rung(self.min_resource, self.max_resource, self.eta, b.s))
         state = BracketState.start(b, self.eta, self.space, self.seed, self.direction, ask)
         self.states[b.s] = state
         return state
@@ -142,7 +146,7 @@ class HyperbandScheduler:
                     return TrialJob(t, state.s, state.rung_index, state.current.resource, dict(trial.config), trial.checkpoint)
         return None
 
-    def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None,
+    def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
                error: str | None = None) -> list[Decision]:
         """Record a result; the one that completes its rung closes it (the top ⌊n_i/η⌋ go up, the rest stop)."""
         state = self.states[_bracket_of(trial_id)]
@@ -191,8 +195,15 @@ class HyperbandScheduler:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], space: Space, sampler: Sampler | None) -> "HyperbandScheduler":
         states = {int(s): BracketState.from_json(st) for s, st in raw["brackets"].items()}
-        return cls(raw["min_resource"], raw["max_resource"], raw["eta"], raw["direction"], space, raw["seed"],
+        return cls(raw["min_resource"], raw["max_resource"], raw["eta"], as_direction(raw["direction"]), space, raw["seed"],
                    sampler, raw["sequential"], states)
+
+
+def _asker(sampler: Sampler, rung: int) -> Callable[[], dict[str, Any]]:
+    """The sampler's ``ask`` for a bracket whose first rung is ``rung``: a sampler whose draws depend on it
+    (PriorBand's ``ask_at``) is told; the others ask as always."""
+    ask_at = getattr(sampler, "ask_at", None)
+    return (lambda: ask_at(rung)) if ask_at is not None else sampler.ask
 
 
 def _bracket_of(trial_id: str) -> int:
@@ -225,9 +236,11 @@ class AshaScheduler:
             t = self.state.trials[self.backlog.pop(0)]
             resource = self.state.plan(t.bracket).rungs[t.rung].resource
             return TrialJob(t.trial_id, t.bracket, t.rung, resource, dict(t.config), t.checkpoint)
-        return self.state.next_job(self.sampler.ask, self._can_start())
+        st = self.state
+        ask = _asker(self.sampler, first_rung(st.min_resource, st.max_resource, st.eta, st.next_bracket()))
+        return st.next_job(ask, self._can_start())
 
-    def report(self, trial_id: str, resource: int, score: float | None, checkpoint: str | None,
+    def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
                error: str | None = None) -> list[Decision]:
         """Record a result; ASHA never closes a rung (its promotions happen in ``next_job``)."""
         self.state.report(trial_id, resource, score, checkpoint if not failed(score) else None, error)
@@ -250,7 +263,7 @@ class AshaScheduler:
         return not self.backlog and self.state.done(self._can_start())
 
     def records(self) -> list[TrialRecord]:
-        scores: dict[str, dict[int, float | None]] = {t: {} for t in self.state.trials}
+        scores: dict[str, dict[int, Score]] = {t: {} for t in self.state.trials}
         for r in self.state.rows():
             scores[r["trial_id"]][r["resource"]] = r["score"]
         return [

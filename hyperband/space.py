@@ -1,10 +1,14 @@
 """Search spaces: ``{name: {type: float|int|categorical, low, high, log, choices}}``, validated once, sampled seeded.
 
 ```yaml
-eta: {type: float, low: 0.01, high: 0.5, log: true}
+eta: {type: float, low: 0.01, high: 0.5, log: true, prior: 0.1, confidence: high}
 max_depth: {type: int, low: 2, high: 10}
 grow_policy: {type: categorical, choices: [depthwise, lossguide]}
 ```
+
+A parameter may carry the user's belief: ``prior`` (a value in its range, or one of its choices) and
+``confidence`` (low, medium, high; medium when only a prior is given), which ``--sampler priorband`` samples
+from (``hyperband.priors``); every other sampler ignores them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 TYPES = ("float", "int", "categorical")
+CONFIDENCES = ("low", "medium", "high")
 
 
 class SpaceError(ValueError):
@@ -31,6 +36,8 @@ class Param:
     high: float | None = None
     log: bool = False
     choices: tuple[Any, ...] = ()
+    prior: Any = None  # the user's belief, a value of the parameter; None: no prior
+    confidence: str | None = None  # low, medium or high, with a prior
 
     def sample(self, rng: np.random.Generator) -> Any:
         if self.type == "categorical":
@@ -46,9 +53,10 @@ class Param:
         return float(rng.uniform(low, high))
 
     def to_dict(self) -> dict[str, Any]:
+        belief = {"prior": self.prior, "confidence": self.confidence} if self.prior is not None else {}
         if self.type == "categorical":
-            return {"type": "categorical", "choices": list(self.choices)}
-        return {"type": self.type, "low": self.low, "high": self.high, "log": self.log}
+            return {"type": "categorical", "choices": list(self.choices), **belief}
+        return {"type": self.type, "low": self.low, "high": self.high, "log": self.log, **belief}
 
 
 @dataclass(frozen=True)
@@ -97,14 +105,14 @@ def _param(name: str, spec: Any, allowed: set[str] | None, model: str) -> Param:
     kind = spec.get("type")
     if kind not in TYPES:
         raise SpaceError(f"{name}: type must be one of {', '.join(TYPES)}, got {kind!r}")
-    extra = set(spec) - ({"type", "choices"} if kind == "categorical" else {"type", "low", "high", "log"})
+    extra = set(spec) - ({"type", "choices"} if kind == "categorical" else {"type", "low", "high", "log"}) - {"prior", "confidence"}
     if extra:
         raise SpaceError(f"{name}: unexpected key(s) {', '.join(sorted(map(str, extra)))} for type {kind}")
     if kind == "categorical":
         choices = spec.get("choices")
         if not isinstance(choices, list) or not choices:
             raise SpaceError(f"{name}: categorical needs a non-empty list of choices, got {choices!r}")
-        return Param(name, kind, choices=tuple(choices))
+        return _belief(Param(name, kind, choices=tuple(choices)), spec)
     low, high, log = spec.get("low"), spec.get("high"), spec.get("log", False)
     for bound, value in (("low", low), ("high", high)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -118,5 +126,31 @@ def _param(name: str, spec: Any, allowed: set[str] | None, model: str) -> Param:
     if log and low <= 0:
         raise SpaceError(f"{name}: log scale needs low > 0, got low={low}")
     if kind == "int":
-        return Param(name, kind, int(low), int(high), log)
-    return Param(name, kind, float(low), float(high), log)
+        return _belief(Param(name, kind, int(low), int(high), log), spec)
+    return _belief(Param(name, kind, float(low), float(high), log), spec)
+
+
+def _belief(param: Param, spec: Mapping[str, Any]) -> Param:
+    """The parameter with its ``prior`` and ``confidence``, checked: a value it can take, a known confidence."""
+    from dataclasses import replace
+
+    prior, confidence = spec.get("prior"), spec.get("confidence")
+    if prior is None:
+        if confidence is not None:
+            raise SpaceError(f"{param.name}: confidence {confidence!r} without a prior; add prior: <value>")
+        return param
+    if confidence is None:
+        confidence = "medium"
+    if confidence not in CONFIDENCES:
+        raise SpaceError(f"{param.name}: confidence must be one of {', '.join(CONFIDENCES)}, got {confidence!r}")
+    if param.type == "categorical":
+        if prior not in param.choices:
+            raise SpaceError(f"{param.name}: prior {prior!r} is not one of the choices {list(param.choices)}")
+    else:
+        numeric = not isinstance(prior, bool) and isinstance(prior, (int, float)) and math.isfinite(prior)
+        if not numeric or not (param.low <= prior <= param.high):  # type: ignore[operator]
+            raise SpaceError(f"{param.name}: prior must be a number in [{param.low}, {param.high}], got {prior!r}")
+        if param.type == "int" and int(prior) != prior:
+            raise SpaceError(f"{param.name}: prior of an int parameter must be a whole number, got {prior!r}")
+        prior = int(prior) if param.type == "int" else float(prior)
+    return replace(param, prior=prior, confidence=confidence)

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from prefect_hyperband.hyperband.promotion import Direction
+from prefect_hyperband.hyperband.promotion import Direction, Directions
 from prefect_hyperband.tasks.storage import Storage
 from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.data import DataSpec
@@ -30,13 +30,31 @@ class Job:
     experiment: str
     concurrency: int
     mode: Literal["hyperband", "asha"] = "hyperband"
-    sampler: Literal["random", "tpe"] = "random"
+    sampler: Literal["random", "tpe", "priorband"] = "random"
     parent_run_id: str | None = None
     trial_timeout: float | None = None  # seconds a trial-rung may take; None: from the job's measurements
     #: the job's state and checkpoints, ``<--storage>/<job_id>``, when that is a URL (s3://...); None: ``job_dir``
     storage: str | None = None
     #: the Prefect work pool whose workers run the trial-rungs (a ``hyperband-trial`` flow run each); None: here
     trial_pool: str | None = None
+    #: several objectives: (name in MLflow, direction) each, ``metric_key`` first; (): the one metric
+    objectives: tuple[tuple[str, Direction], ...] = ()
+    #: several objectives: which point of the Pareto front is the champion (``flows.objectives.parse_select``)
+    select: str = "first"
+
+    @property
+    def directions(self) -> Directions:
+        """What the scheduler ranks by: the metric's direction, or one per objective."""
+        return tuple(d for _, d in self.objectives) if self.objectives else self.direction
+
+    def score_of(self, metrics: dict[str, float]) -> float | tuple[float, ...]:
+        """A trial-rung's result as the scheduler takes it, from everything it measured (``metric_key`` included)."""
+        if not self.objectives:
+            return metrics[self.metric_key]
+        missing = [name for name, _ in self.objectives if name not in metrics]
+        if missing:
+            raise ValueError(f"objective(s) {', '.join(missing)} not reported (reported: {', '.join(sorted(metrics))})")
+        return tuple(float(metrics[name]) for name, _ in self.objectives)
 
     @property
     def metric_key(self) -> str:
@@ -74,6 +92,7 @@ class Job:
         s["milestones"] = tuple(s.get("milestones") or ())
         s["extra"] = tuple((k, _tuple(v)) for k, v in s.get("extra") or ())
         value["settings"] = TrainerSettings(**s)
+        value["objectives"] = _tuple(value.get("objectives") or [])
         return cls(**{f.name: value[f.name] for f in fields(cls) if f.name in value})
 
 

@@ -61,9 +61,9 @@ def start_trial_run(job: Job, trial_id: str, bracket: int, started: float | None
 
 
 def log_trial_rung(job: Job, run_id: str, resource: int, trained: TrainResult | None, score: float | None,
-                   params: dict[str, Any] | None = None) -> None:
+                   params: dict[str, Any] | None = None, measured: dict[str, float] | None = None) -> None:
     """A trial-rung's metric at step = cumulative resource, with what the trainer recorded on the way, in one batch
-    (with the run's ``params`` when it is the run's first write)."""
+    (with the run's ``params`` when it is the run's first write); ``measured``: the other objectives' values."""
     metric = job.metric_key
     metrics: dict[str, float] = {}
     history: list[dict[str, float]] = []
@@ -71,6 +71,7 @@ def log_trial_rung(job: Job, run_id: str, resource: int, trained: TrainResult | 
         history = trained.history
         metrics = {"train_seconds": trained.seconds, "worker_seconds": trained.seconds * trained.workers}
         metrics.update({k: v for k, v in trained.info.items() if isinstance(v, (int, float))})
+    metrics.update({k: v for k, v in (measured or {}).items() if k != metric})
     if score is not None and not any(row.get("step") == resource and metric in row for row in history):
         metrics[metric] = score  # unless the per-unit history already holds it at this step
     retrying(tracking.log_result, job.tracking_uri, run_id, history, metrics, resource, params)

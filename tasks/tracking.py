@@ -253,6 +253,28 @@ def log_result(
 
 
 @_one_writer
+def log_history(uri: str, run_id: str, key: str, points: Iterable[tuple[int, float, float]]) -> None:
+    """A metric's history in batches: (step, value, epoch seconds) each, so MLflow draws its curve."""
+    from mlflow.entities import Metric
+
+    items = [Metric(key, float(v), int(at * 1000), int(step)) for step, v, at in points]
+    _log_batches(client(uri), run_id, [], items)
+
+
+@_one_writer
+def log_table(uri: str, run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
+    """Rows as an MLflow table artifact (the run's artifact view shows it as a table)."""
+    import pandas as pd
+
+    client(uri).log_table(run_id, data=pd.DataFrame(rows), artifact_file=artifact_file)
+
+
+@_one_writer
+def log_figure(uri: str, run_id: str, figure: Any, artifact_file: str) -> None:
+    client(uri).log_figure(run_id, figure, artifact_file)
+
+
+@_one_writer
 def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
     from mlflow.entities import RunTag
 

@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers import factory, registry
-from prefect_hyperband.trainers.base import Evaluation, TrainResult, checkpoint_damage
+from prefect_hyperband.trainers.base import Evaluation, TrainResult, checkpoint_damage, measure, size_of
 
 
 @task(name="train", task_run_name="train {trial_id} to r={resource}", cache_policy=NO_CACHE)
@@ -81,10 +81,15 @@ def _resource_of(job: Job, checkpoint: str) -> int:
 
 @task(name="evaluate", task_run_name="evaluate {trial_id} at r={resource}", cache_policy=NO_CACHE)
 def evaluate_trial(job: Job, trial_id: str, resource: int, trained: TrainResult) -> Evaluation:
-    """The validation metric of a checkpoint, on the whole validation set."""
+    """The validation metric of a checkpoint, on the whole validation set; with several objectives, each of them
+    (the costs measured here: the rung's training seconds, the checkpoint's bytes, the trainer's prediction ms)."""
     began = time.perf_counter()
-    value = factory.get(job.settings).evaluate(job.store().fetch(trained.checkpoint))
-    return Evaluation(value, time.perf_counter() - began)
+    local = job.store().fetch(trained.checkpoint)
+    value, measured = measure(factory.get(job.settings), local)
+    if not job.objectives:
+        return Evaluation(value, time.perf_counter() - began)
+    figures = {"train_seconds": trained.seconds, "model_bytes": float(size_of(local)), **measured, job.metric_key: value}
+    return Evaluation(job.score_of(figures), time.perf_counter() - began, figures)
 
 
 @task(name="promote", task_run_name="promote bracket s={s} rung {rung}", cache_policy=NO_CACHE)

@@ -14,10 +14,12 @@ from typing import Any, Iterator, Mapping, Protocol
 
 @dataclass(frozen=True)
 class Evaluation:
-    """The validation metric of a checkpoint, and the seconds it took."""
+    """The validation metric of a checkpoint (of several objectives: their values, the metric first), and the
+    seconds it took; ``metrics``: everything measured with it (the metric, the costs, a user's other metrics)."""
 
-    score: float
+    score: float | tuple[float, ...]
     seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,24 @@ class Trainer(Protocol):
 
     def close(self) -> None:
         """Release what the trainer started (clusters, process groups)."""
+
+
+def measure(trainer: Any, checkpoint: str) -> tuple[float, dict[str, float]]:
+    """A checkpoint's metric and what else the trainer measures with it (``predict_ms``, a user's metrics): its
+    ``measure`` when it has one, else ``evaluate`` alone."""
+    if hasattr(trainer, "measure"):
+        return trainer.measure(checkpoint)
+    return trainer.evaluate(checkpoint), {}
+
+
+def size_of(checkpoint: str) -> int:
+    """Bytes of a checkpoint: its file, with the directory of the same name beside it (a user trainer's)."""
+    path = Path(checkpoint)
+    total = path.stat().st_size if path.is_file() else 0
+    folder = path.with_suffix("")
+    if folder != path and folder.is_dir():
+        total += sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    return total
 
 
 @contextlib.contextmanager

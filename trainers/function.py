@@ -198,7 +198,12 @@ class FunctionTrainer:
         return TrainResult(str(out), resource, resource - start, seconds, self.workers, history=trial.history, info=info)
 
     def evaluate(self, checkpoint: str) -> float:
-        return float(json.loads(Path(checkpoint).read_text())["metrics"][self.metric])
+        return self.measure(checkpoint)[0]
+
+    def measure(self, checkpoint: str) -> tuple[float, dict[str, float]]:
+        """The job's metric, and every metric the code reported with it (for several objectives)."""
+        metrics = {k: float(v) for k, v in json.loads(Path(checkpoint).read_text())["metrics"].items()}
+        return metrics[self.metric], metrics
 
     def close(self) -> None:
         """Leave the Dask cluster, if any (in the job's own threads there is nothing to release)."""

@@ -142,7 +142,12 @@ class ScriptTrainer:
             raise ScriptFailed(_failure(code, log))
 
     def evaluate(self, checkpoint: str) -> float:
-        return float(json.loads(Path(checkpoint).read_text())["metrics"][self.metric])
+        return self.measure(checkpoint)[0]
+
+    def measure(self, checkpoint: str) -> tuple[float, dict[str, float]]:
+        """The job's metric, and every metric the code reported with it (for several objectives)."""
+        metrics = {k: float(v) for k, v in json.loads(Path(checkpoint).read_text())["metrics"].items()}
+        return metrics[self.metric], metrics
 
     def close(self) -> None:
         """Kill every launcher still running (a job stopping), with its ranks; leave the Dask cluster."""

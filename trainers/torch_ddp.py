@@ -161,10 +161,16 @@ def load_model(checkpoint: str) -> torch.nn.Module:
 
 def predict(checkpoint: str, X: np.ndarray) -> np.ndarray:
     """Class probabilities (n, k), or values (n,) for regression, of raw feature rows."""
+    return timed_predict(checkpoint, X)[0]
+
+
+def timed_predict(checkpoint: str, X: np.ndarray) -> tuple[np.ndarray, float]:
+    """``predict``, and the seconds the loaded model took for the rows (loading not counted)."""
     model = load_model(checkpoint)
+    began = time.perf_counter()
     with torch.no_grad():
         out = model(torch.as_tensor(np.asarray(X, dtype=np.float32)))
-    return out.double().numpy()
+    return out.double().numpy(), time.perf_counter() - began
 
 
 # ---------------------------------------------------------------------------- processes
@@ -367,10 +373,15 @@ class TorchTrainer:
 
     def evaluate(self, checkpoint: str) -> float:
         """The validation metric of ``checkpoint`` on the whole validation split, computed here."""
-        prediction = predict(checkpoint, self.dataset.X_val)
+        return self.measure(checkpoint)[0]
+
+    def measure(self, checkpoint: str) -> tuple[float, dict[str, float]]:
+        """The validation metric, and ``predict_ms``: milliseconds per 1,000 validation rows, the model loaded."""
+        prediction, seconds = timed_predict(checkpoint, self.dataset.X_val)
+        latency = {"predict_ms": seconds * 1e6 / max(1, len(self.dataset.X_val))}
         if not np.all(np.isfinite(prediction)):
-            return 0.0 if metric_direction(self.metric) == "max" else math.inf
-        return score(self.metric, self.dataset.y_val, prediction)
+            return (0.0 if metric_direction(self.metric) == "max" else math.inf), latency
+        return score(self.metric, self.dataset.y_val, prediction), latency
 
     def load_model(self, checkpoint: str) -> torch.nn.Module:
         return load_model(checkpoint)

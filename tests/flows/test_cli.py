@@ -56,6 +56,15 @@ def space_file(tmp_path):
         (["tune", "--metric", "rmse"], "metric 'rmse' needs a numeric target"),
         (["tune", "--dask-address", "localhost"], "dask_address must look like tcp://host:8786"),
         (["tune", "--space", "missing.yaml"], "search space file 'missing.yaml' not found"),
+        (["tune", "--metric", "auc", "--metric", "f1:max"], "metric 'f1': a built-in model reports its quality metric"),
+        (["tune", "--metric", "auc", "--metric", "predict_ms:fast"], "direction must be max or min, got 'fast'"),
+        (["tune", "--metric", "auc", "--metric", "auc:max"], "metric names must differ, got auc, auc"),
+        (["tune", "--metric", "auc:min"], "--metric auc:min: auc is better larger; drop :min"),
+        (["tune", "--select", "fastest"], "select must be first, knee or a constraint like predict_ms<=2"),
+        (["tune", "--metric", "auc", "--metric", "predict_ms", "--select", "model_bytes<=9"],
+         "select constrains 'model_bytes', which is not an objective (val_auc, predict_ms)"),
+        (["tune", "--model", "function", "--trainer", "t.py:train", "--metric", "loss:min", "--metric", "ms",
+          "--space", '{"x": {"type": "float", "low": 0, "high": 1}}'], "metric 'ms': with several objectives each needs its direction, e.g. ms:min"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
@@ -114,6 +123,8 @@ def test_only_the_flags_given_are_fields_set_so_a_resume_can_tell_them_apart():
     assert given(args) == {"seed": "4", "register_model": False,
                            "space": {"eta": {"type": "float", "low": 0.1, "high": 0.3}}}
     assert given(build_parser().parse_args(["scale", "--workers", "1,2,4"])) == {"workers": [1, 2, 4]}
+    several = build_parser().parse_args(["tune", "--metric", "val_auc:max", "--metric", "predict_ms:min"])
+    assert given(several) == {"metric": ["val_auc:max", "predict_ms:min"]}
 
 
 @pytest.mark.parametrize(

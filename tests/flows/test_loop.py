@@ -12,6 +12,7 @@ import pytest
 
 from prefect_hyperband.flows.loop import ORCHESTRATION_RETRIES, POLL, JobStopped, Loop, Outcome
 from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler
 from prefect_hyperband.hyperband.space import parse
@@ -187,7 +188,23 @@ def test_asha_keeps_every_slot_busy_until_max_trials():
     assert sim.most == 4 and len(drive.rows) == len(sim.submitted)
 
 
-def test_a_stop_ends_the_loop_saved_and_a_resume_reaches_the_uninterrupted_result():
+PRIORS = parse({"x": {"type": "float", "low": 0.0, "high": 1.0, "prior": 0.2, "confidence": "high"}})
+
+
+def priorband(max_resource=9, seed=0):
+    """Brackets in turn, each sampling from PriorBand's policy over what the earlier ones taught it."""
+    sampler = PriorBandSampler(PRIORS, seed, "min", 1, max_resource, 3)
+    return HyperbandScheduler(1, max_resource, 3, "min", PRIORS, seed=seed, sampler=sampler, sequential=True)
+
+
+def reload(saved):
+    if saved.get("sampler"):
+        return HyperbandScheduler.from_json(saved, PRIORS, PriorBandSampler.from_json(PRIORS, saved["sampler"]))
+    return HyperbandScheduler.from_json(saved, SPACE, None)
+
+
+@pytest.mark.parametrize("hyperband", [hyperband, priorband], ids=["random", "priorband"])
+def test_a_stop_ends_the_loop_saved_and_a_resume_reaches_the_uninterrupted_result(hyperband):
     whole = hyperband(27, seed=3)
     make(whole, Sim()).run()
 
@@ -200,7 +217,7 @@ def test_a_stop_ends_the_loop_saved_and_a_resume_reaches_the_uninterrupted_resul
     assert len(sim.submitted) == 20  # nothing new after the stop
     last = saves[-1]
     assert 0 < len(last["rows"]) <= 20  # the results of those in flight are kept when their training ended well
-    resumed = HyperbandScheduler.from_json(last["scheduler"], SPACE, None)
+    resumed = reload(last["scheduler"])
     rest = Sim()
     drive = make(resumed, rest, rows=list(last["rows"]), spent=last["elapsed"]).run()
     assert scores(resumed) == scores(whole)
