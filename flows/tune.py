@@ -128,8 +128,13 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
     )
     if job.objectives:
         log_front(job, records, run.rows, runs, best["trial_id"] if best else None)
-    finish_job_run(job, metrics, best_config, summary.to_json(), table(summary))
-    logger.info("summary\n%s", table(summary), extra={"hyperband_terminal": False})  # the CLI prints it once
+    text = table(summary)
+    if job.objectives:  # the front under the summary
+        names = [name for name, _ in job.objectives]
+        text += "\n" + front.table(front.points(records, job.directions), names, job.directions,
+                                   best["trial_id"] if best else None)
+    finish_job_run(job, metrics, best_config, summary.to_json(), text)
+    logger.info("summary\n%s", text, extra={"hyperband_terminal": False})  # the CLI prints it once
     return {
         "job_id": job.job_id,
         "job_dir": job.job_dir,
@@ -137,7 +142,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         "parent_run_id": job.parent_run_id,
         "direction": job.direction,
         "summary": summary.to_json(),
-        "table": table(summary),
+        "table": text,
         "best": best,
         "champion_version": version,
     }

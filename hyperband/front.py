@@ -91,8 +91,20 @@ def choose(front: Sequence[Point], directions: Sequence[str], names: Sequence[st
     return best_first, ""
 
 
+def table(points: Sequence[Point], names: Sequence[str], directions: Sequence[str], champion: str | None) -> str:
+    """The Pareto front as the summary prints it: each config on it at its highest rung, the champion starred."""
+    on = sorted((p for p in points if p.front == 0), key=lambda p: (-pareto.normalised(p.values, directions)[0], p.trial_id))
+    head = ["", "trial", "r", *(f"{n} ({d})" for n, d in zip(names, directions))]
+    rows = [["*" if p.trial_id == champion else "", p.trial_id, str(p.resource), *(f"{v:.6g}" for v in p.values)]
+            for p in on]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in [head, *rows]]
+    return f"Pareto front: {len(on)} configs, each at its highest rung (* the champion)\n" + "\n".join(lines)
+
+
 def _holds(value: float, op: str, bound: float) -> bool:
     return {"<=": value <= bound, "<": value < bound, ">=": value >= bound, ">": value > bound}[op] and math.isfinite(value)
 
 
-__all__ = ["MARGIN", "Point", "choose", "hypervolume_curve", "last_results", "points", "reference"]
+__all__ = ["MARGIN", "Point", "choose", "hypervolume_curve", "last_results", "points", "reference", "table"]

@@ -15,12 +15,14 @@ def _load(name: str):
     sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass in the module looks its module up there
     spec.loader.exec_module(module)
     return module
 
 
 @pytest.mark.parametrize("name", ["bench_overhead", "bench_efficiency", "bench_quality", "bench_scaling", "bench_stalls",
-                                  "bench_vs_optuna", "bench_dask_groups", "bench_dask_torch"])
+                                  "bench_vs_optuna", "bench_dask_groups", "bench_dask_torch", "bench_multi_objective",
+                                  "bench_priors"])
 def test_imports_and_has_main(name):
     module = _load(name)
     assert callable(module.main)
@@ -33,6 +35,14 @@ def test_plain_loop_runs_the_whole_schedule(tmp_path):
     result = _load("bench_overhead").plain_loop(1, 9, 3, 0, tmp_path)
     assert result["trial_rungs"] == schedule.plan_summary(1, 9, 3)["trial_rungs"] == 22
     assert result["best_score"] > 0
+
+
+def test_priors_bench_runs_a_whole_synthetic_job_and_times_each_target():
+    bench = _load("bench_priors")
+    problem = bench.synthetic(0.0)
+    result = bench.run(problem, "priorband", problem.good, 0, (1.0, -1.0))  # reached at once; never
+    assert result["reached"][0] is not None and result["reached"][1] is None
+    assert 0 < result["reached"][0] <= result["total"] and result["best"] < 0.05
 
 
 def test_table_formats_rows():

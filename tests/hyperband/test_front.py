@@ -48,3 +48,12 @@ def test_reference_and_hypervolume_curve() -> None:
     # a at r=1: .02 x 4.4 = .088; x failed adds nothing; b adds (.8-.7) x (5.4-3) = .24;
     # a at r=3 replaces a's r=1 point: b's .12 x 2.4 = .288 plus a's (.9-.8) x (5.4-4) = .14
     assert curve == pytest.approx([0.088, 0.088, 0.328, 0.428])
+
+
+def test_the_printed_front_lists_each_config_on_it_best_first_objective_first() -> None:
+    text = front.table(front.points(RECORDS, DIRECTIONS), NAMES, DIRECTIONS, "b")
+    lines = text.splitlines()
+    assert lines[0] == "Pareto front: 3 configs, each at its highest rung (* the champion)"
+    assert lines[1].split() == ["trial", "r", "val_auc", "(max)", "predict_ms", "(min)"]
+    assert [line.replace("*", "").split()[:2] for line in lines[2:]] == [["a", "3"], ["b", "1"], ["c", "1"]]
+    assert lines[3].startswith("*") and "0.85" in lines[3]
