@@ -340,10 +340,14 @@ def _run(params, args: argparse.Namespace) -> int:
     from prefect_hyperband.flows.job import new_job_id
 
     params = params.model_copy(update={"job_id": params.job_id or new_job_id()})  # the preflight's and the flow's
+    log = JobLog(verbose=args.verbose)  # MLflow's own lines from here on: the job's log file, not the terminal
     message = preflight(params)
     if message:
+        log.close()
         return _fail(message)
-    print(f"hyperband: job {params.job_id} in {params.job_dir}/{params.job_id} (resume with --resume {params.job_id})", file=sys.stderr)
+    log.open(job_log_path(params))
+    print(f"hyperband: job {params.job_id} in {params.job_dir}/{params.job_id} (resume with --resume {params.job_id}; "
+          f"log: {log.path})", file=sys.stderr)
     from prefect_hyperband.flows.tune import tune
 
     live = None
@@ -390,9 +394,25 @@ def _run(params, args: argparse.Namespace) -> int:
     else:
         print(result["table"])
         print(f"MLflow: experiment {params.experiment!r}, parent run {result['parent_run_id']}; job dir {result['job_dir']}")
+        print(f"MLflow UI: {mlflow_link(params, result['parent_run_id'])}")
         if result.get("champion_version"):
             print(f"champion: models:/{params.experiment}@champion (version {result['champion_version']})")
     return _exit(0)
+
+
+def mlflow_link(params, parent_run_id: str) -> str:
+    """Where to see the job in MLflow's Model training view (the UI opens its GenAI view unless told otherwise): the
+    parent run's page on a tracking server, or the command that serves a local store."""
+    from prefect_hyperband.tasks import tracking
+
+    uri = tracking.tracking_uri(params.tracking_uri)
+    if not uri.startswith(("http://", "https://")):
+        return f"mlflow server --backend-store-uri {uri}, then the experiment's page with ?workflowType=machine_learning"
+    try:
+        exp_id = tracking.client(uri).get_run(parent_run_id).info.experiment_id
+    except Exception:  # noqa: BLE001  (a link is a courtesy: the job is done)
+        return uri
+    return f"{uri.rstrip('/')}/#/experiments/{exp_id}/runs/{parent_run_id}?workflowType=machine_learning"
 
 
 def _exit(code: int) -> int:
@@ -416,6 +436,63 @@ def _live_display():
     return LiveDisplay(sys.stderr)
 
 
+def job_log_path(params) -> str:
+    """``<job folder>/job.log``: beside the job's state (the local folder when its storage is a URL)."""
+    from prefect_hyperband.flows.job import _job_root
+
+    return os.path.join(os.path.abspath(_job_root(params.job_dir, params.storage)), params.job_id, "job.log")
+
+
+#: libraries whose INFO lines are the job log's, not the terminal's (MLflow's database set-up, its registry's
+#: "Successfully registered model", alembic's migrations); warnings and errors still reach the terminal
+CHATTY = ("mlflow", "alembic")
+
+
+class JobLog:
+    """Every log line of the run (Prefect's, MLflow's, the job's) appended to the job's ``job.log``; MLflow's and
+    alembic's INFO lines kept off the terminal unless ``verbose``. Lines before the job's folder exists are held in
+    memory and written when it does (dropped if the input is refused)."""
+
+    def __init__(self, verbose: bool) -> None:
+        import logging
+        import logging.handlers
+
+        import mlflow  # noqa: F401  (configures its logger, whose handler is quieted here)
+        from prefect.logging.configuration import setup_logging
+
+        setup_logging()  # Prefect's console handler first: it leaves out the root logger once another handler is on it
+        self.path: str | None = None
+        self.held = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
+        self.held.setLevel(logging.INFO)
+        self.targets = [logging.getLogger(), *(logging.getLogger(name) for name in CHATTY)]
+        for logger in self.targets:
+            logger.addHandler(self.held)
+        if not verbose:
+            for name in CHATTY:
+                for handler in logging.getLogger(name).handlers:
+                    if handler is not self.held:
+                        handler.setLevel(logging.WARNING)
+
+    def open(self, path: str) -> None:
+        import logging
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        target = logging.FileHandler(path, encoding="utf-8")
+        target.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        target.setLevel(logging.INFO)
+        self.held.setTarget(target)
+        self.held.flush()
+        for logger in self.targets:
+            logger.removeHandler(self.held)
+            logger.addHandler(target)
+        self.held, self.path = target, path  # type: ignore[assignment]
+
+    def close(self) -> None:
+        for logger in self.targets:
+            logger.removeHandler(self.held)
+        self.held.close()
+
+
 class _TerminalFilter:
     """The terminal shows the job's own lines; each task run's lines stay in the Prefect UI (``--verbose``: both).
     Under the live display, only warnings and errors: the display shows the progress the info lines tell."""
@@ -425,6 +502,8 @@ class _TerminalFilter:
 
     def filter(self, record) -> bool:
         if record.name.startswith("prefect.task_runs") and record.levelno < 30:  # below WARNING
+            return False
+        if not record.name.startswith("prefect.flow_runs") and record.levelno < 30:  # Prefect's own (its server's)
             return False
         if self.live and record.name.startswith("prefect.flow_runs") and record.levelno < 30:
             return False

@@ -93,7 +93,8 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
     version = None
     best_file = job.store().fetch(best["checkpoint"]) if best is not None else None  # local, wherever it was trained
     if best is not None and params.register_model and registry.get(job.settings.model).log_model is not None:
-        registered = register_champion(job, best["run_id"], best_file, return_state=True)
+        registered = register_champion(job, best["run_id"], best_file, _champion_metrics(job, best), best["resource"],
+                                       return_state=True)
         if registered.is_completed():
             version = registered.result()
         else:  # the results stand without a registered model: say so, keep the job
@@ -178,6 +179,7 @@ def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]],
     if found is not None:
         t, resource, value = found
         best = {"trial_id": t.trial_id, "resource": resource, "score": first(value), "config": t.config,
+                **({"values": list(value)} if isinstance(value, tuple) else {}),
                 "run_id": (runs or {}).get(t.trial_id), "checkpoint": job.checkpoint_url(t.trial_id, resource), "bracket": t.bracket}
     summary = summarise(
         [TrialRung(**r) for r in rows],
@@ -196,6 +198,13 @@ def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]],
         summary = replace(summary, objectives=tuple(name for name, _ in job.objectives),
                           front_size=sum(p.front == 0 for p in front.points(records, job.directions)))
     return summary, best
+
+
+def _champion_metrics(job: Job, best: dict[str, Any]) -> dict[str, float]:
+    """The champion's metric (and each objective) at the resource it was chosen at, to link to its logged model."""
+    if not job.objectives or not isinstance(best.get("values"), (tuple, list)):
+        return {job.metric_key: best["score"]}
+    return {name: float(v) for (name, _), v in zip(job.objectives, best["values"])}
 
 
 def champion(job: Job, records: list[TrialRecord]) -> tuple[TrialRecord, int, Score] | None:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, TypeVar
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_hyperband.hyperband.scheduler import TrialRecord
-from prefect_hyperband.tasks import tracking
+from prefect_hyperband.tasks import datasets, tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers import factory, registry
 from prefect_hyperband.trainers.base import TrainResult
@@ -23,10 +24,26 @@ RETRY = dict(retries=len(DELAYS), retry_delay_seconds=list(DELAYS), cache_policy
 
 @task(name="start parent run", **RETRY)
 def start_job_run(job: Job, params: dict[str, Any], nest_under: str | None = None) -> str:
+    """The job's parent run, with its dataset inputs, in an experiment of MLflow's model development kind whose
+    primary metric is the job's (the first objective's)."""
     tags = {"hyperband.job_id": job.job_id, "hyperband.job_dir": job.job_dir, "hyperband.metric": job.metric}
     if nest_under:  # a job of a scaling study: its parent run sits under the study's run
         tags["mlflow.parentRunId"] = nest_under
-    return tracking.start_parent(job.tracking_uri, job.experiment, f"hyperband-{job.job_id}", params, tags)
+    _, note = tracking.model_development(job.tracking_uri, job.experiment, job.metric_key, job.direction == "max")
+    if note:
+        get_run_logger().warning(note)
+    return tracking.start_parent(job.tracking_uri, job.experiment, f"hyperband-{job.job_id}", params, tags,
+                                 dataset_inputs(job))
+
+
+def dataset_inputs(job: Job) -> list[Any]:
+    """The job's training and validation data as MLflow dataset inputs; none for a user's own code, or when the data
+    cannot be read here (a run without its inputs is better than a trial without its run)."""
+    try:
+        return datasets.inputs(job.settings.data if registry.get(job.settings.model).reads_data else None)
+    except Exception as why:  # noqa: BLE001
+        logging.getLogger(__name__).warning("MLflow dataset inputs left out: %s: %s", type(why).__name__, why)
+        return []
 
 
 # ---- per trial: plain calls from the driver's worker threads (no task run per write), each retried
@@ -57,7 +74,8 @@ def start_trial_run(job: Job, trial_id: str, bracket: int, started: float | None
     """The trial's nested child run (its params come with its first result: one write fewer)."""
     assert job.parent_run_id is not None
     tags = {"hyperband.bracket": str(bracket), "hyperband.trial_id": trial_id, "hyperband.status": "running"}
-    return retrying(tracking.create_child, job.tracking_uri, job.parent_run_id, trial_id, tags, started)
+    return retrying(tracking.create_child, job.tracking_uri, job.parent_run_id, trial_id, tags, started,
+                    dataset_inputs(job))
 
 
 def log_trial_rung(job: Job, run_id: str, resource: int, trained: TrainResult | None, score: float | None,
@@ -116,11 +134,15 @@ def keep_best_checkpoint(job: Job, checkpoint: str) -> None:
 
 
 @task(name="register champion", **RETRY)
-def register_champion(job: Job, run_id: str, checkpoint: str) -> int | None:
-    """The best trial's model in its flavour, registered under the experiment's name with alias champion."""
+def register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str, float] | None = None,
+                      resource: int = 0) -> int | None:
+    """The best trial's model in its flavour, with ``metrics`` (its metric, its objectives) linked to it for the
+    validation dataset, listed on the parent run, registered under the experiment's name with alias champion."""
     trainer = factory.get(job.settings)
     model = registry.get(job.settings.model)
-    version = tracking.log_champion(job.tracking_uri, run_id, model, trainer, checkpoint, job.experiment)
+    validation = datasets.mlflow_datasets(job.settings.data)[1] if model.reads_data else None
+    version = tracking.log_champion(job.tracking_uri, run_id, model, trainer, checkpoint, job.experiment, metrics,
+                                    validation, job.parent_run_id, resource)
     if version is None:
         return None
     tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.champion_version": version, "hyperband.best_run_id": run_id})

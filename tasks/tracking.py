@@ -12,7 +12,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from prefect_hyperband.trainers.base import file_lock
 from prefect_hyperband.trainers.errors import InputError, first_line
@@ -139,7 +139,12 @@ def check_reachable(uri: str, timeout: float = 10.0) -> None:
         raise ConnectionError(f"MLflow tracking server {uri} is not reachable ({exc}); start it or pass --tracking-uri") from exc
 
 
-def experiment_id(uri: str, name: str) -> str:
+#: MLflow's experiment kinds (its UI opens ``custom_model_development`` in the Model training view)
+KIND, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
+
+
+def experiment_id(uri: str, name: str, tags: Mapping[str, str] | None = None) -> str:
+    """The experiment ``name``, created with ``tags`` when new (restored when deleted)."""
     c = client(uri)
     found = c.get_experiment_by_name(name)
     if found is not None:
@@ -147,7 +152,7 @@ def experiment_id(uri: str, name: str) -> str:
             c.restore_experiment(found.experiment_id)
         return found.experiment_id
     try:
-        return c.create_experiment(name)
+        return c.create_experiment(name, tags=dict(tags or {}))
     except Exception:  # created concurrently by another job: read it back
         found = c.get_experiment_by_name(name)
         if found is None:
@@ -155,11 +160,39 @@ def experiment_id(uri: str, name: str) -> str:
         return found.experiment_id
 
 
+def model_development(uri: str, name: str, metric: str, greater_is_better: bool) -> tuple[str, str | None]:
+    """The experiment as MLflow's model development kind with the job's primary metric, created so or, if it has no
+    kind yet, tagged so (a primary metric it already names stays); one of another kind a user made is left as it is:
+    (its id, a line saying so, or None)."""
+    from mlflow.utils.mlflow_tags import (MLFLOW_EXPERIMENT_PRIMARY_METRIC_GREATER_IS_BETTER,
+                                          MLFLOW_EXPERIMENT_PRIMARY_METRIC_NAME)
+
+    primary = {MLFLOW_EXPERIMENT_PRIMARY_METRIC_NAME: metric,
+               MLFLOW_EXPERIMENT_PRIMARY_METRIC_GREATER_IS_BETTER: str(greater_is_better).lower()}
+    wanted = {KIND: MODEL_DEVELOPMENT, **primary}
+    exp_id = experiment_id(uri, name, wanted)
+    c = client(uri)
+    tags = c.get_experiment(exp_id).tags
+    kind = tags.get(KIND)
+    if kind not in (None, MODEL_DEVELOPMENT):
+        return exp_id, (f"MLflow experiment {name!r} is of kind {kind!r}; left as it is (its UI may not open the "
+                        "Model training view)")
+    for key, value in ({KIND: MODEL_DEVELOPMENT} if kind is None else {}).items():
+        c.set_experiment_tag(exp_id, key, value)
+    if MLFLOW_EXPERIMENT_PRIMARY_METRIC_NAME not in tags:
+        for key, value in primary.items():
+            c.set_experiment_tag(exp_id, key, value)
+    return exp_id, None
+
+
 @_one_writer
-def start_parent(uri: str, experiment: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+def start_parent(uri: str, experiment: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str],
+                 inputs: Sequence[Any] = ()) -> str:
     c = client(uri)
     run = c.create_run(experiment_id(uri, experiment), run_name=run_name, tags=dict(tags))
     log_params(uri, run.info.run_id, params)
+    if inputs:
+        c.log_inputs(run.info.run_id, datasets=list(inputs))
     return run.info.run_id
 
 
@@ -167,8 +200,10 @@ _experiments: dict[tuple[str, str], str] = {}
 
 
 @_one_writer
-def create_child(uri: str, parent_run_id: str, run_name: str, tags: Mapping[str, str], start_time: float | None = None) -> str:
-    """A nested run of ``parent_run_id`` (one write; the parent's experiment is looked up once per process)."""
+def create_child(uri: str, parent_run_id: str, run_name: str, tags: Mapping[str, str], start_time: float | None = None,
+                 inputs: Sequence[Any] = ()) -> str:
+    """A nested run of ``parent_run_id`` (the parent's experiment is looked up once per process), with the job's
+    dataset ``inputs``."""
     c = client(uri)
     key = (uri, parent_run_id)
     if key not in _experiments:
@@ -179,6 +214,8 @@ def create_child(uri: str, parent_run_id: str, run_name: str, tags: Mapping[str,
         run_name=run_name,
         tags={"mlflow.parentRunId": parent_run_id, **tags},
     )
+    if inputs:
+        c.log_inputs(run.info.run_id, datasets=list(inputs))
     return run.info.run_id
 
 
@@ -310,20 +347,77 @@ def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:
     client(uri).log_text(run_id, text, artifact_file)
 
 
-def log_champion(uri: str, run_id: str, model: Any, trainer: Any, checkpoint: str, name: str) -> int | None:
-    """Log the best trial's model in its flavour on its run (the plug-in's ``log_model``), register it as
-    ``name`` and alias it ``champion``; None when the plug-in had nothing to log."""
+def log_champion(uri: str, run_id: str, model: Any, trainer: Any, checkpoint: str, name: str,
+                 metrics: Mapping[str, float] | None = None, validation: Any = None,
+                 parent_run_id: str | None = None, step: int = 0) -> int | None:
+    """Log the best trial's model in its flavour on its run (the plug-in's ``log_model``), link ``metrics`` to it
+    (for the ``validation`` dataset: the run's own points at ``step``, the resource they were measured at, so its
+    history gains no point), list it among the parent run's outputs, register it as ``name`` and alias it
+    ``champion``; None when the plug-in had nothing to log. MLflow's own lines go to its logger, not the terminal."""
     import mlflow
+    from mlflow.entities import LoggedModelOutput
 
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    with mlflow.start_run(run_id=run_id):
+    with mlflow.start_run(run_id=run_id), _to_logger():
         info = model.log_model(trainer, checkpoint)
     if info is None:
         return None
-    version = int(mlflow.register_model(info.model_uri, name).version)
-    client(uri).set_registered_model_alias(name, CHAMPION, str(version))
+    c = client(uri)
+    model_id = getattr(info, "model_id", None)
+    if model_id:
+        linked = {"dataset_name": validation.name, "dataset_digest": validation.digest} if validation is not None else {}
+        for key, value in (metrics or {}).items():
+            # the run's point at this step, as logged (same key, step, value and time: MLflow keeps one row)
+            same = [m for m in c.get_metric_history(run_id, key) if m.step == step]
+            point = same[-1] if same else None
+            c.log_metric(run_id, key, point.value if point else float(value), step=step, model_id=model_id,
+                         timestamp=point.timestamp if point else None, **linked)
+        if parent_run_id:
+            c.log_outputs(parent_run_id, [LoggedModelOutput(model_id, 0)])
+    with _to_logger():
+        version = int(mlflow.register_model(info.model_uri, name).version)
+    c.set_registered_model_alias(name, CHAMPION, str(version))
     return version
+
+
+@contextlib.contextmanager
+def _to_logger() -> Iterator[None]:
+    """MLflow's prints to stderr ("Successfully registered model ...") as INFO lines of its ``mlflow`` logger, which
+    the CLI keeps in the job's log file (and shows with ``--verbose``). Only this thread's prints are moved."""
+    import logging
+    import sys
+
+    original = sys.stderr
+    logger = logging.getLogger("mlflow")
+    me = threading.get_ident()
+
+    class Lines:
+        inside = False  # MLflow's own handler writes to whatever sys.stderr is: that write goes to the terminal
+
+        def write(self, text: str) -> int:
+            if threading.get_ident() != me or self.inside:
+                return original.write(text)
+            self.inside = True
+            try:
+                for line in text.splitlines():
+                    if line.strip():
+                        logger.info(line.strip())
+            finally:
+                self.inside = False
+            return len(text)
+
+        def flush(self) -> None:
+            original.flush()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(original, name)
+
+    sys.stderr = Lines()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stderr = original
 
 
 def _fmt(value: Any) -> str:

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 def test_two_objectives_front_hypervolume_tags_and_knee_champion_in_mlflow(tracking_uri, tmp_path):
+    """Also MLflow's own conventions: the experiment's kind and primary metric, datasets, the champion's metrics."""
     from prefect_hyperband.flows.tune import tune
 
     result = tune(TuneParams(data="breast-cancer", max_resource=9, eta=3, seed=0, sampler="tpe",
@@ -58,7 +59,7 @@ def test_two_objectives_front_hypervolume_tags_and_knee_champion_in_mlflow(track
     tag = parent.data.tags["hyperband.hypervolume_reference"]
     ref = tuple(float(part.split("=")[1]) for part in tag.split(", "))
     on_front = [v for t, v in values.items() if next(r for r in table if r["trial_id"] == t)["front_rank"] == 0]
-    assert history[-1].value == pytest.approx(pareto.hypervolume(on_front, ref, ("max", "min")), rel=1e-9)
+    assert history[-1].value == pytest.approx(pareto.hypervolume(on_front, ref, ("max", "min")), rel=1e-6)  # the table keeps 10 digits
 
     # the champion is the front's knee, registered with its alias
     points = [front.Point(r["trial_id"], r["resource"], values[r["trial_id"]], 0) for r in table if r["front_rank"] == 0]
@@ -66,6 +67,28 @@ def test_two_objectives_front_hypervolume_tags_and_knee_champion_in_mlflow(track
     assert result["best"]["trial_id"] == knee.trial_id
     version = client.get_model_version_by_alias("mo", "champion")
     assert version.run_id == run_of[knee.trial_id].info.run_id
+
+    # MLflow's conventions (issue 28): the Model training kind, the primary metric, datasets, the linked champion
+    tags = client.get_experiment(parent.info.experiment_id).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    assert tags["mlflow.experiment.primaryMetric.name"] == "val_auc"
+    assert tags["mlflow.experiment.primaryMetric.greaterIsBetter"] == "true"
+    digests = set()
+    for run in [parent, *children]:
+        inputs = client.get_run(run.info.run_id).inputs.dataset_inputs
+        contexts = {i.tags[0].value: i.dataset for i in inputs}
+        assert set(contexts) == {"training", "validation"}
+        assert contexts["training"].name == "breast-cancer (training)"
+        assert json.loads(contexts["validation"].profile)["num_rows"] == 114  # 20% of 569
+        digests.add((contexts["training"].digest, contexts["validation"].digest))
+    assert len(digests) == 1  # one job, one version of its data
+    [output] = client.get_run(parent.info.run_id).outputs.model_outputs  # the parent lists the champion
+    logged = client.get_logged_model(output.model_id)
+    assert logged.source_run_id == run_of[knee.trial_id].info.run_id
+    linked = {m.key: m for m in logged.metrics}
+    assert set(linked) == {"val_auc", "predict_ms"}
+    assert linked["val_auc"].value == pytest.approx(values[knee.trial_id][0])
+    assert linked["val_auc"].dataset_digest == next(iter(digests))[1]  # measured on the validation set
 
 
 def test_a_user_function_with_two_objectives_promotes_by_both(tracking_uri, tmp_path):

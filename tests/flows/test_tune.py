@@ -61,8 +61,17 @@ def test_bank_marketing_1_27_3_end_to_end(tracking_uri, tmp_path):
     # per-rung metric at step = cumulative resource: the bracket s=3 winner has 1, 3, 9, 27
     winner = next(c for c in children if c.data.tags["hyperband.bracket"] == "3" and c.data.tags["hyperband.status"] == "completed")
     steps = [m.step for m in client.get_metric_history(winner.info.run_id, "val_auc")]
-    assert sorted(steps) == [1, 3, 9, 27]
+    assert sorted(steps) == [1, 3, 9, 27]  # the champion's link to its logged model adds no point
     assert winner.data.tags["hyperband.highest_rung"] == "3"
+    # the default job's data as MLflow datasets: the same training and validation digests on every run
+    seen = set()
+    for run in [parent, *children]:
+        inputs = client.get_run(run.info.run_id).inputs.dataset_inputs
+        seen.add(tuple(sorted((i.tags[0].value, i.dataset.name, i.dataset.digest) for i in inputs)))
+    [(training, validation)] = seen
+    assert training[:2] == ("training", "bank-marketing (training)")
+    assert validation[:2] == ("validation", "bank-marketing (validation)")
+    assert client.get_experiment(parent.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
 
     import mlflow
 

@@ -1,0 +1,92 @@
+"""The job's training and validation data as MLflow datasets: name, digest of the content, source, schema, size.
+
+Logged as inputs of the parent run and of every child run (contexts ``training`` and ``validation``), so two
+jobs on two versions of a CSV file differ in the runs table, and the champion's metrics are linked to the
+validation dataset. A user's own trainer or script reads its own data: its runs have none.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import warnings
+from typing import Any
+
+from prefect_hyperband.trainers import data as datasets
+from prefect_hyperband.trainers.data import DataSpec
+
+CONTEXTS = ("training", "validation")
+_SOURCES = {
+    "bank-marketing": "prefect_hyperband/data/" + "/".join(datasets.BANK_MARKETING[1:]),
+    "digits": "sklearn.datasets.load_digits",
+    "breast-cancer": "sklearn.datasets.load_breast_cancer",
+}
+
+
+def digest(*arrays: Any) -> str:
+    """A digest of the content: sha256 over the arrays' shapes, types and bytes (16 hex digits)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def source_of(spec: DataSpec) -> str:
+    """Where the data came from: the CSV file's absolute path, the bundled file, or the scikit-learn loader."""
+    return _SOURCES.get(spec.data) or os.path.abspath(spec.data)
+
+
+@functools.lru_cache(maxsize=8)
+def mlflow_datasets(spec: DataSpec) -> tuple[Any, Any]:
+    """(training, validation) as MLflow pandas datasets: the encoded features and the target, as the trainers see
+    them (cached per process: the digest reads every row once)."""
+    import mlflow.data
+    import pandas as pd
+
+    ds = datasets.load(spec)
+    name = os.path.basename(spec.data) if spec.data not in _SOURCES else spec.data
+    out = []
+    with warnings.catch_warnings():  # MLflow's hints on integer columns and on a path's two readings
+        warnings.simplefilter("ignore")
+        for context, X, y in (("training", ds.X_train, ds.y_train), ("validation", ds.X_val, ds.y_val)):
+            frame = pd.DataFrame(X, columns=ds.feature_names)
+            frame[ds.target] = y
+            out.append(mlflow.data.from_pandas(frame, source=_source(spec), targets=ds.target,
+                                               name=f"{name} ({context})", digest=digest(X, y)))
+    return out[0], out[1]
+
+
+def _source(spec: DataSpec) -> Any:
+    """A dataset source MLflow shows as given: a local file for a CSV, the loader's or package file's name else."""
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+
+    if spec.data in _SOURCES:
+        return CodeDatasetSource(tags={"source": _SOURCES[spec.data], "split_seed": str(spec.seed),
+                                       "validation_fraction": str(spec.validation_fraction)})
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+
+    return resolve_dataset_source(os.path.abspath(spec.data))
+
+
+def inputs(spec: DataSpec | None) -> list[Any]:
+    """The run inputs to log: each dataset with its context tag; none for a user's own code (``spec`` None)."""
+    if spec is None:
+        return []
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    return [DatasetInput(entity, [InputTag(MLFLOW_DATASET_CONTEXT, context)])
+            for entity, context in zip(_entities(spec), CONTEXTS)]
+
+
+@functools.lru_cache(maxsize=8)
+def _entities(spec: DataSpec) -> tuple[Any, ...]:
+    """The datasets as MLflow entities (their schema and profile computed once per job, quietly)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tuple(d._to_mlflow_entity() for d in mlflow_datasets(spec))
+
+
+__all__ = ["CONTEXTS", "digest", "inputs", "mlflow_datasets", "source_of"]

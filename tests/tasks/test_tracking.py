@@ -1,0 +1,30 @@
+"""MLflow's conventions for the job's experiment: its kind and its primary metric."""
+
+from __future__ import annotations
+
+from prefect_hyperband.tasks import tracking
+
+
+def test_a_new_experiment_is_model_development_with_the_jobs_primary_metric(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    exp_id, note = tracking.model_development(uri, "new", "val_loss", greater_is_better=False)
+    tags = tracking.client(uri).get_experiment(exp_id).tags
+    assert note is None
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    assert tags["mlflow.experiment.primaryMetric.name"] == "val_loss"
+    assert tags["mlflow.experiment.primaryMetric.greaterIsBetter"] == "false"
+
+
+def test_an_experiment_with_no_kind_is_tagged_and_one_of_another_kind_left_as_it_is(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = tracking.client(uri)
+    plain = c.create_experiment("plain", tags={"mlflow.experiment.primaryMetric.name": "mine"})
+    genai = c.create_experiment("genai", tags={"mlflow.experimentKind": "genai_development"})
+    assert tracking.model_development(uri, "plain", "val_auc", True) == (plain, None)
+    tags = c.get_experiment(plain).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    assert tags["mlflow.experiment.primaryMetric.name"] == "mine"  # the user's choice stays
+    exp_id, note = tracking.model_development(uri, "genai", "val_auc", True)
+    assert exp_id == genai and "of kind 'genai_development'; left as it is" in note
+    assert c.get_experiment(genai).tags["mlflow.experimentKind"] == "genai_development"
+    assert "mlflow.experiment.primaryMetric.name" not in c.get_experiment(genai).tags
