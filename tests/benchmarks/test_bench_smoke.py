@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -16,7 +17,12 @@ def _load(name: str):
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # a dataclass in the module looks its module up there
-    spec.loader.exec_module(module)
+    saved = dict(os.environ)
+    try:
+        spec.loader.exec_module(module)
+    finally:  # the benchmarks quiet Prefect and MLflow through the environment: not for the tests after these
+        os.environ.clear()
+        os.environ.update(saved)
     return module
 
 

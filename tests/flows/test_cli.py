@@ -172,7 +172,8 @@ def test_tune_printed_to_a_file_is_short_no_task_run_lines_one_summary(tmp_path)
     import os
 
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)  # the CLI starts its own temporary server, as for a user
+    for name in ("PREFECT_API_URL", "PREFECT_LOGGING_LEVEL", "MLFLOW_LOGGING_LEVEL"):
+        env.pop(name, None)  # the CLI starts its own temporary server and logs at its levels, as for a user
     with open(tmp_path / "out.txt", "w") as out:
         proc = subprocess.run(
             [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--model", "synthetic", "--max-resource", "9",
