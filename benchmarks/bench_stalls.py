@@ -20,7 +20,7 @@ Run from the repository root::
     python benchmarks/bench_stalls.py                 # 5 runs at concurrency 1 and 2 (~5 min on 2 cores)
     python benchmarks/bench_stalls.py --runs 2 --concurrency 2
     python benchmarks/bench_stalls.py --api-url http://127.0.0.1:4200/api --tracking-uri http://127.0.0.1:5000
-        # against running servers, e.g. Prefect and MLflow on PostgreSQL (README, Operations 1b)
+        # against running servers, e.g. Prefect and MLflow on PostgreSQL (docs/operations.md, 1b)
 """
 
 from __future__ import annotations

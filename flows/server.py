@@ -10,7 +10,7 @@ second later. The event persister (the UI's event feed) gets the same batches (i
 every 5 s).
 
 Applied to the temporary server the CLI starts, and to the test suite's and the benchmarks'; for a
-server you run yourself, set the same variables where it starts (README, "Operations", "1. Prefect server").
+server you run yourself, set the same variables where it starts (docs/operations.md, "1. Prefect server").
 """
 
 from __future__ import annotations
