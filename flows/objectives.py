@@ -50,7 +50,7 @@ def parse_select(text: str) -> Select:
         raise ValueError(f"select {text!r}: {bound!r} is not a number") from None
 
 
-def check_several(entries: Sequence[str], direction: Optional[str], user_code: bool) -> None:
+def check_several(entries: Sequence[str], user_code: bool) -> None:
     """Each objective after the first needs a direction (a built-in's costs have theirs); a built-in reports only
     its metric and ``COSTS``."""
     for entry in entries[1:]:
@@ -66,7 +66,7 @@ def objectives(entries: Sequence[str], primary: str, direction: Direction, user_
     """Every objective as (its name in MLflow, its direction), the job's metric first; () for one objective."""
     if len(entries) < 2:
         return ()
-    check_several(entries, direction, user_code)
+    check_several(entries, user_code)
     out: list[tuple[str, Direction]] = [(primary, direction)]
     for entry in entries[1:]:
         name, given = parse_entry(entry)

@@ -97,9 +97,7 @@ class TuneParams(BaseModel):
         if isinstance(value, str):
             value = [value]
         if isinstance(value, (list, tuple)):
-            for entry in value:
-                objectives.parse_entry(str(entry))
-            names = [objectives.parse_entry(str(e))[0] for e in value]
+            names = [objectives.parse_entry(str(e))[0] for e in value]  # each entry checked
             if len(set(names)) < len(names):
                 raise ValueError(f"metric names must differ, got {', '.join(names)}")
         return value or None
@@ -141,7 +139,7 @@ class TuneParams(BaseModel):
                 raise ValueError(f"your own {code} needs {', '.join(missing)} (e.g. {example} "
                                  "--metric val_loss --direction minimize --space space.yaml)")
         if self.metric and len(self.metric) > 1:
-            objectives.check_several(self.metric, self.direction, bool(code))
+            objectives.check_several(self.metric, bool(code))
         return self
 
     def trial_concurrency(self, cluster_workers: int | None = None) -> int:

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from prefect_hyperband.hyperband import priors
-from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, first, several, sign
+from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, first, rank, several, sign
 from prefect_hyperband.hyperband.schedule import brackets
 from prefect_hyperband.hyperband.space import Space
 
@@ -86,9 +86,9 @@ class PriorBandSampler:
     # -- what the policy reads ---------------------------------------------------------------------
     def _ranked(self, resource: int) -> list[dict[str, Any]]:
         """The configs scored at ``resource``, best first by the (first) objective."""
-        ok = [(c, first(v)) for c, v in self.observations.get(resource, []) if v is not None]
-        way = sign(self.direction)
-        return [c for c, _ in sorted(ok, key=lambda cv: -way * cv[1])]  # type: ignore[operator]
+        told = self.observations.get(resource, [])
+        scores = {f"{i:06d}": first(v) for i, (_, v) in enumerate(told) if v is not None}  # ties: in the order told
+        return [told[int(i)][0] for i in rank(scores, self.direction[0] if several(self.direction) else self.direction)]  # type: ignore[index]
 
     def incumbent(self) -> dict[str, Any] | None:
         """The best config at the highest resource with a result."""

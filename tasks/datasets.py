@@ -33,11 +33,6 @@ def digest(*arrays: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def source_of(spec: DataSpec) -> str:
-    """Where the data came from: the CSV file's absolute path, the bundled file, or the scikit-learn loader."""
-    return _SOURCES.get(spec.data) or os.path.abspath(spec.data)
-
-
 @functools.lru_cache(maxsize=8)
 def mlflow_datasets(spec: DataSpec) -> tuple[Any, Any]:
     """(training, validation) as MLflow pandas datasets: the encoded features and the target, as the trainers see
@@ -89,4 +84,4 @@ def _entities(spec: DataSpec) -> tuple[Any, ...]:
         return tuple(d._to_mlflow_entity() for d in mlflow_datasets(spec))
 
 
-__all__ = ["CONTEXTS", "digest", "inputs", "mlflow_datasets", "source_of"]
+__all__ = ["CONTEXTS", "digest", "inputs", "mlflow_datasets"]
