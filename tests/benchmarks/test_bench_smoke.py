@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -49,6 +50,23 @@ def test_priors_bench_runs_a_whole_synthetic_job_and_times_each_target():
     result = bench.run(problem, "priorband", problem.good, 0, (1.0, -1.0))  # reached at once; never
     assert result["reached"][0] is not None and result["reached"][1] is None
     assert 0 < result["reached"][0] <= result["total"] and result["best"] < 0.05
+
+
+def test_priors_bench_runs_asha_one_trial_rung_at_a_time():
+    bench = _load("bench_priors")
+    problem = bench.synthetic(0.0)
+    result = bench.run(problem, "priorband", problem.good, 0, (1.0,), mode="asha")
+    assert result["reached"][0] is not None and result["best"] < 0.05
+
+
+def test_priors_bench_xgboost_target_is_a_quantile_of_its_own_reference_draws():
+    """The per-seed target comes from uniform configs trained straight to R on that seed's split, no sampler's."""
+    bench = _load("bench_priors")
+    problem = bench.xgboost("xgboost-digits", max_resource=1, reference=5)
+    trainer = problem.trainer(3)
+    values = [v for v, _ in bench.straight_to(1, trainer, problem.space, 5, 10_003)]
+    assert problem.direction == "min" and len(set(values)) > 1
+    assert problem.target(3) == pytest.approx(float(np.quantile(values, 0.1)))  # the same draws: the same target
 
 
 def test_table_formats_rows():
