@@ -108,9 +108,9 @@ def _record(uri: str, run_id: str, result: dict[str, Any], rows: list[scaling.Sc
                                            "worker_seconds": r.worker_seconds, "wall_seconds": r.wall_seconds,
                                            "time_to_target": r.time_to_target}, step=r.workers)
     try:
-        from prefect_hyperband.tasks.report import _figure
+        from prefect_hyperband.tasks.report import figure
 
-        fig = _figure(9.0, 4.0)
+        fig = figure(9.0, 4.0)
         left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
         ns = [r.workers for r in rows]
         left.plot(ns, [r.tuned_score for r in rows], "o-", label="tuned at N")

@@ -89,7 +89,8 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
     except JobStopped as stop:
         return _stopped(job, scheduler, runs, stop, logger)
     records = scheduler.records()
-    summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed, run.lost, runs)
+    points = front.points(records, job.directions) if job.objectives else []  # several objectives: the front, once
+    summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed, run.lost, runs, points)
     version = None
     best_file = job.store().fetch(best["checkpoint"]) if best is not None else None  # local, wherever it was trained
     if best is not None and params.register_model and registry.get(job.settings.model).log_model is not None:
@@ -128,12 +129,11 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         extra={"MLflow parent run": job.parent_run_id, "champion version": version},
     )
     if job.objectives:
-        log_front(job, records, run.rows, runs, best["trial_id"] if best else None)
+        log_front(job, records, run.rows, runs, best["trial_id"] if best else None, points)
     text = table(summary)
     if job.objectives:  # the front under the summary
         names = [name for name, _ in job.objectives]
-        text += "\n" + front.table(front.points(records, job.directions), names, job.directions,
-                                   best["trial_id"] if best else None)
+        text += "\n" + front.table(points, names, job.directions, best["trial_id"] if best else None)
     finish_job_run(job, metrics, best_config, summary.to_json(), text)
     logger.info("summary\n%s", text, extra={"hyperband_terminal": False})  # the CLI prints it once
     return {
@@ -173,8 +173,10 @@ def _adopt_runs(job: Job, runs: dict[str, str]) -> None:
 
 
 def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], default_score: float | None,
-               wall: float, lost: float = 0.0, runs: dict[str, str] | None = None) -> tuple[Summary, dict | None]:
-    found = champion(job, records)
+               wall: float, lost: float = 0.0, runs: dict[str, str] | None = None,
+               points: list[front.Point] | None = None) -> tuple[Summary, dict | None]:
+    points = points if points is not None or not job.objectives else front.points(records, job.directions)
+    found = champion(job, records, points)
     best = None
     if found is not None:
         t, resource, value = found
@@ -196,7 +198,7 @@ def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]],
     )
     if job.objectives:
         summary = replace(summary, objectives=tuple(name for name, _ in job.objectives),
-                          front_size=sum(p.front == 0 for p in front.points(records, job.directions)))
+                          front_size=sum(p.front == 0 for p in points or []))
     return summary, best
 
 
@@ -207,12 +209,13 @@ def _champion_metrics(job: Job, best: dict[str, Any]) -> dict[str, float]:
     return {name: float(v) for (name, _), v in zip(job.objectives, best["values"])}
 
 
-def champion(job: Job, records: list[TrialRecord]) -> tuple[TrialRecord, int, Score] | None:
+def champion(job: Job, records: list[TrialRecord],
+             points: list[front.Point] | None = None) -> tuple[TrialRecord, int, Score] | None:
     """The trial, resource and score to register: the best seen (one metric); of several objectives, the point of
-    the Pareto front that ``--select`` picks."""
+    the Pareto front (``points``, computed here if not given) that ``--select`` picks."""
     if not job.objectives:
         return best_of(records, job.direction)
-    on_front = [p for p in front.points(records, job.directions) if p.front == 0]
+    on_front = [p for p in (points if points is not None else front.points(records, job.directions)) if p.front == 0]
     names = [name for name, _ in job.objectives]
     chosen, note = front.choose(on_front, job.directions, names, objectives.parse_select(job.select))
     if note:

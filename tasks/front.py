@@ -13,18 +13,18 @@ from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.tasks import tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import RETRY, retrying
-from prefect_hyperband.tasks.report import _figure
+from prefect_hyperband.tasks.report import figure
 
 
 @task(name="log pareto front", **RETRY)
 def log_front(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], runs: dict[str, str],
-              champion: str | None) -> dict[str, Any]:
+              champion: str | None, points: list[front.Point] | None = None) -> dict[str, Any]:
     """On the parent run: the front's table (``pareto_front.json``) and plot (``pareto_front.png``), the
     ``hypervolume`` after each trial-rung (its curve) against the reference point in its tags, and the front's
-    size; each child run's ``hyperband.front_rank`` (0: on the front)."""
+    size; each child run's ``hyperband.front_rank`` (0: on the front). ``points``: the front the flow computed."""
     assert job.parent_run_id is not None
     names = [name for name, _ in job.objectives]
-    points = front.points(records, job.directions)
+    points = points if points is not None else front.points(records, job.directions)
     configs = {t.trial_id: t.config for t in records}
     table = [{"trial_id": p.trial_id, "front_rank": p.front, "resource": p.resource, **dict(zip(names, p.values)),
               **{f"config.{k}": v for k, v in configs[p.trial_id].items()}} for p in points]
@@ -66,7 +66,7 @@ def _in_order(records: list[TrialRecord], rows: list[dict[str, Any]]) -> list[tu
 
 def plot_front(points: list[front.Point], names: list[str], champion: str | None):
     """The first two objectives: every trial at its highest rung, the front highlighted, the champion starred."""
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot(1, 1, 1)
     rest = [p for p in points if p.front > 0]
     on = sorted((p for p in points if p.front == 0), key=lambda p: p.values[0])

@@ -153,7 +153,7 @@ def publish_summary(
 # ---------------------------------------------------------------- plots
 
 
-def _figure(width: float = 7.0, height: float = 4.5):
+def figure(width: float = 7.0, height: float = 4.5):
     """A pyplot-free Agg figure: safe from worker threads, nothing to close globally."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -175,7 +175,7 @@ def _bracket_colours(brackets: Sequence[int]) -> dict[int, Any]:
 def plot_metric_vs_resource(rows: Iterable[Row], metric: str, direction: str):
     """One line per trial through its evaluated rungs (resource on a log axis), coloured by bracket."""
     rows = [r for r in _rows(rows) if not failed(r.score)]
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot(1, 1, 1)
     by_trial: dict[str, list[TrialRung]] = {}
     for r in rows:
@@ -233,7 +233,7 @@ def plot_best_vs_worker_seconds(rows: Iterable[Row], metric: str, direction: str
         spent += r.train_seconds * r.workers + r.eval_seconds
         if not failed(r.score):
             dots.append((spent, r.score))
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot(1, 1, 1)
     if dots:
         ax.scatter([d[0] for d in dots], [d[1] for d in dots], s=10, color="0.6", label="trial-rung")
