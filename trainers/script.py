@@ -229,8 +229,21 @@ def _failure(code: int, log: Path) -> str:
         text = ""
     found = _RANK_FAILED.search(text)
     if found is None:
-        return f"exited with code {code}; last output:\n{_tail(text)}"
-    return f"exited with code {found.group(1)} (local rank {found.group(2)}); last output:\n{_tail(text[: found.start()])}"
+        reason = f"exited with code {code}; last output:\n{_tail(text)}"
+    else:
+        tail = _tail(text[: found.start()])
+        reason = f"exited with code {found.group(1)} (local rank {found.group(2)}); last output:\n{tail}"
+    if _SHUTDOWN_ABORT in text:
+        reason += "\n" + SHUTDOWN_HINT
+    return reason
+
+
+#: what a rank prints when torch's gloo thread frees a work object while Python shuts down (SIGABRT, after the
+#: script's work is done; pytorch/pytorch#179291)
+_SHUTDOWN_ABORT = "terminate called without an active exception"
+SHUTDOWN_HINT = ("(if that abort came after the script's work was done, it is torch's gloo race at exit: end the "
+                 "script with sys.stdout.flush(); os._exit(0) after dist.destroy_process_group(), as "
+                 "examples/ddp_digits.py does)")
 
 
 def _tail(text: str, lines: int = TAIL_LINES) -> str:
