@@ -216,6 +216,9 @@ class DaskRanks:
     def _attempt(self, task: Callable[..., Any], job: Mapping[str, Any], previous: Any, group: tuple[str, ...],
                  data: Any, ends: float) -> list[Any]:
         alive = self.client.scheduler_info()["workers"]
+        gone = [a for a in group if a not in alive]
+        if gone:  # left since the group was taken (CI: a KeyError here failed the trial-rung instead)
+            raise GroupLost(group, gone, None)
         hosts = [alive[a]["host"] for a in group]
         try:  # a port on the first worker for the ranks to meet at (a task of one, a user's function, meets nobody)
             port = self._ports.get(group) or (

@@ -126,3 +126,14 @@ def test_a_reserved_group_is_the_one_its_thread_takes_and_a_retry_after_a_loss_t
     assert group == (A, B) and tried == [(A, B), (C, D)] and ran.group == (C, D)  # the retry left the lost group
     with placement(object()) as here:  # a trainer without a cluster's groups trains here
         assert here == ()
+
+
+def test_a_worker_gone_between_taking_its_group_and_launching_is_a_lost_group_not_a_key_error(monkeypatch):
+    """CI: a worker killed just after its group was taken failed the trial-rung with KeyError(address); it is a
+    GroupLost, so the trial-rung runs again on another group."""
+    client = FakeClient([A, B, C, D])
+    monkeypatch.setattr(dask_groups, "connect", lambda address, workers: client)
+    r = DaskRanks("tcp://head:8786", 2)
+    client.workers.remove(B)
+    with pytest.raises(GroupLost, match=f"{B} of group {A}, {B} left the cluster$"):
+        r._attempt(print, {}, None, (A, B), None, ends=0.0)
