@@ -173,16 +173,16 @@ def _adopt_runs(job: Job, runs: dict[str, str]) -> None:
 
 
 def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], default_score: float | None,
-               wall: float, lost: float = 0.0, runs: dict[str, str] | None = None,
-               points: list[front.Point] | None = None) -> tuple[Summary, dict | None]:
-    points = points if points is not None or not job.objectives else front.points(records, job.directions)
+               wall: float, lost: float, runs: dict[str, str],
+               points: list[front.Point]) -> tuple[Summary, dict | None]:
+    """The job's summary and its champion; ``points``: the front of several objectives (empty with one metric)."""
     found = champion(job, records, points)
     best = None
     if found is not None:
         t, resource, value = found
         best = {"trial_id": t.trial_id, "resource": resource, "score": first(value), "config": t.config,
                 **({"values": list(value)} if isinstance(value, tuple) else {}),
-                "run_id": (runs or {}).get(t.trial_id), "checkpoint": job.checkpoint_url(t.trial_id, resource), "bracket": t.bracket}
+                "run_id": runs.get(t.trial_id), "checkpoint": job.checkpoint_url(t.trial_id, resource), "bracket": t.bracket}
     summary = summarise(
         [TrialRung(**r) for r in rows],
         metric=job.metric_key,  # the metric's one name: MLflow's, the leaderboard's, the summary's, the plots'
@@ -198,7 +198,7 @@ def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]],
     )
     if job.objectives:
         summary = replace(summary, objectives=tuple(name for name, _ in job.objectives),
-                          front_size=sum(p.front == 0 for p in points or []))
+                          front_size=sum(p.front == 0 for p in points))
     return summary, best
 
 
@@ -209,13 +209,12 @@ def _champion_metrics(job: Job, best: dict[str, Any]) -> dict[str, float]:
     return {name: float(v) for (name, _), v in zip(job.objectives, best["values"])}
 
 
-def champion(job: Job, records: list[TrialRecord],
-             points: list[front.Point] | None = None) -> tuple[TrialRecord, int, Score] | None:
+def champion(job: Job, records: list[TrialRecord], points: list[front.Point]) -> tuple[TrialRecord, int, Score] | None:
     """The trial, resource and score to register: the best seen (one metric); of several objectives, the point of
-    the Pareto front (``points``, computed here if not given) that ``--select`` picks."""
+    the Pareto front (``points``) that ``--select`` picks."""
     if not job.objectives:
         return best_of(records, job.direction)
-    on_front = [p for p in (points if points is not None else front.points(records, job.directions)) if p.front == 0]
+    on_front = [p for p in points if p.front == 0]
     names = [name for name, _ in job.objectives]
     chosen, note = front.choose(on_front, job.directions, names, objectives.parse_select(job.select))
     if note:

@@ -18,13 +18,12 @@ from prefect_hyperband.tasks.report import figure
 
 @task(name="log pareto front", **RETRY)
 def log_front(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], runs: dict[str, str],
-              champion: str | None, points: list[front.Point] | None = None) -> dict[str, Any]:
+              champion: str | None, points: list[front.Point]) -> dict[str, Any]:
     """On the parent run: the front's table (``pareto_front.json``) and plot (``pareto_front.png``), the
     ``hypervolume`` after each trial-rung (its curve) against the reference point in its tags, and the front's
     size; each child run's ``hyperband.front_rank`` (0: on the front). ``points``: the front the flow computed."""
     assert job.parent_run_id is not None
     names = [name for name, _ in job.objectives]
-    points = points if points is not None else front.points(records, job.directions)
     configs = {t.trial_id: t.config for t in records}
     table = [{"trial_id": p.trial_id, "front_rank": p.front, "resource": p.resource, **dict(zip(names, p.values)),
               **{f"config.{k}": v for k, v in configs[p.trial_id].items()}} for p in points]
