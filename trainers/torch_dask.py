@@ -194,13 +194,14 @@ class DaskRanks:
         lost, reasons = 0.0, []
         while True:
             with self._groups.take() as (group, data):
-                gone = self._gone(group)
-                if gone:  # lost while free: no work lost, no attempt spent
+                alive = self.client.scheduler_info()["workers"]  # one look: the check and the hosts agree
+                if self._gone(group, alive):  # lost while free: no work lost, no attempt spent
                     self._groups.retire(group)
                     continue
+                hosts = [alive[a]["host"] for a in group]
                 began = time.monotonic()
                 try:
-                    results = self._attempt(task, job, previous, group, data, ends)
+                    results = self._attempt(task, job, previous, group, hosts, data, ends)
                 except GroupLost as exc:
                     lost += (time.monotonic() - began) * len(group)
                     reasons.append(str(exc))
@@ -214,12 +215,7 @@ class DaskRanks:
             return Ran(results, group, warm, lost, len(reasons) + 1)
 
     def _attempt(self, task: Callable[..., Any], job: Mapping[str, Any], previous: Any, group: tuple[str, ...],
-                 data: Any, ends: float) -> list[Any]:
-        alive = self.client.scheduler_info()["workers"]
-        gone = [a for a in group if a not in alive]
-        if gone:  # left since the group was taken (CI: a KeyError here failed the trial-rung instead)
-            raise GroupLost(group, gone, None)
-        hosts = [alive[a]["host"] for a in group]
+                 hosts: list[str], data: Any, ends: float) -> list[Any]:
         try:  # a port on the first worker for the ranks to meet at (a task of one, a user's function, meets nobody)
             port = self._ports.get(group) or (
                 self.client.run(free_port, workers=[group[0]])[group[0]] if self.rendezvous else 0)
@@ -260,8 +256,9 @@ class DaskRanks:
         for f in futures:
             f.cancel()
 
-    def _gone(self, group: tuple[str, ...]) -> list[str]:
-        alive = self.client.scheduler_info()["workers"]
+    def _gone(self, group: tuple[str, ...], alive: Mapping[str, Any] | None = None) -> list[str]:
+        """The group's workers not among ``alive`` (the scheduler's workers, asked now if not given)."""
+        alive = self.client.scheduler_info()["workers"] if alive is None else alive
         return [a for a in group if a not in alive]
 
     def _lost(self, group: tuple[str, ...], futures: list, grace: float = LOST_GRACE) -> list[str]:
