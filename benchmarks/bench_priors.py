@@ -18,7 +18,8 @@ Problems:
 
 The XGBoost problems' worker-seconds are measured training and evaluation seconds. Per sampler: how many seeds
 reached the target, the mean worker-seconds to reach it (a seed that never did counts its whole job, a lower
-bound: marked ``>=``), each seed's, and that mean over random's, measured in the same run. Targets: priorband with
+bound: marked ``>=``), each seed's with the resource of the result that reached it (``r=``), and that mean over
+random's, measured in the same run. Targets: priorband with
 a good prior at most 0.5x random's, with a bad prior at most 1.5x.
 
 Each problem's target is fixed before any sampler runs, by no sampler:
@@ -159,13 +160,14 @@ def scheduler(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed
 
 def run(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed: int,
         targets: tuple[float, ...], mode: str = "hyperband") -> dict[str, Any]:
-    """The whole job, inline: the worker-seconds when the best-so-far first reached each target (None: never),
-    the job's total and its final best."""
+    """The whole job, inline: the worker-seconds when the best-so-far first reached each target (None: never) and
+    the resource of the result that reached it, the job's total and its final best."""
     sched = scheduler(problem, sampler, prior, seed, mode)
     trainer = problem.trainer(seed)
     better = (lambda a, b: a >= b) if problem.direction == "max" else (lambda a, b: a <= b)
     spent, best = 0.0, None
     reached: list[float | None] = [None] * len(targets)
+    at_resource: list[int | None] = [None] * len(targets)
     with tempfile.TemporaryDirectory(prefix="bench-priors-") as tmp:
         while not sched.done:
             job = sched.next_job()
@@ -177,9 +179,11 @@ def run(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed: int,
             spent += time.perf_counter() - began
             sched.report(job.trial_id, job.resource, value, trained.checkpoint)
             best = value if best is None or better(value, best) else best
-            reached = [at if at is not None or not better(best, t) else spent for at, t in zip(reached, targets)]
+            now = [at is None and better(best, t) for at, t in zip(reached, targets)]
+            reached = [spent if hit else at for at, hit in zip(reached, now)]
+            at_resource = [job.resource if hit else r for r, hit in zip(at_resource, now)]
     trainer.close()
-    return {"reached": reached, "total": spent, "best": best}
+    return {"reached": reached, "resource": at_resource, "total": spent, "best": best}
 
 
 SAMPLERS = [("random", "random", None), ("tpe", "tpe", None), ("priorband, good prior", "priorband", "good"),
@@ -233,7 +237,7 @@ def main() -> None:
                          ("≥ " if censored else "") + f"{means[label]:.2f}",
                          f"{statistics.fmean(r['total'] for r in runs):.2f}",
                          f"{statistics.fmean(r['best'] for r in runs):.4f}"])
-            per_seed = ", ".join(f"{c:.2f}" + ("" if r["reached"][0] is not None else " (never)")
+            per_seed = ", ".join(f"{c:.2f}" + (f" (r={r['resource'][0]})" if r["reached"][0] is not None else " (never)")
                                  for c, r in zip(costs, runs))
             print(f"   {label}: {rows[-1][1]} reached, mean worker-s to target {rows[-1][2]}; per seed {per_seed}",
                   flush=True)

@@ -9,7 +9,7 @@ or from a local search around the incumbent, in proportions that follow the brac
 * Once the job has a result at R, has spent one largest bracket's worth of resource, and has a rung with at least
   η results, the prior's share is split between the prior and the incumbent: the top ⌊n/η⌋ configs of the highest
   such rung, weighted K, K-1, ..., 1 by rank, are scored under the prior's density and under the same shape centred
-  on the incumbent (the best config at the highest resource with a result); the shares follow the two sums. An
+  on the incumbent (the best result so far, at any resource, as NePS takes it); the shares follow the two sums. An
   incumbent draw is a mutation of it (each parameter moved with probability 0.5, a normal of 0.25 on its unit
   interval).
 
@@ -84,28 +84,25 @@ class PriorBandSampler:
         self.observations.setdefault(resource, []).append((dict(config), as_score(score)))
 
     # -- what the policy reads ---------------------------------------------------------------------
-    def _ranked(self, resource: int) -> list[dict[str, Any]]:
-        """The configs scored at ``resource``, best first by the (first) objective."""
-        told = self.observations.get(resource, [])
-        scores = {f"{i:06d}": first(v) for i, (_, v) in enumerate(told) if v is not None}  # ties: in the order told
+    def _ranked(self, told: list[tuple[dict[str, Any], Score]]) -> list[dict[str, Any]]:
+        """The configs of ``told`` that have a score, best first by the (first) objective; ties in the order told."""
+        scores = {f"{i:06d}": first(v) for i, (_, v) in enumerate(told) if v is not None}
         return [told[int(i)][0] for i in rank(scores, self.direction[0] if several(self.direction) else self.direction)]  # type: ignore[index]
 
     def incumbent(self) -> dict[str, Any] | None:
-        """The best config at the highest resource with a result."""
-        for resource in sorted(self.observations, reverse=True):
-            ranked = self._ranked(resource)
-            if ranked:
-                return ranked[0]
-        return None
+        """The best config of every result told, at any resource: NePS's global incumbent (the best row of all
+        completed trial-rungs), like the best the job returns (``scheduler.best_of``). Ties: the higher resource."""
+        ranked = self._ranked([o for r in sorted(self.observations, reverse=True) for o in self.observations[r]])
+        return ranked[0] if ranked else None
 
     def _split(self) -> tuple[float, float] | None:
         """(prior score, incumbent score) of the top configs, or None while the incumbent is not yet trusted."""
-        scored = {r: len(self._ranked(r)) for r in self.observations}
+        scored = {r: len(self._ranked(obs)) for r, obs in self.observations.items()}
         spent = sum(n * self.step_cost.get(r, r) for r, n in scored.items())
         enough = [r for r, n in scored.items() if n >= self.eta]
         if not scored.get(self.max_resource) or spent < self.bracket_cost or not enough:
             return None
-        top = self._ranked(max(enough))
+        top = self._ranked(self.observations[max(enough)])
         k = len(top) // self.eta
         incumbent = self.incumbent()
         assert incumbent is not None

@@ -50,6 +50,7 @@ def test_priors_bench_runs_a_whole_synthetic_job_and_times_each_target():
     result = bench.run(problem, "priorband", problem.good, 0, (1.0, -1.0))  # reached at once; never
     assert result["reached"][0] is not None and result["reached"][1] is None
     assert 0 < result["reached"][0] <= result["total"] and result["best"] < 0.05
+    assert result["resource"] == [1, None]  # the first result, at r=1 of the widest bracket, reached 1.0
 
 
 def test_priors_bench_runs_asha_one_trial_rung_at_a_time():

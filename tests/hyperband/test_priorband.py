@@ -103,6 +103,21 @@ def test_shares_once_trusted_split_the_prior_by_the_top_configs_likelihoods() ->
     assert sampler.incumbent() == {"x": 0.9}
 
 
+def test_the_incumbent_is_the_best_result_at_any_resource_as_neps_takes_it() -> None:
+    sampler = PriorBandSampler(ONE, 0, "min", 1, 9, 3)
+    for i in range(9):
+        sampler.tell({"x": i / 10}, 1, 1.0 - i / 100)
+    for x, loss in ((0.3, 0.1), (0.7, 0.6), (0.8, 0.7)):  # x = .3 at r=3 beats the result at R below
+        sampler.tell({"x": x}, 3, loss)
+    sampler.tell({"x": 0.9}, 9, 0.2)
+    assert sampler.incumbent() == {"x": 0.3}
+    # the top 1 of r=3 is x = .3 itself: the density around the incumbent is centred on it
+    prior, incumbent = _phi_mass(0.3, 0.5), _phi_mass(0.3, 0.3)
+    assert sampler.shares(0)["incumbent"] == pytest.approx(0.5 * incumbent / (prior + incumbent))
+    sampler.tell({"x": 0.6}, 9, 0.1)  # a tie at a higher resource wins it
+    assert sampler.incumbent() == {"x": 0.6}
+
+
 def test_draws_resume_exactly_from_json() -> None:
     a = PriorBandSampler(SPACE, 7, "max", 1, 27, 3)
     for _ in range(5):
