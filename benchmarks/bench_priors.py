@@ -7,7 +7,9 @@ where configs come from.
 * ``random``: the job's default (each bracket's configs drawn uniformly, seeded by (seed, s)).
 * ``tpe``: Optuna's TPE fitted per rung, brackets in turn (BOHB), on the same space (no priors).
 * ``priorband, good prior`` / ``priorband, bad prior``: ``--sampler priorband`` with the space's ``prior`` near a
-  good region / in a poor one (``confidence: medium``).
+  good region / in a poor one (``confidence: medium``);
+* ``priorband + prior first, good`` / ``bad``: the same after the priors' mode trained straight to R
+  (``--prior-first``, as PriorBand ran when it was published).
 
 Problems:
 
@@ -136,14 +138,16 @@ def with_prior(space: dict[str, dict[str, Any]], values: dict[str, Any]) -> dict
     return {name: {**spec, "prior": values[name], "confidence": "medium"} for name, spec in space.items()}
 
 
-def scheduler(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed: int, mode: str = "hyperband"):
+def scheduler(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed: int, mode: str = "hyperband",
+              prior_first: bool = False):
     """The job's scheduler as the job makes it (flows/state.make_scheduler): synchronous brackets (in turn for TPE
-    and PriorBand), or ASHA with as many configs as the brackets would draw."""
-    from prefect_hyperband.hyperband import schedule
+    and PriorBand), or ASHA with as many configs as the brackets would draw; after the priors' mode trained to R
+    with ``prior_first`` (``--prior-first``)."""
+    from prefect_hyperband.hyperband import priors, schedule
     from prefect_hyperband.hyperband.asha import AshaState
     from prefect_hyperband.hyperband.priorband import PriorBandSampler
     from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
-    from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler
+    from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, PriorFirst
     from prefect_hyperband.hyperband.space import parse
 
     space = parse(with_prior(problem.space, prior) if prior else problem.space)
@@ -152,17 +156,19 @@ def scheduler(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed
               else PriorBandSampler(space, seed, way, r, big, eta))
     if mode == "asha":
         configs = schedule.plan_summary(r, big, eta)["configs"]
-        return AshaScheduler(AshaState.create(r, big, eta, way), chosen, configs)
-    if sampler == "random":
-        return HyperbandScheduler(r, big, eta, way, space, seed)
-    return HyperbandScheduler(r, big, eta, way, space, seed, chosen, sequential=True)
+        inner: Any = AshaScheduler(AshaState.create(r, big, eta, way), chosen, configs)
+    elif sampler == "random":
+        inner = HyperbandScheduler(r, big, eta, way, space, seed)
+    else:
+        inner = HyperbandScheduler(r, big, eta, way, space, seed, chosen, sequential=True)
+    return PriorFirst(inner, priors.mode(space), big) if prior_first else inner
 
 
 def run(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed: int,
-        targets: tuple[float, ...], mode: str = "hyperband") -> dict[str, Any]:
+        targets: tuple[float, ...], mode: str = "hyperband", prior_first: bool = False) -> dict[str, Any]:
     """The whole job, inline: the worker-seconds when the best-so-far first reached each target (None: never) and
     the resource of the result that reached it, the job's total and its final best."""
-    sched = scheduler(problem, sampler, prior, seed, mode)
+    sched = scheduler(problem, sampler, prior, seed, mode, prior_first)
     trainer = problem.trainer(seed)
     better = (lambda a, b: a >= b) if problem.direction == "max" else (lambda a, b: a <= b)
     spent, best = 0.0, None
@@ -186,8 +192,11 @@ def run(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed: int,
     return {"reached": reached, "resource": at_resource, "total": spent, "best": best}
 
 
-SAMPLERS = [("random", "random", None), ("tpe", "tpe", None), ("priorband, good prior", "priorband", "good"),
-            ("priorband, bad prior", "priorband", "bad")]
+#: (label, --sampler, which prior, --prior-first)
+SAMPLERS = [("random", "random", None, False), ("tpe", "tpe", None, False),
+            ("priorband, good prior", "priorband", "good", False), ("priorband, bad prior", "priorband", "bad", False),
+            ("priorband + prior first, good", "priorband", "good", True),
+            ("priorband + prior first, bad", "priorband", "bad", True)]
 
 
 def derive_priors(name: str, max_resource: int) -> None:
@@ -227,9 +236,9 @@ def main() -> None:
               f"target per seed {shown} "
               f"({problem.direction})", flush=True)
         rows, means = [], {}
-        for label, sampler, which in SAMPLERS:
+        for label, sampler, which, first in SAMPLERS:
             prior = {"good": problem.good, "bad": problem.bad}.get(which or "")
-            runs = [run(problem, sampler, prior, seed, (targets[seed],), args.mode) for seed in seeds]
+            runs = [run(problem, sampler, prior, seed, (targets[seed],), args.mode, first) for seed in seeds]
             costs = [r["reached"][0] if r["reached"][0] is not None else r["total"] for r in runs]
             censored = any(r["reached"][0] is None for r in runs)
             means[label] = statistics.fmean(costs)
@@ -244,9 +253,12 @@ def main() -> None:
         for row in rows:
             row.append(f"{means[row[0]] / means['random']:.2f}x")
         print(common.table(rows, ["sampler", "reached", "worker-s to target", "job worker-s", "final best", "x random"]))
-        good, bad = means["priorband, good prior"] / means["random"], means["priorband, bad prior"] / means["random"]
-        print(f"priorband good prior {good:.2f}x random (target <= 0.5x): {'met' if good <= 0.5 else 'MISSED'}; "
-              f"bad prior {bad:.2f}x random (target <= 1.5x): {'met' if bad <= 1.5 else 'MISSED'}")
+        for name, good_row, bad_row in (("priorband", "priorband, good prior", "priorband, bad prior"),
+                                        ("priorband + prior first", "priorband + prior first, good",
+                                         "priorband + prior first, bad")):
+            good, bad = means[good_row] / means["random"], means[bad_row] / means["random"]
+            print(f"{name} good prior {good:.2f}x random (target <= 0.5x): {'met' if good <= 0.5 else 'MISSED'}; "
+                  f"bad prior {bad:.2f}x random (target <= 1.5x): {'met' if bad <= 1.5 else 'MISSED'}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from prefect_hyperband.flows.state import save_state
 from prefect_hyperband.flows.tracker import MlflowTracker
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.promotion import first, sort_key
-from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, best_of
+from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, PRIOR_TRIAL, Decision, Scheduler, best_of
 from prefect_hyperband.tasks import report
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import close_trial_runs
@@ -93,6 +93,9 @@ class _Events:
         _show_result(self.job, self.scheduler, out)
         if out.error:
             self.logger.warning("trial %s failed at r=%d: %s", todo.trial_id, todo.resource, out.error)
+        elif todo.trial_id == PRIOR_TRIAL:
+            self.logger.info("the priors' mode at r=%d: %s %s (trial %s, trained first)", todo.resource,
+                             self.job.metric_key, "n/a" if out.metric is None else f"{out.metric:.4f}", PRIOR_TRIAL)
         for d in decisions:
             if d.kind == "rung_closed":
                 self._rung(d, decisions)
@@ -122,6 +125,8 @@ def _show_start(job: Job, rows: list[dict[str, Any]]) -> None:
         return
     plan = schedule.plan_summary(job.min_resource, job.max_resource, job.eta)
     planned = {b["s"]: sum(r["n_configs"] for r in b["rungs"]) for b in plan["brackets"]}
+    if job.prior_first:
+        planned[PRIOR_BRACKET] = 1
     done = Counter(int(r["bracket"]) for r in rows)
     display.start(display.Start(job.job_id, job.mode, job.metric_key, planned, dict(done)))
 

@@ -12,7 +12,7 @@ from typing import Any
 from prefect_hyperband.flows import objectives
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.state import check_free, job_store, load_job_record
-from prefect_hyperband.hyperband import schedule, space as spaces
+from prefect_hyperband.hyperband import priors, schedule, space as spaces
 from prefect_hyperband.hyperband.promotion import Direction
 from prefect_hyperband.tasks import storage as storages
 from prefect_hyperband.tasks.job import Job
@@ -97,6 +97,9 @@ def prepare(params: TuneParams) -> Job:
         space = spaces.load(params.space, known, params.model)
     else:
         space = spaces.parse(default_space, known, params.model)
+    if params.prior_first and not priors.has_priors(space):
+        raise InputError("--prior-first trains the space's priors first, but no parameter of the space has one; "
+                         "give it a prior: value (docs/search-spaces.md)")
     spec = datasets.DataSpec(
         data=_on_every_machine(params.data, params.trial_pool),
         target=params.target,
@@ -185,6 +188,7 @@ def prepare(params: TuneParams) -> Job:
         concurrency=concurrency,
         mode=params.mode,
         sampler=params.sampler,
+        prior_first=params.prior_first,
         parent_run_id=parent_run_id,
         trial_timeout=params.trial_timeout,
         storage=None if store.local else store.root,

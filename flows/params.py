@@ -36,6 +36,10 @@ class TuneParams(BaseModel):
         "random", description="random; Optuna's TPE fitted per rung (BOHB); or priorband: the space's priors, "
         "uniform and the incumbent in PriorBand's proportions (Mallik et al. 2023)."
     )
+    prior_first: bool = Field(
+        False, description="Train the space's priors (each parameter at its prior; one without, at the middle of its "
+        "range) straight to R before the brackets, as PriorBand did when published (NePS's sample_prior_first)."
+    )
     max_trials: Optional[int] = Field(None, ge=1, description="asha: configs to start (default: as many as Hyperband).")
     time_budget: Optional[float] = Field(None, gt=0, description="asha: seconds after which no new trial starts.")
     data: str = Field(

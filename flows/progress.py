@@ -70,6 +70,13 @@ def stop() -> None:
         o.stop()
 
 
+def _label(s: int) -> str:
+    """A bracket's line: ``bracket s=3``, or the priors' mode trained first (``--prior-first``)."""
+    from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET
+
+    return "prior's mode at R" if s == PRIOR_BRACKET else f"bracket s={s}"
+
+
 class LiveDisplay:
     """Trial-rungs done of planned, per bracket and in all; best so far; elapsed. Redrawn 4 times a second
     on stderr, left on screen when the job ends (``transient=False``)."""
@@ -98,7 +105,7 @@ class LiveDisplay:
         asha = event.mode == "asha"
         for s in sorted(event.planned, reverse=True):
             self.tasks[s] = self.progress.add_task(
-                f"bracket s={s}", total=None if asha else event.planned[s], completed=event.done.get(s, 0), note="")
+                _label(s), total=None if asha else event.planned[s], completed=event.done.get(s, 0), note="")
         planned = sum(event.planned.values())
         self.total = self.progress.add_task(
             f"job {event.job_id}"[:22], total=None if asha else planned, completed=sum(event.done.values()),
@@ -109,7 +116,7 @@ class LiveDisplay:
         if self.progress is None:
             return
         if event.bracket not in self.tasks:  # ASHA opens brackets as it goes
-            self.tasks[event.bracket] = self.progress.add_task(f"bracket s={event.bracket}", total=None, note="")
+            self.tasks[event.bracket] = self.progress.add_task(_label(event.bracket), total=None, note="")
         if event.score is None:
             self.failed[event.bracket] = self.failed.get(event.bracket, 0) + 1
         note = f"{self.failed[event.bracket]} failed" if event.bracket in self.failed else ""

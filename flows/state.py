@@ -10,11 +10,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
+from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
-from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, Sampler, Scheduler
-from prefect_hyperband.hyperband.space import parse
+from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, PriorFirst, Sampler, Scheduler
+from prefect_hyperband.hyperband.space import Space, parse
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.storage import PREVIOUS, Storage, is_local, join
 from prefect_hyperband.trainers.errors import InputError
@@ -151,8 +152,19 @@ def make_sampler(job: Job, saved: dict[str, Any] | None = None) -> Sampler:
 def make_scheduler(job: Job, max_trials: int, time_budget: float | None, clock: Callable[[], float],
                    saved: dict[str, Any] | None = None) -> Scheduler:
     """The job's scheduler, new or as saved: ASHA, or Hyperband's brackets (in turn when TPE or PriorBand proposes
-    configs: each bracket samples from what the earlier ones taught)."""
+    configs: each bracket samples from what the earlier ones taught); with ``prior_first``, after the priors' mode
+    trained straight to R."""
     space = parse(job.space)
+    inner = _schedule(job, space, max_trials, time_budget, clock, saved)
+    if not job.prior_first:
+        return inner
+    if saved:
+        return PriorFirst.from_json(saved, inner)
+    return PriorFirst(inner, priors.mode(space), job.max_resource)
+
+
+def _schedule(job: Job, space: Space, max_trials: int, time_budget: float | None, clock: Callable[[], float],
+              saved: dict[str, Any] | None) -> Scheduler:
     if job.mode == "asha":
         if saved:
             return AshaScheduler(AshaState.from_json(saved["state"]), make_sampler(job, saved["sampler"]),

@@ -53,9 +53,10 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
     plan = schedule.plan_summary(job.min_resource, job.max_resource, job.eta)
     logger.info(
         "job %s (%s, %s sampler, %d slots): %d brackets, %d configs, %d trial-rungs, %d units "
-        "(vs %d without early stopping); dir %s",
+        "(vs %d without early stopping)%s; dir %s",
         job.job_id, job.mode, job.sampler, job.concurrency, len(plan["brackets"]), plan["configs"],
-        plan["trial_rungs"], plan["resource_used"], plan["resource_without_early_stopping"], job.job_dir,
+        plan["trial_rungs"], plan["resource_used"], plan["resource_without_early_stopping"],
+        f", after the priors' mode to R={job.max_resource}" if job.prior_first else "", job.job_dir,
     )
     if job.trial_pool:  # before any run: a missing pool is one line
         from prefect_hyperband.flows.trial import ensure_deployment

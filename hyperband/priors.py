@@ -103,9 +103,16 @@ def mutate(space: Space, config: Mapping[str, Any], rng: np.random.Generator, ra
     return out
 
 
+def mode(space: Space) -> dict[str, Any]:
+    """The priors' mode: each parameter at its prior; one with none at the middle of its range (of its log with
+    ``log``), a categorical at its first choice, as NePS's ``sample_prior_first`` takes a parameter's centre."""
+    return {p.name: p.prior if p.prior is not None else p.choices[0] if p.type == "categorical" else from_unit(p, 0.5)
+            for p in space.params}
+
+
 def has_priors(space: Space) -> bool:
     return any(p.prior is not None for p in space.params)
 
 
-__all__ = ["SIGMA", "WEIGHT", "density", "from_unit", "has_priors", "incumbent_density", "mutate", "prior_density",
+__all__ = ["SIGMA", "WEIGHT", "density", "from_unit", "has_priors", "incumbent_density", "mode", "mutate", "prior_density",
            "sample_near", "sample_prior", "to_unit"]

@@ -13,6 +13,7 @@ resumes: jobs that were in flight when the state was saved are offered again fir
   the sampler is random, so the same seed gives the same configs in any order of execution.
 * ``AshaScheduler``: ``asha.AshaState`` with its stopping rules (``max_trials``, a time budget
   measured by a clock passed in).
+* ``PriorFirst``: either of them, after one trial of the priors' mode trained straight to R (``--prior-first``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Callable, Literal, Mapping, Protocol
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.bracket import BracketState, Status
 from prefect_hyperband.hyperband.priorband import first_rung
-from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, failed, sort_key
+from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, failed, sort_key
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 from prefect_hyperband.hyperband.space import Space
 from prefect_hyperband.hyperband.trial import TrialJob
@@ -274,3 +275,75 @@ class AshaScheduler:
     def to_json(self) -> dict[str, Any]:
         return {"kind": "asha", "state": self.state.to_json(), "sampler": self.sampler.to_json(),
                 "max_trials": self.max_trials, "time_budget": self.time_budget}
+
+
+# --------------------------------------------------------------------------------- the prior first
+
+#: the trial ``--prior-first`` adds before the schedule: its id, and its bracket (outside the schedule's 0..s_max)
+PRIOR_TRIAL, PRIOR_BRACKET = "prior", -1
+
+
+@dataclass
+class PriorFirst:
+    """A scheduler with one trial before its first job: the priors' mode (``priors.mode``) trained straight to R.
+
+    PriorBand evaluated the prior first, at the highest fidelity, when it was published (NePS's PriorBand of then
+    defaulted to ``sample_default_first`` and ``sample_default_at_target``; NePS today offers it as
+    ``sample_prior_first="highest_fidelity"``). As there, the trial stands outside the brackets (bracket
+    ``PRIOR_BRACKET``, one rung at R) and its result is not told to the sampler (NePS leaves it out of the table
+    its brackets and sampler read); it is in the job's records, its best and its front like any trial. With several
+    slots, the schedule's first jobs start beside it."""
+
+    inner: Scheduler
+    config: dict[str, Any]
+    max_resource: int
+    status: Status | None = None  # None: not offered yet
+    score: Score = None
+    checkpoint: str | None = None
+    error: str | None = None
+    in_flight: bool = False  # a loaded state's "running" prior is offered again
+
+    def next_job(self) -> TrialJob | None:
+        if self.status is None or (self.status == "running" and not self.in_flight):
+            self.status, self.in_flight = "running", True
+            return TrialJob(PRIOR_TRIAL, PRIOR_BRACKET, 0, self.max_resource, dict(self.config), None)
+        return self.inner.next_job()
+
+    def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
+               error: str | None = None) -> list[Decision]:
+        if trial_id != PRIOR_TRIAL:
+            return self.inner.report(trial_id, resource, score, checkpoint, error)
+        if not self.in_flight or resource != self.max_resource:
+            raise ValueError(f"trial {trial_id} has no job to r={resource} in flight; report each job once")
+        lost = failed(score)
+        self.in_flight, self.status = False, "failed" if lost else "completed"
+        self.score = as_score(score)
+        self.checkpoint, self.error = (None, error or "failed") if lost else (checkpoint, None)
+        return [Decision(self.status, PRIOR_BRACKET, 0, resource, PRIOR_TRIAL, 1)]  # type: ignore[arg-type]
+
+    def finish(self) -> list[Decision]:
+        if self.in_flight:
+            raise ValueError(f"cannot finish with jobs in flight: report {PRIOR_TRIAL} first")
+        return self.inner.finish()
+
+    @property
+    def done(self) -> bool:
+        return self.status in ("completed", "failed") and self.inner.done
+
+    def records(self) -> list[TrialRecord]:
+        mine = [] if self.status is None else [TrialRecord(
+            PRIOR_TRIAL, PRIOR_BRACKET, dict(self.config), self.status, 0,
+            self.max_resource if self.status == "completed" else 0,
+            {} if self.status == "running" else {self.max_resource: self.score}, self.error)]
+        return mine + self.inner.records()
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.inner.to_json(), "prior_first": {
+            "config": self.config, "max_resource": self.max_resource, "status": self.status, "score": self.score,
+            "checkpoint": self.checkpoint, "error": self.error}}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], inner: Scheduler) -> "PriorFirst":
+        mine = raw["prior_first"]
+        return cls(inner, dict(mine["config"]), mine["max_resource"], mine["status"], as_score(mine["score"]),
+                   mine["checkpoint"], mine["error"])

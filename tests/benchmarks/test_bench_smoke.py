@@ -53,6 +53,13 @@ def test_priors_bench_runs_a_whole_synthetic_job_and_times_each_target():
     assert result["resource"] == [1, None]  # the first result, at r=1 of the widest bracket, reached 1.0
 
 
+def test_priors_bench_prior_first_reaches_an_easy_target_with_the_priors_mode_at_r():
+    bench = _load("bench_priors")
+    problem = bench.synthetic(0.0)
+    result = bench.run(problem, "priorband", problem.good, 0, (1.0,), prior_first=True)
+    assert result["resource"] == [81]  # the first result: the mode (0.55, 0.15) trained straight to R
+
+
 def test_priors_bench_runs_asha_one_trial_rung_at_a_time():
     bench = _load("bench_priors")
     problem = bench.synthetic(0.0)

@@ -144,6 +144,14 @@ def test_bad_space_is_one_line_and_exit_2(space, message, space_file, capsys, tm
     assert message in err and len(err.splitlines()) == 1
 
 
+def test_prior_first_without_a_prior_in_the_space_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", "--model", "synthetic", "--prior-first"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--prior-first trains the space's priors first, but no parameter of the space has one" in err
+    assert len(err.splitlines()) == 1
+
+
 def test_bad_input_never_prints_a_traceback_from_the_installed_command(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--data", str(tmp_path / "x.csv"), "--target", "y"],

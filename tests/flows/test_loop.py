@@ -14,7 +14,8 @@ from prefect_hyperband.flows.loop import ORCHESTRATION_RETRIES, POLL, JobStopped
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler
-from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler
+from prefect_hyperband.hyperband import priors
+from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, PriorFirst
 from prefect_hyperband.hyperband.space import parse
 from prefect_hyperband.hyperband.trial import TrialJob
 from prefect_hyperband.trainers.base import Evaluation, TrainResult
@@ -197,13 +198,20 @@ def priorband(max_resource=9, seed=0):
     return HyperbandScheduler(1, max_resource, 3, "min", PRIORS, seed=seed, sampler=sampler, sequential=True)
 
 
+def prior_first(max_resource=9, seed=0):
+    """PriorBand after the priors' mode trained straight to R (``--prior-first``)."""
+    return PriorFirst(priorband(max_resource, seed), priors.mode(PRIORS), max_resource)
+
+
 def reload(saved):
     if saved.get("sampler"):
-        return HyperbandScheduler.from_json(saved, PRIORS, PriorBandSampler.from_json(PRIORS, saved["sampler"]))
-    return HyperbandScheduler.from_json(saved, SPACE, None)
+        inner = HyperbandScheduler.from_json(saved, PRIORS, PriorBandSampler.from_json(PRIORS, saved["sampler"]))
+    else:
+        inner = HyperbandScheduler.from_json(saved, SPACE, None)
+    return PriorFirst.from_json(saved, inner) if "prior_first" in saved else inner
 
 
-@pytest.mark.parametrize("hyperband", [hyperband, priorband], ids=["random", "priorband"])
+@pytest.mark.parametrize("hyperband", [hyperband, priorband, prior_first], ids=["random", "priorband", "prior-first"])
 def test_a_stop_ends_the_loop_saved_and_a_resume_reaches_the_uninterrupted_result(hyperband):
     whole = hyperband(27, seed=3)
     make(whole, Sim()).run()

@@ -50,6 +50,27 @@ def test_tpe_sync_runs_brackets_in_turn(tracking_uri, tmp_path):
     assert len(children(tracking_uri, "tpe", result["parent_run_id"])) == 17
 
 
+def test_prior_first_trains_the_priors_mode_to_r_before_the_brackets(tracking_uri, tmp_path):
+    """--prior-first: one more trial, the priors' mode at R, in MLflow and the summary; the sampler never told."""
+    from prefect_hyperband.flows.tune import tune
+
+    space = {"x": {"type": "float", "low": 0.0, "high": 1.0, "prior": 0.55, "confidence": "high"},
+             "y": {"type": "float", "low": 0.0, "high": 1.0}}  # no prior: its centre, 0.5
+    result = tune(TuneParams(model="synthetic", sampler="priorband", prior_first=True, space=space, max_resource=9,
+                             eta=3, seed=3, job_dir=str(tmp_path), experiment="prior-first", baseline=False))
+    assert result["summary"]["configs"] == 17 + 1 and result["summary"]["resource_used"] == 69 + 9
+    runs = {r.data.tags["hyperband.trial_id"]: r for r in children(tracking_uri, "prior-first", result["parent_run_id"])}
+    assert len(runs) == 18
+    prior = runs["prior"]
+    assert prior.data.tags["hyperband.bracket"] == "-1" and prior.data.tags["hyperband.status"] == "completed"
+    assert (float(prior.data.params["x"]), float(prior.data.params["y"])) == (0.55, 0.5)
+    assert "val_loss" in prior.data.metrics
+    state = json.loads((Path(result["job_dir"]) / "state.json").read_text())["scheduler"]
+    assert state["prior_first"]["status"] == "completed" and state["prior_first"]["config"] == {"x": 0.55, "y": 0.5}
+    told = [o["config"] for obs in state["sampler"]["observations"].values() for o in obs]
+    assert {"x": 0.55, "y": 0.5} not in told and len(told) == 22  # the brackets' 22 trial-rungs, not the prior's
+
+
 def run_cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

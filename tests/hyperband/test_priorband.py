@@ -144,3 +144,12 @@ def test_the_schedulers_tell_priorband_each_brackets_first_rung() -> None:
     for _ in range(4):
         asha.next_job()
     assert sorted(seen) == [0, 0, 0, 2]  # D'Hondt over n = 9 and 3
+
+
+def test_the_priors_mode_takes_each_prior_and_the_centre_of_the_rest():
+    space = parse({"lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True},  # no prior: the log's middle
+                   "depth": {"type": "int", "low": 2, "high": 10, "prior": 6},
+                   "act": {"type": "categorical", "choices": ["relu", "gelu"]},  # no prior: the first choice
+                   "drop": {"type": "float", "low": 0.0, "high": 0.5, "prior": 0.1, "confidence": "low"}})
+    mode = priors.mode(space)
+    assert mode == {"lr": pytest.approx(1e-2), "depth": 6, "act": "relu", "drop": 0.1}

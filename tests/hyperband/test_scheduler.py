@@ -7,10 +7,14 @@ from collections import Counter
 
 import pytest
 
+from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler
-from prefect_hyperband.hyperband.scheduler import AshaScheduler, Decision, HyperbandScheduler, TrialRecord, best_of, ended
+from prefect_hyperband.hyperband.scheduler import (PRIOR_BRACKET, PRIOR_TRIAL, AshaScheduler, Decision,
+                                                   HyperbandScheduler, PriorFirst, TrialRecord, best_of, ended)
 from prefect_hyperband.hyperband.space import parse
+from prefect_hyperband.hyperband.trial import TrialJob
 
 SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}})
 
@@ -138,3 +142,57 @@ def test_best_of_ranks_with_the_promotion_key():
     assert best_of(records, "min")[0].trial_id == "s0-000"
     assert best_of(records, "max")[0].trial_id == "s0-000"
     assert best_of(records[2:], "max") is None
+
+
+# --------------------------------------------------------------------------------- the prior first
+
+PRIORS = parse({"x": {"type": "float", "low": 0.0, "high": 1.0, "prior": 0.0, "confidence": "high"}})
+
+
+def prior_first(mode="hyperband"):
+    sampler = PriorBandSampler(PRIORS, 0, "min", 1, 9, 3)
+    inner = (HyperbandScheduler(1, 9, 3, "min", PRIORS, seed=0, sampler=sampler, sequential=True) if mode == "hyperband"
+             else AshaScheduler(AshaState.create(1, 9, 3, "min"), sampler, max_trials=10))
+    return PriorFirst(inner, priors.mode(PRIORS), 9), sampler
+
+
+@pytest.mark.parametrize("mode", ["hyperband", "asha"])
+def test_the_priors_mode_trains_to_r_first_beside_the_schedule_and_is_not_told_to_the_sampler(mode):
+    sched, sampler = prior_first(mode)
+    jobs = run(sched, concurrency=2)
+    assert jobs[0] == TrialJob(PRIOR_TRIAL, PRIOR_BRACKET, 0, 9, {"x": 0.0}, None)
+    assert jobs[1].trial_id != PRIOR_TRIAL and jobs[1].resource == 1  # the second slot starts the schedule meanwhile
+    assert sum(j.trial_id == PRIOR_TRIAL for j in jobs) == 1 and sched.done
+    prior = [t for t in sched.records() if t.trial_id == PRIOR_TRIAL]
+    assert prior == [TrialRecord(PRIOR_TRIAL, PRIOR_BRACKET, {"x": 0.0}, "completed", 0, 9,
+                                 {9: pytest.approx(1 / 9)}, None)]
+    assert best_of(sched.records(), "min")[0].trial_id == PRIOR_TRIAL  # x = 0 at R: the best the job can find
+    told = [c for obs in sampler.observations.values() for c, _ in obs]
+    assert {"x": 0.0} not in told and len(told) == len(jobs) - 1  # as NePS: the prior's result is not the sampler's
+
+
+def test_the_prior_first_is_offered_again_after_a_kill_and_never_twice():
+    sched, _ = prior_first()
+    first = sched.next_job()
+    assert first.trial_id == PRIOR_TRIAL
+    saved = json.loads(json.dumps(sched.to_json()))  # killed while it trains
+    again = PriorFirst.from_json(saved, HyperbandScheduler.from_json(saved, PRIORS, None))
+    assert again.next_job() == first
+    decisions = again.report(PRIOR_TRIAL, 9, 0.3, "ck/prior/9")
+    assert decisions == [Decision("completed", PRIOR_BRACKET, 0, 9, PRIOR_TRIAL, 1)]
+    saved = json.loads(json.dumps(again.to_json()))
+    resumed = PriorFirst.from_json(saved, HyperbandScheduler.from_json(saved, PRIORS, None))
+    assert resumed.next_job().trial_id != PRIOR_TRIAL
+    assert [t.scores for t in resumed.records() if t.trial_id == PRIOR_TRIAL] == [{9: 0.3}]
+    with pytest.raises(ValueError, match="report each job once"):
+        resumed.report(PRIOR_TRIAL, 9, 0.3, "ck/prior/9")
+
+
+def test_a_failed_prior_first_is_recorded_and_the_job_goes_on():
+    sched, _ = prior_first()
+    assert sched.next_job().trial_id == PRIOR_TRIAL
+    assert sched.report(PRIOR_TRIAL, 9, None, None, "boom") == [Decision("failed", PRIOR_BRACKET, 0, 9, PRIOR_TRIAL, 1)]
+    jobs = run(sched)
+    assert jobs and sched.done
+    prior = next(t for t in sched.records() if t.trial_id == PRIOR_TRIAL)
+    assert (prior.status, prior.scores, prior.error, prior.resource) == ("failed", {9: None}, "boom", 0)
