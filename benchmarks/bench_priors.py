@@ -37,8 +37,8 @@ The priors are a user's knowledge from an earlier job: for XGBoost, the best and
 trained to R=27 on seed 100's split (not one of the benchmark's seeds); ``--derive-priors`` prints them again.
 Run from the repository root::
 
-    python benchmarks/bench_priors.py               # 5 seeds, synthetic (1, 81, 3), both XGBoost (1, 27, 3) (~10 min)
-    python benchmarks/bench_priors.py --mode asha   # the same under ASHA (~10 min)
+    python benchmarks/bench_priors.py               # 5 seeds, synthetic (1, 81, 3), both XGBoost (1, 27, 3) (~16 min)
+    python benchmarks/bench_priors.py --mode asha   # the same under ASHA (~18 min)
     python benchmarks/bench_priors.py --seeds 0,1 --problems synthetic
     python benchmarks/bench_priors.py --derive-priors --problems xgboost,xgboost-digits
 """
