@@ -5,9 +5,10 @@ normal around the prior's position truncated to [0, 1], of standard deviation 0.
 high); a categorical prior weighs its choice 2, 4 or 6 against 1 for each other choice. These are NePS's values when
 PriorBand was published (``FloatParameter``/``CategoricalParameter.DEFAULT_CONFIDENCE_SCORES``, e.g. at automl/neps
 68ed7020, 2024-05); NePS's rewrite of late 2024 widened them (deviation 0.75, 0.5, 0.25; a categorical's choice
-holds 0.25, 0.5 or 0.75 of the mass). A parameter with no prior is uniform. The incumbent's distribution is the same shape centred on the incumbent (a parameter with
-no prior at medium confidence), and a mutation moves each parameter with probability ``rate`` (a normal of
-``std`` on the unit interval; a categorical to another choice), as PriorBand's local search does.
+holds 0.25, 0.5 or 0.75 of the mass). A parameter with no prior is uniform. The incumbent's distribution is the
+same shape centred on the incumbent (a parameter with no prior at medium confidence), and a mutation moves each
+parameter with probability ``rate`` (a normal of ``std`` on the unit interval; a categorical to another choice),
+as PriorBand's local search does.
 """
 
 from __future__ import annotations
