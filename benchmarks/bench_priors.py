@@ -165,9 +165,11 @@ def scheduler(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed
 
 
 def run(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed: int,
-        targets: tuple[float, ...], mode: str = "hyperband", prior_first: bool = False) -> dict[str, Any]:
+        targets: tuple[float, ...], mode: str = "hyperband", prior_first: bool = False,
+        best_at_r: bool = False) -> dict[str, Any]:
     """The whole job, inline: the worker-seconds when the best-so-far first reached each target (None: never) and
-    the resource of the result that reached it, the job's total and its final best."""
+    the resource of the result that reached it, the job's total and its final best. ``best_at_r``: only results
+    at R count toward the best (models trained to the end); otherwise every result does, as the job's best."""
     sched = scheduler(problem, sampler, prior, seed, mode, prior_first)
     trainer = problem.trainer(seed)
     better = (lambda a, b: a >= b) if problem.direction == "max" else (lambda a, b: a <= b)
@@ -184,6 +186,8 @@ def run(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed: int,
             value = trainer.evaluate(trained.checkpoint)
             spent += time.perf_counter() - began
             sched.report(job.trial_id, job.resource, value, trained.checkpoint)
+            if best_at_r and job.resource != problem.max_resource:
+                continue
             best = value if best is None or better(value, best) else best
             now = [at is None and better(best, t) for at, t in zip(reached, targets)]
             reached = [spent if hit else at for at, hit in zip(reached, now)]
@@ -219,6 +223,8 @@ def main() -> None:
                     help="synchronous brackets (the job's default) or ASHA, as --mode of the job")
     ap.add_argument("--reference", type=int, default=30, help="XGBoost: configs behind each seed's target")
     ap.add_argument("--derive-priors", action="store_true", help="print the XGBoost problems' priors and stop")
+    ap.add_argument("--best-at-r", action="store_true",
+                    help="only results at R count toward the best-so-far (the job's best counts every rung)")
     args = ap.parse_args()
     if args.derive_priors:
         for name in args.problems.split(","):
@@ -234,11 +240,12 @@ def main() -> None:
         shown = ", ".join(f"{targets[seed]:.4g}" for seed in seeds)
         print(f"\n{problem.name}, {'ASHA' if args.mode == 'asha' else 'Hyperband'} (1, {problem.max_resource}, 3), "
               f"target per seed {shown} "
-              f"({problem.direction})", flush=True)
+              f"({problem.direction}){'; only results at R count' if args.best_at_r else ''}", flush=True)
         rows, means = [], {}
         for label, sampler, which, first in SAMPLERS:
             prior = {"good": problem.good, "bad": problem.bad}.get(which or "")
-            runs = [run(problem, sampler, prior, seed, (targets[seed],), args.mode, first) for seed in seeds]
+            runs = [run(problem, sampler, prior, seed, (targets[seed],), args.mode, first, args.best_at_r)
+                    for seed in seeds]
             costs = [r["reached"][0] if r["reached"][0] is not None else r["total"] for r in runs]
             censored = any(r["reached"][0] is None for r in runs)
             means[label] = statistics.fmean(costs)

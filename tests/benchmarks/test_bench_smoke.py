@@ -60,6 +60,13 @@ def test_priors_bench_prior_first_reaches_an_easy_target_with_the_priors_mode_at
     assert result["resource"] == [81]  # the first result: the mode (0.55, 0.15) trained straight to R
 
 
+def test_priors_bench_can_count_only_results_at_r():
+    bench = _load("bench_priors")
+    problem = bench.synthetic(0.0)
+    result = bench.run(problem, "random", None, 0, (1.0,), best_at_r=True)
+    assert result["resource"] == [81]  # every result reaches 1.0; the first that counts is the first at R
+
+
 def test_priors_bench_runs_asha_one_trial_rung_at_a_time():
     bench = _load("bench_priors")
     problem = bench.synthetic(0.0)
