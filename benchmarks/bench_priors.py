@@ -40,6 +40,7 @@ Run from the repository root::
     python benchmarks/bench_priors.py               # 5 seeds, synthetic (1, 81, 3), both XGBoost (1, 27, 3) (~16 min)
     python benchmarks/bench_priors.py --mode asha   # the same under ASHA (~18 min)
     python benchmarks/bench_priors.py --seeds 0,1 --problems synthetic
+    python benchmarks/bench_priors.py --problems xgboost --best-at-r   # only models trained to R count
     python benchmarks/bench_priors.py --derive-priors --problems xgboost,xgboost-digits
 """
 
