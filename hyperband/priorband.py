@@ -97,7 +97,7 @@ class PriorBandSampler:
 
     def _split(self) -> tuple[float, float] | None:
         """(prior score, incumbent score) of the top configs, or None while the incumbent is not yet trusted."""
-        scored = {r: len(self._ranked(obs)) for r, obs in self.observations.items()}
+        scored = {r: sum(v is not None for _, v in obs) for r, obs in self.observations.items()}
         spent = sum(n * self.step_cost.get(r, r) for r, n in scored.items())
         enough = [r for r, n in scored.items() if n >= self.eta]
         if not scored.get(self.max_resource) or spent < self.bracket_cost or not enough:

@@ -297,15 +297,14 @@ class PriorFirst:
     inner: Scheduler
     config: dict[str, Any]
     max_resource: int
-    status: Status | None = None  # None: not offered yet
+    status: Status | None = None  # None: not offered yet (or in flight when the state was saved); running: in flight
     score: Score = None
     checkpoint: str | None = None
     error: str | None = None
-    in_flight: bool = False  # a loaded state's "running" prior is offered again
 
     def next_job(self) -> TrialJob | None:
-        if self.status is None or (self.status == "running" and not self.in_flight):
-            self.status, self.in_flight = "running", True
+        if self.status is None:
+            self.status = "running"
             return TrialJob(PRIOR_TRIAL, PRIOR_BRACKET, 0, self.max_resource, dict(self.config), None)
         return self.inner.next_job()
 
@@ -313,16 +312,16 @@ class PriorFirst:
                error: str | None = None) -> list[Decision]:
         if trial_id != PRIOR_TRIAL:
             return self.inner.report(trial_id, resource, score, checkpoint, error)
-        if not self.in_flight or resource != self.max_resource:
+        if self.status != "running" or resource != self.max_resource:
             raise ValueError(f"trial {trial_id} has no job to r={resource} in flight; report each job once")
         lost = failed(score)
-        self.in_flight, self.status = False, "failed" if lost else "completed"
+        self.status = "failed" if lost else "completed"
         self.score = as_score(score)
         self.checkpoint, self.error = (None, error or "failed") if lost else (checkpoint, None)
         return [Decision(self.status, PRIOR_BRACKET, 0, resource, PRIOR_TRIAL, 1)]  # type: ignore[arg-type]
 
     def finish(self) -> list[Decision]:
-        if self.in_flight:
+        if self.status == "running":
             raise ValueError(f"cannot finish with jobs in flight: report {PRIOR_TRIAL} first")
         return self.inner.finish()
 
@@ -345,5 +344,6 @@ class PriorFirst:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], inner: Scheduler) -> "PriorFirst":
         mine = raw["prior_first"]
-        return cls(inner, dict(mine["config"]), mine["max_resource"], mine["status"], as_score(mine["score"]),
+        status = None if mine["status"] == "running" else mine["status"]  # in flight when saved: offered again
+        return cls(inner, dict(mine["config"]), mine["max_resource"], status, as_score(mine["score"]),
                    mine["checkpoint"], mine["error"])
