@@ -84,6 +84,17 @@ def test_priors_bench_xgboost_target_is_a_quantile_of_its_own_reference_draws():
     assert problem.target(3) == pytest.approx(float(np.quantile(values, 0.1)))  # the same draws: the same target
 
 
+def test_priors_bench_ratio_interval_is_a_paired_bootstrap_over_seeds():
+    bench = _load("bench_priors")
+    # the same ratio on every seed: every resample gives it
+    assert bench.ratio_interval([1.0, 2.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx((0.5, 0.5))
+    # one seed carries the mean: random's 10 s on seed 0 against 1 s elsewhere, the sampler 1 s everywhere
+    low, high = bench.ratio_interval([1.0] * 5, [10.0, 1.0, 1.0, 1.0, 1.0])
+    mean_ratio = 5 / 14
+    assert low < mean_ratio < high and high == pytest.approx(1.0)  # resamples without seed 0 give 1x
+    assert low == pytest.approx(5 / (10 * 3 + 2), abs=0.05)  # the 5th percentile: seed 0 drawn about 3 times
+
+
 def test_table_formats_rows():
     common = _load("_common")
     text = common.table([("a", 1.23456, 3)], ["x", "y", "z"])
