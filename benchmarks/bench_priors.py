@@ -44,6 +44,7 @@ Run from the repository root::
     python benchmarks/bench_priors.py --seeds 0,1 --problems synthetic
     python benchmarks/bench_priors.py --problems xgboost --best-at-r   # only models trained to R count
     python benchmarks/bench_priors.py --derive-priors --problems xgboost,xgboost-digits
+    python benchmarks/bench_priors.py --landscape --problems xgboost --seeds 0,1,2,3,4,5,6,7,8,9  # ~4 min
 """
 
 from __future__ import annotations
@@ -110,27 +111,36 @@ def xgboost(name: str = "xgboost", max_resource: int = 27, reference: int = 30) 
         return XGBoostTrainer(datasets.DataSpec(data=data, seed=seed), workers=1, metric=metric, seed=seed, nthread=1)
 
     def target(seed: int) -> float:
-        import numpy as np
-
-        values = [value for value, _ in straight_to(max_resource, trainer(seed), DEFAULT_SPACE, reference, 10_000 + seed)]
-        return float(np.quantile(values, 0.9 if direction == "max" else 0.1))
+        return top_tenth(reference_values(max_resource, trainer(seed), DEFAULT_SPACE, reference, seed), direction)
 
     return Problem(f"xgboost val_{metric} ({data})", direction, DEFAULT_SPACE, known["good"], known["bad"],
                    target=target, max_resource=max_resource, trainer=trainer, suffix=".ubj")
 
 
-def straight_to(resource: int, trainer: Any, space: dict[str, dict[str, Any]], n: int,
-                seed: int) -> list[tuple[float, dict[str, Any]]]:
-    """``n`` uniform configs (a generator of their own, ``seed``) each trained straight to ``resource``:
-    (value, config) pairs, in draw order."""
+def reference_values(resource: int, trainer: Any, space: dict[str, dict[str, Any]], n: int, seed: int) -> list[float]:
+    """A seed's reference configs (``n`` uniform draws of their own generator) trained straight to ``resource``."""
+    return [value for value, _ in straight_to(resource, trainer, space, n, 10_000 + seed)]
+
+
+def top_tenth(values: list[float], direction: str) -> float:
+    """The target: the 90th percentile of the reference values (the 10th for a loss), "a top-10 % config"."""
+    import numpy as np
+
+    return float(np.quantile(values, 0.9 if direction == "max" else 0.1))
+
+
+def straight_to(resource: int, trainer: Any, space: dict[str, dict[str, Any]], n: int, seed: int,
+                given: tuple[dict[str, Any], ...] = ()) -> list[tuple[float, dict[str, Any]]]:
+    """``n`` uniform configs (a generator of their own, ``seed``), after the ``given`` ones, each trained straight
+    to ``resource``: (value, config) pairs, in that order."""
     import numpy as np
 
     from prefect_hyperband.hyperband.space import parse
 
     parsed, rng, out = parse(space), np.random.default_rng(seed), []
     with tempfile.TemporaryDirectory(prefix="bench-priors-ref-") as tmp:
-        for i in range(n):
-            config = parsed.sample(rng)
+        for i in range(len(given) + n):
+            config = given[i] if i < len(given) else parsed.sample(rng)
             trained = trainer.train(config, resource, None, f"{tmp}/{i}.ubj")
             out.append((trainer.evaluate(trained.checkpoint), config))
     trainer.close()
@@ -230,6 +240,23 @@ def derive_priors(name: str, max_resource: int) -> None:
               + ", ".join(f"{k}={round(v, 3) if isinstance(v, float) else v}" for k, v in config.items()))
 
 
+def landscape(problem: Problem, seeds: list[int], reference: int) -> None:
+    """Per seed, how far apart the top of an XGBoost problem is: the median, the target and the best of the
+    reference configs, and each prior trained to R on that seed's split (the reference draws are the target's)."""
+    import numpy as np
+
+    print(f"\n{problem.name} at R={problem.max_resource}: the {reference} reference configs and the priors, per seed")
+    rows = []
+    for seed in seeds:
+        values = reference_values(problem.max_resource, problem.trainer(seed), problem.space, reference, seed)
+        priors = [value for value, _ in straight_to(problem.max_resource, problem.trainer(seed), problem.space, 0,
+                                                    seed, (problem.good, problem.bad))]
+        best = max(values) if problem.direction == "max" else min(values)
+        rows.append([seed, float(np.median(values)), top_tenth(values, problem.direction), best, *priors])
+    print(common.table([[r[0]] + [f"{v:.4f}" for v in r[1:]] for r in rows],
+                       ["seed", "median", "target", "best", "good prior", "bad prior"]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", default="0,1,2,3,4")
@@ -240,6 +267,8 @@ def main() -> None:
                     help="synchronous brackets (the job's default) or ASHA, as --mode of the job")
     ap.add_argument("--reference", type=int, default=30, help="XGBoost: configs behind each seed's target")
     ap.add_argument("--derive-priors", action="store_true", help="print the XGBoost problems' priors and stop")
+    ap.add_argument("--landscape", action="store_true",
+                    help="XGBoost: per seed, the reference configs' median, target and best, and the priors at R")
     ap.add_argument("--best-at-r", action="store_true",
                     help="only results at R count toward the best-so-far (the job's best counts every rung)")
     args = ap.parse_args()
@@ -249,6 +278,11 @@ def main() -> None:
                 derive_priors(name, args.max_resource)
         return None
     seeds = [int(s) for s in args.seeds.split(",")]
+    if args.landscape:
+        for name in args.problems.split(","):
+            if name != "synthetic":
+                landscape(xgboost(name, args.max_resource, args.reference), seeds, args.reference)
+        return None
     common.header(f"priors: worker-seconds until the best-so-far reaches the target, seeds {seeds}")
     for name in args.problems.split(","):
         problem = (synthetic(args.unit_seconds) if name == "synthetic"

@@ -84,6 +84,18 @@ def test_priors_bench_xgboost_target_is_a_quantile_of_its_own_reference_draws():
     assert problem.target(3) == pytest.approx(float(np.quantile(values, 0.1)))  # the same draws: the same target
 
 
+def test_priors_bench_landscape_prints_the_references_and_the_priors_at_r(capsys):
+    bench = _load("bench_priors")
+    problem = bench.xgboost("xgboost-digits", max_resource=1, reference=5)
+    bench.landscape(problem, [3], 5)
+    row = capsys.readouterr().out.strip().splitlines()[-1].split()
+    values = bench.reference_values(1, problem.trainer(3), problem.space, 5, 3)
+    good = bench.straight_to(1, problem.trainer(3), problem.space, 0, 3, (problem.good,))
+    assert row[0] == "3" and float(row[2]) == pytest.approx(problem.target(3), abs=1e-4)
+    assert float(row[3]) == pytest.approx(min(values), abs=1e-4)  # a loss: its best is its least
+    assert float(row[4]) == pytest.approx(good[0][0], abs=1e-4) and good[0][1] == problem.good
+
+
 def test_priors_bench_ratio_interval_is_a_paired_bootstrap_over_seeds():
     bench = _load("bench_priors")
     # the same ratio on every seed: every resample gives it
