@@ -322,7 +322,7 @@ def main() -> None:
                                         ("priorband + prior first", "priorband + prior first, good",
                                          "priorband + prior first, bad")):
             good, bad = means[good_row] / means["random"], means[bad_row] / means["random"]
-            (gl, gh), (bl, bh) = ratio_interval(per_seed_costs[good_row], base), ratio_interval(per_seed_costs[bad_row], base)
+            (gl, gh), (bl, bh) = (ratio_interval(per_seed_costs[row], base) for row in (good_row, bad_row))
             print(f"{name} good prior {good:.2f}x random (target <= 0.5x): {'met' if good <= 0.5 else 'MISSED'} "
                   f"(90% over seeds {gl:.2f}-{gh:.2f}x); bad prior {bad:.2f}x random (target <= 1.5x): "
                   f"{'met' if bad <= 1.5 else 'MISSED'} (90% over seeds {bl:.2f}-{bh:.2f}x)")
