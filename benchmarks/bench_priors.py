@@ -309,10 +309,11 @@ def main() -> None:
             print(f"   {label}: {rows[-1][1]} reached, mean worker-s to target {rows[-1][2]}; per seed {per_seed}",
                   flush=True)
         base = per_seed_costs["random"]
+        ratios = {label: means[label] / means["random"] for label in means}
+        intervals = {label: ratio_interval(costs, base) for label, costs in per_seed_costs.items()}
         for row in rows:
-            costs = per_seed_costs[row[0]]
-            low, high = ratio_interval(costs, base)
-            row += [f"{means[row[0]] / means['random']:.2f}x", f"{low:.2f}-{high:.2f}x",
+            costs, (low, high) = per_seed_costs[row[0]], intervals[row[0]]
+            row += [f"{ratios[row[0]]:.2f}x", f"{low:.2f}-{high:.2f}x",
                     f"{sum(c < b for c, b in zip(costs, base))}/{len(base)}"]
         print(common.table(rows, ["sampler", "reached", "worker-s to target", "job worker-s", "final best", "x random",
                                   "90% over seeds", "faster"]))
@@ -321,8 +322,7 @@ def main() -> None:
         for name, good_row, bad_row in (("priorband", "priorband, good prior", "priorband, bad prior"),
                                         ("priorband + prior first", "priorband + prior first, good",
                                          "priorband + prior first, bad")):
-            good, bad = means[good_row] / means["random"], means[bad_row] / means["random"]
-            (gl, gh), (bl, bh) = (ratio_interval(per_seed_costs[row], base) for row in (good_row, bad_row))
+            (good, (gl, gh)), (bad, (bl, bh)) = ((ratios[row], intervals[row]) for row in (good_row, bad_row))
             print(f"{name} good prior {good:.2f}x random (target <= 0.5x): {'met' if good <= 0.5 else 'MISSED'} "
                   f"(90% over seeds {gl:.2f}-{gh:.2f}x); bad prior {bad:.2f}x random (target <= 1.5x): "
                   f"{'met' if bad <= 1.5 else 'MISSED'} (90% over seeds {bl:.2f}-{bh:.2f}x)")
