@@ -205,7 +205,7 @@ def job_loop(params: Any, out: Path, nthread: int | None = None) -> dict[str, An
         return Outcome(todo, trained, Evaluation(score, time.perf_counter() - t0), None)
 
     run = Loop(scheduler, _Inline(work), _Unrecorded(), RealClock(), StopToken(), _Silent(),
-               save=lambda rows, elapsed, lost: None, concurrency=1).run()
+               save=lambda *_, **__: None, concurrency=1).run()
     trainer.close()
     rows = run.rows
     return {"wall": time.perf_counter() - began, "train": sum(r["train_seconds"] for r in rows),

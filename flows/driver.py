@@ -16,10 +16,11 @@ from prefect_hyperband.flows import runner
 from prefect_hyperband.flows.executors import RealClock, ThreadExecutor
 from prefect_hyperband.flows.loop import Drive, JobStopped, Loop, Outcome
 from prefect_hyperband.flows.process import stop_on_signals
-from prefect_hyperband.flows.state import save_state
+from prefect_hyperband.flows.state import StateWriter
 from prefect_hyperband.flows.tracker import MlflowTracker
 from prefect_hyperband.hyperband import schedule
-from prefect_hyperband.hyperband.promotion import first, sort_key
+from prefect_hyperband.hyperband.journal import Journaled
+from prefect_hyperband.hyperband.promotion import failed, first, sort_key
 from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, PRIOR_TRIAL, Decision, Scheduler, best_of
 from prefect_hyperband.tasks import report
 from prefect_hyperband.tasks.job import Job
@@ -32,9 +33,11 @@ PROGRESS_INTERVAL = 2.0
 
 
 def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool,
-          lost: float = 0.0, runs: dict[str, str] | None = None, progress: report.ProgressBar | None = None) -> Drive:
-    """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every result.
-    ``runs``: trial id -> child run, kept up to date here (saved ones, and those a killed run of the job created).
+          lost: float = 0.0, runs: dict[str, str] | None = None, progress: report.ProgressBar | None = None,
+          saved: dict[str, Any] | None = None) -> Drive:
+    """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every pass
+    that settled results (a journal record; ``flows.state.StateWriter``). ``runs``: trial id -> child run, kept up
+    to date here (saved ones, and those a killed run of the job created); ``saved``: the state it resumes.
 
     Ctrl-C or SIGTERM stops the job: no new trial-rung starts, those in flight get ``loop.STOP_GRACE`` seconds,
     the state is saved and ``JobStopped`` raised. A second signal exits at once."""
@@ -48,9 +51,12 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
                                   interrupt=lambda: trainers.interrupt(job.settings))
         tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning)
         events = _Events(job, scheduler, logger, progress or report.ProgressBar(None, 0))
-        _show_start(job, rows)
-        loop = Loop(scheduler, executor, tracker, RealClock(), token, events,
-                    save=lambda rows, elapsed, lost: save_state(job, scheduler, rows, elapsed, lost, dict(runs)),
+        _show_start(job, rows, scheduler)
+        journaled = Journaled(scheduler)
+        saved = saved or {}
+        writer = StateWriter(job, journaled, runs, int(saved.get("journal") or 0), len(rows), saved.get("writes"))
+        writer.start(rows, spent, lost)
+        loop = Loop(journaled, executor, tracker, RealClock(), token, events, save=writer.save,
                     concurrency=job.concurrency, workers=job.settings.workers,
                     trial_timeout=job.trial_timeout, rows=rows, spent=spent, lost=lost,
                     baseline=executor.call(functools.partial(_baseline, job)) if baseline else None)
@@ -83,14 +89,17 @@ class _Events:
     def __init__(self, job: Job, scheduler: Scheduler, logger, progress: report.ProgressBar) -> None:
         self.job, self.scheduler, self.logger, self.progress = job, scheduler, logger, progress
         self.pending, self.last, self.results = 0, time.monotonic(), 0
+        found = best_of(scheduler.records(), job.direction)  # once; then kept up to date result by result
+        self.best = None if found is None else (found[0].trial_id, found[1], found[2])
 
     def warning(self, message: str) -> None:
         self.logger.warning(message)
 
     def settled(self, out: Outcome, decisions: list[Decision]) -> None:
         todo, self.results = out.job, self.results + 1
+        improved = self._improves(out)
         self._advance()
-        _show_result(self.job, self.scheduler, out)
+        _show_result(out, self.best)
         if out.error:
             self.logger.warning("trial %s failed at r=%d: %s", todo.trial_id, todo.resource, out.error)
         elif todo.trial_id == PRIOR_TRIAL:
@@ -100,7 +109,20 @@ class _Events:
             if d.kind == "rung_closed":
                 self._rung(d, decisions)
         if self.job.mode == "asha":
-            _log_asha(self.logger, self.job, self.scheduler, out, self.results)
+            _log_asha(self.logger, self.job, out, self.results, self.best, improved)
+
+    def _improves(self, out: Outcome) -> bool:
+        """Whether ``out`` is the best so far (``best_of``'s ranking, kept result by result: no scan of the job)."""
+        if out.error is not None or out.score is None or failed(out.score):
+            return False
+        t, r = out.job.trial_id, out.job.resource
+        if self.best is not None:
+            ours = sort_key(f"{t}@{r:06d}", out.score, self.job.direction)
+            held = sort_key(f"{self.best[0]}@{self.best[1]:06d}", self.best[2], self.job.direction)
+            if ours >= held:
+                return False
+        self.best = (t, r, out.score)
+        return True
 
     def _rung(self, closed: Decision, decisions: list[Decision]) -> None:
         same = [d for d in decisions if (d.bracket, d.rung) == (closed.bracket, closed.rung)]
@@ -120,24 +142,28 @@ class _Events:
             self.pending, self.last = 0, time.monotonic()
 
 
-def _show_start(job: Job, rows: list[dict[str, Any]]) -> None:
+def _show_start(job: Job, rows: list[dict[str, Any]], scheduler: Scheduler) -> None:
     if not display.active():
         return
+    inner = getattr(scheduler, "inner", scheduler)
+    limits = ""
+    if job.mode == "asha":
+        budget = getattr(inner, "time_budget", None)
+        limits = f"up to {getattr(inner, 'max_trials', 0):,} configs" + (f" or {budget:g} s" if budget else "")
     plan = schedule.plan_summary(job.min_resource, job.max_resource, job.eta)
     planned = {b["s"]: sum(r["n_configs"] for r in b["rungs"]) for b in plan["brackets"]}
     if job.prior_first:
         planned[PRIOR_BRACKET] = 1
     done = Counter(int(r["bracket"]) for r in rows)
-    display.start(display.Start(job.job_id, job.mode, job.metric_key, planned, dict(done)))
+    display.start(display.Start(job.job_id, job.mode, job.metric_key, planned, dict(done), limits))
 
 
-def _show_result(job: Job, scheduler: Scheduler, out: Outcome) -> None:
+def _show_result(out: Outcome, best: tuple[str, int, Any] | None) -> None:
     if not display.active():
         return
-    best = best_of(scheduler.records(), job.direction)
     display.result(display.Result(
         out.job.bracket, out.job.trial_id, out.job.resource, out.metric,
-        None if best is None else first(best[2]), None if best is None else best[0].trial_id))
+        None if best is None else first(best[2]), None if best is None else best[0]))
 
 
 def _log_rung(logger, job: Job, scheduler: Scheduler, closed: Decision, promoted: int) -> None:
@@ -155,16 +181,14 @@ def _log_rung(logger, job: Job, scheduler: Scheduler, closed: Decision, promoted
     )
 
 
-def _log_asha(logger, job: Job, scheduler: Scheduler, out: Outcome, n: int) -> None:
+def _log_asha(logger, job: Job, out: Outcome, n: int, best: tuple[str, int, Any] | None, improved: bool) -> None:
     """A line when the best so far improves (every result would be hundreds of lines); each result at DEBUG."""
-    best = best_of(scheduler.records(), job.direction)
-    improved = best is not None and best[0].trial_id == out.job.trial_id and best[1] == out.job.resource
     logger.log(
         20 if improved else 10,
         "asha: %s s=%d r=%d %s %s; %d results, best %s",
         out.job.trial_id, out.job.bracket, out.job.resource, job.metric_key,
         "failed" if out.metric is None else f"{out.metric:.4f}", n,
-        "n/a" if best is None else f"{first(best[2]):.4f} ({best[0].trial_id} at r={best[1]})",
+        "n/a" if best is None else f"{first(best[2]):.4f} ({best[0]} at r={best[1]})",
     )
 
 

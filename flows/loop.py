@@ -170,8 +170,8 @@ class Flight:
 
 @dataclass
 class Loop:
-    """Run ``scheduler`` to the end with ``concurrency`` trial-rungs in flight (``workers`` each); ``save(elapsed,
-    lost)`` after every pass that settled a result. ``baseline``: the default config's training, in a slot too."""
+    """Run ``scheduler`` to the end with ``concurrency`` trial-rungs in flight (``workers`` each); ``save(rows,
+    elapsed, lost)`` after every pass that settled a result, ``save(..., final=True)`` once at the end. ``baseline``: the default config's training, in a slot too."""
 
     scheduler: Scheduler
     executor: Executor
@@ -179,7 +179,7 @@ class Loop:
     clock: Clock
     stop: Stop
     events: Events
-    save: Callable[[list[dict[str, Any]], float, float], None]
+    save: Callable[..., None]  # save(rows, elapsed, lost, final=False)
     concurrency: int
     workers: int = 1
     trial_timeout: float | None = None
@@ -229,7 +229,7 @@ class Loop:
         finally:
             self.executor.shutdown(wait=self.stop_began is None)
             self.tracker.drain()  # every run created and closed before the summary and the champion
-            self.save(self.rows, self.elapsed(), self.lost)
+            self.save(self.rows, self.elapsed(), self.lost, final=True)
         return Drive(self.rows, self.default_score, self.elapsed(), self.lost)
 
     def _notice_stop(self) -> None:

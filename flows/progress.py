@@ -21,6 +21,7 @@ class Start:
     metric: str
     planned: dict[int, int]  # bracket s -> trial-rungs planned (ASHA: an estimate, its brackets grow)
     done: dict[int, int]  # bracket s -> trial-rungs already done (a resume)
+    limits: str = ""  # ASHA: its max_trials and time budget, shown beside the job's line until a best is known
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class LiveDisplay:
         planned = sum(event.planned.values())
         self.total = self.progress.add_task(
             f"job {event.job_id}"[:22], total=None if asha else planned, completed=sum(event.done.values()),
-            note=self.best)
+            note=event.limits if event.limits and self.best.endswith(": -") else self.best)
         self.progress.start()
 
     def result(self, event: Result) -> None:

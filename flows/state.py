@@ -6,12 +6,14 @@ import json
 import os
 import socket
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator
 
 from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.journal import Diverged, Journaled, replay
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, PriorFirst, Sampler, Scheduler
@@ -19,9 +21,6 @@ from prefect_hyperband.hyperband.space import Space, parse
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.storage import PREVIOUS, Storage, is_local, join
 from prefect_hyperband.trainers.errors import InputError
-
-T = TypeVar("T")
-
 
 def lock_path(job_dir: str | Path) -> Path:
     return Path(job_dir) / "lock"
@@ -103,29 +102,208 @@ def load_job_record(store: Storage) -> dict[str, Any] | None:
     return record
 
 
-def save_state(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], elapsed: float, lost: float = 0.0,
-               runs: dict[str, str] | None = None) -> None:
-    """The scheduler (with its sampler), every finished trial-rung, the seconds spent so far, the
-    worker-seconds of trainings that left no result (``lost``) and the trials' MLflow runs (``runs``); atomic,
-    the state it replaces kept as the previous version (a resume falls back on it when this one is damaged)."""
-    state = {"scheduler": scheduler.to_json(), "rows": rows, "elapsed": elapsed, "lost": lost, "runs": runs or {}}
-    job.store().write_json("state.json", state, indent=None, keep_previous=True)
+#: the snapshot: the scheduler, the rows, the runs, and the generation of the journal that follows it
+SNAPSHOT = "state.json"
+#: a journal's records take at least this many bytes before a snapshot folds them in (then: as many as the
+#: snapshot itself, so the bytes written per result stay flat however large the job grows)
+COMPACT_MIN_BYTES = 256 * 1024
+#: on an object store (no append), the journal's records go up as one object per batch, at most this often
+OBJECT_BATCH_SECONDS = 1.0
 
 
-def load_state(job: Job, build: Callable[[dict[str, Any]], T]) -> tuple[dict[str, Any], T] | None:
-    """The saved state and ``build`` of it (the scheduler), from the previous version when ``state.json`` is
-    damaged or ``build`` rejects it (said in one line: the results since then are trained again); None for a
-    new job; ``InputError`` naming the file when neither is good."""
-    def check(saved: Any) -> tuple[dict[str, Any], T]:
+def journal_key(store: Storage, generation: int) -> str:
+    """Generation ``generation``'s journal: one file appended to on a folder, a folder of objects on a store."""
+    return f"journal.{generation:06d}.jsonl" if store.local else f"journal.{generation:06d}"
+
+
+def _generation(key: str) -> int:
+    return int(key.split(".")[1])
+
+
+class StateWriter:
+    """The job's state on its storage, as a snapshot (``state.json``, written atomically, its previous version
+    kept) and a journal of what happened since: after each pass of the loop that settled results, one record
+    (the scheduler's calls, ``hyperband.journal``; the new rows and runs; the seconds spent) is appended, and a
+    snapshot folds the journal in once it has grown as large as the snapshot. ``--resume`` loads the snapshot and
+    replays the journal (``load_state``). A result thus costs one appended record, not a rewrite of the job."""
+
+    def __init__(self, job: Job, scheduler: Journaled, runs: dict[str, str], generation: int = 0,
+                 rows_saved: int = 0, written: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.scheduler, self.runs, self.clock = job.store(), scheduler, runs, clock
+        self.generation = generation  # the newest journal on the storage (0: none); ``start`` snapshots past it
+        self.rows_saved, self.runs_saved = rows_saved, len(runs)
+        self.snapshot_bytes, self.journal_bytes, self.seq = 0, 0, 0
+        self.pending: list[bytes] = []  # an object store's records not yet sent
+        self.sent = clock()
+        self.written = dict(written or {"bytes": 0, "records": 0, "snapshots": 0})
+
+    def start(self, rows: list[dict[str, Any]], elapsed: float, lost: float) -> None:
+        """Before the job's first call: a snapshot of where it starts (a resume: the state it loaded, its journal
+        replayed), so that the previous snapshot and the journals after it always lead to the newest one."""
+        self.snapshot(rows, elapsed, lost)
+
+    def save(self, rows: list[dict[str, Any]], elapsed: float, lost: float, final: bool = False) -> None:
+        """What the loop settled since the last save as one journal record; then, at the end (``final``) or once
+        the journal has grown as large as the snapshot, a new snapshot that folds it in."""
+        if self.generation == 0:
+            self.start(rows, elapsed, lost)
+            return
+        self._record(rows, elapsed, lost)
+        if final or self.journal_bytes >= max(self.snapshot_bytes, COMPACT_MIN_BYTES):
+            self.snapshot(rows, elapsed, lost)
+
+    def _record(self, rows: list[dict[str, Any]], elapsed: float, lost: float) -> None:
+        new_runs = list(self.runs.items())[self.runs_saved:]  # insertion order: the new ones are last
+        calls = self.scheduler.take()
+        if not calls and len(rows) == self.rows_saved and not new_runs:
+            return
+        record = {"calls": calls, "rows": rows[self.rows_saved:], "runs": dict(new_runs), "elapsed": elapsed,
+                  "lost": lost}
+        self.rows_saved, self.runs_saved = len(rows), self.runs_saved + len(new_runs)
+        data = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+        self.journal_bytes += len(data)
+        if self.store.local:
+            self.store.append(journal_key(self.store, self.generation), data)
+            self._count(len(data), 1)
+        else:
+            self.pending.append(data)
+            if self.clock() - self.sent >= OBJECT_BATCH_SECONDS:
+                self._send()
+
+    def _send(self) -> None:
+        if self.pending and self.generation:
+            data, self.pending = b"".join(self.pending), []
+            self.seq += 1
+            self.store.write_bytes(f"{journal_key(self.store, self.generation)}/{self.seq:09d}.jsonl", data)
+            self._count(len(data), 1)
+        self.sent = self.clock()
+
+    def snapshot(self, rows: list[dict[str, Any]], elapsed: float, lost: float) -> None:
+        """Everything in one new ``state.json``, followed by an empty journal of the next generation; journals
+        older than the previous snapshot's are deleted."""
+        self._send()  # the journal complete up to this snapshot: the previous one and it lead here
+        if self.scheduler.take() and self.generation:
+            raise RuntimeError("a snapshot with calls not journaled: save() records them first")
+        self.generation += 1
+        self.written["snapshots"] += 1
+        state = {"scheduler": self.scheduler.to_json(), "rows": rows, "elapsed": elapsed, "lost": lost,
+                 "runs": dict(self.runs), "journal": self.generation, "writes": self.written}
+        data = json.dumps(state, separators=(",", ":"), default=str).encode()
+        first = self.generation == 1
+        self.store.write_bytes(SNAPSHOT, data, keep_previous=not first)
+        if first:  # a new job's first snapshot is its previous version too: a damaged one has a good twin
+            self.store.write_bytes(SNAPSHOT + PREVIOUS, data)
+        self._count(len(data) * (1 + first), 0)
+        self.snapshot_bytes, self.journal_bytes, self.seq = len(data), 0, 0
+        self.rows_saved, self.runs_saved = len(rows), len(state["runs"])
+        for key in self.store.keys("journal."):
+            if _generation(key) < self.generation - 1:
+                (self.store.delete if self.store.local else self.store.delete_folder)(key)
+
+    def _count(self, n: int, records: int) -> None:
+        self.written["bytes"] += n
+        self.written["records"] += records
+
+
+def read_journal(store: Storage, generation: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """The journal's records from ``generation`` on, in order, and the notices (one line each) of what was left
+    out: a torn last record (a kill mid-append) is skipped; a damaged record ends the journal there."""
+    records: list[dict[str, Any]] = []
+    notices: list[str] = []
+    keys = sorted({k for k in store.keys("journal.") if _generation(k) >= generation}, key=_generation)
+    for key in keys:
+        pieces = [key] if store.local else store.keys(f"{key}/")
+        for piece in pieces:
+            data = store.read_bytes(piece) or b""
+            lines = data.split(b"\n")
+            for i, line in enumerate(lines):
+                if not line:
+                    continue
+                last = i == len(lines) - 1  # no newline after it: cut short
+                try:
+                    record = json.loads(line)
+                    if not isinstance(record, dict) or not isinstance(record.get("calls"), list):
+                        raise ValueError("not a journal record")
+                except ValueError as exc:
+                    where = store.url(piece)
+                    if last:
+                        notices.append(f"{where}: its last record is torn (a kill mid-append), skipped; the results "
+                                       "it held are trained again")
+                        break
+                    notices.append(f"{where}: record {i + 1} is damaged ({type(exc).__name__}); the journal is read "
+                                   "up to it, the results after it are trained again")
+                    return records, notices
+                if last:
+                    notices.append(f"{store.url(piece)}: its last record is torn (a kill mid-append), skipped; the "
+                                   "results it held are trained again")
+                    break
+                records.append(record)
+    return records, notices
+
+
+def load_state(job: Job, build: Callable[[dict[str, Any]], Any]) -> tuple[dict[str, Any], Any] | None:
+    """The saved state and its scheduler (``build`` of the snapshot's, with its jobs in flight still out), the
+    journal replayed on it, then its jobs in flight offered again; from the snapshot's previous version when
+    ``state.json`` is damaged or ``build`` rejects it (said in one line). None for a new job; ``InputError``
+    naming the file when neither version is good. The state returned carries ``journal``: the generation the
+    job's next records go after (the first save snapshots, so a torn journal is never appended to)."""
+    store = job.store()
+
+    def check(saved: Any) -> tuple[dict[str, Any], Any]:
         rows, elapsed, lost = saved["rows"], float(saved["elapsed"]), float(saved.get("lost", 0.0))
         if not isinstance(rows, list) or elapsed < 0 or lost < 0 or not isinstance(saved.get("runs", {}), dict):
             raise ValueError("rows, elapsed, lost or runs out of shape")
         return saved, build(saved["scheduler"])
 
-    found, notice = job.store().read_kept("state.json", check)
+    found, notice = store.read_kept(SNAPSHOT, check)
     if notice:
         _say(notice)
-    return found
+    if found is None:
+        return None
+    saved, scheduler = found
+    saved = {**saved, "rows": list(saved["rows"]), "runs": dict(saved.get("runs") or {})}
+    generation = saved.get("journal")
+    if generation:
+        records, notices = read_journal(store, int(generation))
+        applied = _replay(scheduler, records, notices)
+        if applied < len(records):  # a record half made: the snapshot again, and the records before it
+            scheduler = build(found[0]["scheduler"])
+            _replay(scheduler, records[:applied], [])
+        for record in records[:applied]:
+            saved["rows"] += record["rows"]
+            saved["runs"].update(record["runs"])
+            saved["elapsed"], saved["lost"] = record["elapsed"], record["lost"]
+        for line in notices:
+            _say(line)
+        saved["journal"] = max([int(generation), *(_generation(k) for k in store.keys("journal."))])
+    scheduler.requeue()
+    return saved, scheduler
+
+
+def _replay(scheduler: Any, records: list[dict[str, Any]], notices: list[str]) -> int:
+    """The records made again on ``scheduler``, up to the first that does not apply (its notice added)."""
+    for i, record in enumerate(records):
+        try:
+            replay(scheduler, record["calls"])
+        except Diverged as exc:
+            notices.append(f"the journal's record {i + 1} does not follow from the snapshot ({exc}); the results "
+                           "from there on are trained again")
+            return i
+    return len(records)
+
+
+def saved_rows(job_dir: str | Path) -> list[dict[str, Any]]:
+    """The trial-rungs a job on a local folder has saved so far (its snapshot's and its journal's), read without
+    building its scheduler: what a watcher (a test, a dashboard) counts."""
+    store = Storage(str(job_dir), str(job_dir))
+    saved = store.read_json(SNAPSHOT)
+    if saved is None:
+        return []
+    rows = list(saved["rows"])
+    if saved.get("journal"):
+        for record in read_journal(store, int(saved["journal"]))[0]:
+            rows += record["rows"]
+    return rows
 
 
 def _say(text: str) -> None:
@@ -151,7 +329,8 @@ def make_sampler(job: Job, saved: dict[str, Any] | None = None) -> Sampler:
 
 def make_scheduler(job: Job, max_trials: int, time_budget: float | None, clock: Callable[[], float],
                    saved: dict[str, Any] | None = None) -> Scheduler:
-    """The job's scheduler, new or as saved: ASHA, or Hyperband's brackets (in turn when TPE or PriorBand proposes
+    """The job's scheduler, new or as saved (its jobs in flight still out: ``load_state`` replays the journal,
+    then offers them again): ASHA, or Hyperband's brackets (in turn when TPE or PriorBand proposes
     configs: each bracket samples from what the earlier ones taught); with ``prior_first``, after the priors' mode
     trained straight to R."""
     space = parse(job.space)
@@ -159,7 +338,7 @@ def make_scheduler(job: Job, max_trials: int, time_budget: float | None, clock: 
     if not job.prior_first:
         return inner
     if saved:
-        return PriorFirst.from_json(saved, inner)
+        return PriorFirst.from_json(saved, inner, requeue=False)
     return PriorFirst(inner, priors.mode(space), job.max_resource)
 
 
@@ -168,12 +347,12 @@ def _schedule(job: Job, space: Space, max_trials: int, time_budget: float | None
     if job.mode == "asha":
         if saved:
             return AshaScheduler(AshaState.from_json(saved["state"]), make_sampler(job, saved["sampler"]),
-                                 saved["max_trials"], saved["time_budget"], clock)
+                                 saved["max_trials"], saved["time_budget"], clock, requeued=False)
         state = AshaState.create(job.min_resource, job.max_resource, job.eta, job.directions)
         return AshaScheduler(state, make_sampler(job), max_trials, time_budget, clock)
     tpe = job.sampler in ("tpe", "priorband")
     if saved:
         sampler = make_sampler(job, saved["sampler"]) if saved.get("sampler") else None
-        return HyperbandScheduler.from_json(saved, space, sampler)
+        return HyperbandScheduler.from_json(saved, space, sampler, requeue=False)
     return HyperbandScheduler(job.min_resource, job.max_resource, job.eta, job.directions, space, job.seed,
                               make_sampler(job) if tpe else None, sequential=tpe)

@@ -23,7 +23,7 @@ from prefect_hyperband.trainers.stopping import StopToken
 class MlflowTracker:
     """``runs``: trial id -> child run (saved ones, and those a killed run of the job created: reused)."""
 
-    def __init__(self, job: Job, runs: dict[str, str], records: Callable[[], list[TrialRecord]], stop: StopToken,
+    def __init__(self, job: Job, runs: dict[str, str], records: Callable[..., list[TrialRecord]], stop: StopToken,
                  warn: Callable[[str], None]) -> None:
         self.job, self.runs, self.records, self.stop, self.warn = job, runs, records, stop, warn
         self.creating: dict[str, Future[str]] = {}
@@ -69,8 +69,7 @@ class MlflowTracker:
             return None
 
     def close(self, trial_ids: list[str]) -> None:
-        by_id = {t.trial_id: t for t in self.records()}
-        records = [by_id[t] for t in trial_ids]
+        records = self.records(trial_ids)
 
         def write() -> None:
             try:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import threading
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Iterator
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -35,6 +38,8 @@ def _run_name() -> str:
     code = registry.get(params.model).user_code
     if code:
         return f"hyperband {os.path.basename(str(getattr(params, code)))}"
+    if not registry.get(params.model).reads_data:  # a synthetic job reads no data set: its name names none
+        return f"hyperband {params.model} ({params.mode})"
     return f"hyperband {params.model} on {params.data}"
 
 
@@ -45,19 +50,51 @@ def tune(params: TuneParams) -> dict[str, Any]:
     began = time.perf_counter()
     params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
     job = prepare(params)
-    with job_lock(job.job_dir, job.job_id), factory.scope():  # one process per job; the job's own trainers
+    with job_lock(job.job_dir, job.job_id), factory.scope(), _job_lines_in_ui():  # one process per job
         return _run_job(params, job, logger, began)
+
+
+class _TaskRunInfo(logging.Filter):
+    """Off the Prefect API: each task run's INFO lines ("Finished in state Completed()", two per trial-rung), which
+    buried the job's own lines in the flow run's Logs tab (2,723 task runs at 1,359 trial-rungs); their warnings and
+    errors stay, and every line stays in the job's ``job.log``. The task runs' states are in the UI either way."""
+
+    users = 0
+    lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+_TASK_RUN_INFO = _TaskRunInfo()
+
+
+@contextlib.contextmanager
+def _job_lines_in_ui() -> Iterator[None]:
+    """While a job runs in this process: the flow run's log in the UI carries the job's lines (``_TaskRunInfo``)."""
+    from prefect.logging.handlers import APILogHandler
+
+    handlers = [h for h in logging.getLogger("prefect.task_runs").handlers if isinstance(h, APILogHandler)]
+    with _TaskRunInfo.lock:
+        _TaskRunInfo.users += 1
+        for handler in handlers:
+            handler.addFilter(_TASK_RUN_INFO)  # once: a filter already on a handler is not added again
+    try:
+        yield
+    finally:
+        with _TaskRunInfo.lock:
+            _TaskRunInfo.users -= 1
+            if not _TaskRunInfo.users:
+                for handler in handlers:
+                    handler.removeFilter(_TASK_RUN_INFO)
 
 
 def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, Any]:
     plan = schedule.plan_summary(job.min_resource, job.max_resource, job.eta)
-    logger.info(
-        "job %s (%s, %s sampler, %d slots): %d brackets, %d configs, %d trial-rungs, %d units "
-        "(vs %d without early stopping)%s; dir %s",
-        job.job_id, job.mode, job.sampler, job.concurrency, len(plan["brackets"]), plan["configs"],
-        plan["trial_rungs"], plan["resource_used"], plan["resource_without_early_stopping"],
-        f", after the priors' mode to R={job.max_resource}" if job.prior_first else "", job.job_dir,
-    )
+    max_trials = params.max_trials or plan["configs"]
+    logger.info("job %s (%s, %s sampler, %d slots): %s%s; dir %s", job.job_id, job.mode, job.sampler, job.concurrency,
+                _plan_line(job, plan, max_trials, params.time_budget),
+                f", after the priors' mode to R={job.max_resource}" if job.prior_first else "", job.job_dir)
     if job.trial_pool:  # before any run: a missing pool is one line
         from prefect_hyperband.flows.trial import ensure_deployment
 
@@ -70,7 +107,6 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         job = job.with_parent(start_job_run(job, _run_params(job, params), params.nest_under))
     save_job_record(job, params.model_dump(mode="json"))
     clock = lambda: spent + time.perf_counter() - began  # noqa: E731  (ASHA's time budget, across resumes)
-    max_trials = params.max_trials or plan["configs"]
     found = load_state(job, lambda state: make_scheduler(job, max_trials, params.time_budget, clock, state))
     saved, scheduler = found if found else (None, make_scheduler(job, max_trials, params.time_budget, clock))
     rows, spent = (saved["rows"], float(saved["elapsed"])) if saved else ([], 0.0)
@@ -86,7 +122,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
         run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config), lost=lost,
-                    runs=runs, progress=progress)
+                    runs=runs, progress=progress, saved=saved)
     except JobStopped as stop:
         return _stopped(job, scheduler, runs, stop, logger)
     records = scheduler.records()
@@ -132,6 +168,8 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
     if job.objectives:
         log_front(job, records, run.rows, runs, best["trial_id"] if best else None, points)
     text = table(summary)
+    if job.mode == "asha":
+        text += "\n" + _asha_line(len(records), max_trials, params.time_budget, run.elapsed)
     if job.objectives:  # the front under the summary
         names = [name for name, _ in job.objectives]
         text += "\n" + front.table(points, names, job.directions, best["trial_id"] if best else None)
@@ -171,6 +209,24 @@ def _adopt_runs(job: Job, runs: dict[str, str]) -> None:
     come with its first result, as a new trial's do)."""
     for trial_id, run_id in tracking.existing_children(job.tracking_uri, job.parent_run_id).items():
         runs.setdefault(trial_id, run_id)
+
+
+def _plan_line(job: Job, plan: dict[str, Any], max_trials: int, time_budget: float | None) -> str:
+    """What the job will run, as configured: Hyperband's brackets, or ASHA's limits over them."""
+    if job.mode == "asha":
+        budget = f" or {time_budget:g} s (time budget), whichever comes first" if time_budget else ""
+        return (f"up to {max_trials:,} configs{budget}, dealt to {len(plan['brackets'])} brackets "
+                f"(r={job.min_resource}, R={job.max_resource}, eta={job.eta}) and promoted asynchronously")
+    return (f"{len(plan['brackets'])} brackets, {plan['configs']} configs, {plan['trial_rungs']} trial-rungs, "
+            f"{plan['resource_used']} units (vs {plan['resource_without_early_stopping']} without early stopping)")
+
+
+def _asha_line(configs: int, max_trials: int, time_budget: float | None, elapsed: float) -> str:
+    """Under an ASHA job's summary: how far it went against its limits."""
+    budget = ""
+    if time_budget:
+        budget = f"; time budget {time_budget:g} s, {'spent' if elapsed >= time_budget else f'{elapsed:,.1f} s used'}"
+    return f"asha: {configs:,} of at most {max_trials:,} configs started{budget}"
 
 
 def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], default_score: float | None,

@@ -30,10 +30,12 @@ Choices the paper leaves open (documented here, tested in ``tests/hyperband/test
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Mapping
 
-from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, failed, promote, sign, sort_key
+from prefect_hyperband.hyperband.promotion import (Directions, Score, as_direction, as_score, failed, promote, several,
+                                                   sign, sort_key)
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 from prefect_hyperband.hyperband.trial import TrialJob
 
@@ -75,6 +77,11 @@ class AshaState:
     #: s -> configs started in bracket s
     started: dict[int, int]
     _plan: dict[int, Bracket] = field(init=False, repr=False, compare=False)
+    #: (s, k) -> the sort keys of rung k's results not promoted out of it, and of those promoted (one objective)
+    _waiting: dict[tuple[int, int], list[tuple]] = field(init=False, repr=False, compare=False)
+    _up: dict[tuple[int, int], list[tuple]] = field(init=False, repr=False, compare=False)
+    #: the (s, k) of every rung a trial may leave, in the order promotions are taken
+    _order: list[tuple[int, int]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         sign(self.direction)
@@ -88,6 +95,16 @@ class AshaState:
             raise ValueError(f"brackets must not repeat an s, got {list(self.brackets)}")
         self.brackets = tuple(sorted(self.brackets, reverse=True))
         self._plan = {s: plan[s] for s in self.brackets}
+        order = [(s, k) for s in self.brackets for k in range(len(self._plan[s].rungs) - 2, -1, -1)]
+        self._order = sorted(order, key=lambda c: (-self._plan[c[0]].rungs[c[1] + 1].resource, -c[0]))
+        self._waiting, self._up = {}, {}
+        if not several(self.direction):  # Pareto ranks are not a sorted list: several objectives rank each time
+            for s, k in order:
+                results = self.rungs[s][k]
+                up = self.promoted[s][k]
+                keys = [(sort_key(t, v, self.direction), t) for t, v in results.items() if not failed(v)]
+                self._waiting[s, k] = sorted(key for key in keys if key[1] not in up)
+                self._up[s, k] = sorted(key for key in keys if key[1] in up)
 
     @classmethod
     def create(
@@ -143,6 +160,23 @@ class AshaState:
         found.sort(key=lambda c: (-self._plan[c[0]].rungs[c[1] + 1].resource, -c[0]))  # stable: rank order kept
         return found
 
+    def next_promotion(self) -> tuple[int, int, str] | None:
+        """``promotable()[0]`` without ranking every rung: per rung, its best result not yet promoted goes up when
+        fewer than ⌊|rung k|/η⌋ promoted results rank above it (O(log n) a rung; one objective)."""
+        if several(self.direction):
+            found = self.promotable()
+            return found[0] if found else None
+        for s, k in self._order:
+            waiting = self._waiting[s, k]
+            if waiting and bisect_left(self._up[s, k], waiting[0]) < len(self.rungs[s][k]) // self.eta:
+                trial_id = waiting[0][1]
+                trial = self.trials[trial_id]
+                if not trial.in_flight and trial.status == "running":
+                    return s, k, trial_id
+                found = self.promotable()  # not reached in a run; kept exact for states edited by hand
+                return found[0] if found else None
+        return None
+
     def next_bracket(self) -> int:
         """The bracket of the next new config: largest n_s / (started_s + 1), ties to the larger s (D'Hondt)."""
         chosen = self.brackets[0]
@@ -154,7 +188,7 @@ class AshaState:
 
     def done(self, can_start_new: bool = False) -> bool:
         """Nothing in flight, nothing promotable and no new config allowed: the run cannot move."""
-        return not can_start_new and not self.in_flight() and not self.promotable()
+        return not can_start_new and not self.in_flight() and self.next_promotion() is None
 
     # -- decisions ----------------------------------------------------------------------------
     def next_job(self, new_config: Callable[[], Mapping[str, Any]], can_start_new: bool) -> AshaJob | None:
@@ -162,11 +196,16 @@ class AshaState:
 
         The trial of the returned job is marked in flight until ``report``.
         """
-        candidates = self.promotable()
-        if candidates:
-            s, k, trial_id = candidates[0]
+        candidate = self.next_promotion()
+        if candidate:
+            s, k, trial_id = candidate
             trial = self.trials[trial_id]
             self.promoted[s][k].add(trial_id)
+            if (s, k) in self._waiting:
+                key = (sort_key(trial_id, self.rungs[s][k][trial_id], self.direction), trial_id)
+                waiting = self._waiting[s, k]
+                del waiting[bisect_left(waiting, key)]
+                insort(self._up[s, k], key)
             trial.rung, trial.in_flight = k + 1, True
             resource = self._plan[s].rungs[k + 1].resource
             return AshaJob(trial_id, s, k + 1, resource, dict(trial.config), trial.checkpoint)
@@ -203,6 +242,9 @@ class AshaState:
         lost = failed(score)
         self.rungs[trial.bracket][trial.rung][trial_id] = as_score(score)
         trial.in_flight = False
+        if not lost and (trial.bracket, trial.rung) in self._waiting:
+            value = self.rungs[trial.bracket][trial.rung][trial_id]
+            insort(self._waiting[trial.bracket, trial.rung], (sort_key(trial_id, value, self.direction), trial_id))
         if lost:
             trial.status, trial.error = "failed", error or "failed"
             return
@@ -229,6 +271,15 @@ class AshaState:
             for k, results in enumerate(self.rungs[s])
             for t, value in results.items()
         ]
+
+    def scores(self, trial_id: str) -> dict[int, Score]:
+        """One trial's results: resource -> score (None: failed), rung by rung."""
+        t = self.trials[trial_id]
+        rungs, found = self._plan[t.bracket].rungs, {}
+        for k, results in enumerate(self.rungs[t.bracket][: t.rung + 1]):
+            if trial_id in results:
+                found[rungs[k].resource] = results[trial_id]
+        return found
 
     def best(self) -> tuple[str, int, float] | None:
         """The best (trial id, resource, score) seen at any rung, as the paper returns; ties by id then resource."""

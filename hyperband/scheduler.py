@@ -18,8 +18,8 @@ resumes: jobs that were in flight when the state was saved are offered again fir
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Protocol
+from dataclasses import InitVar, dataclass, field
+from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
 
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.bracket import BracketState, Status
@@ -81,7 +81,8 @@ class Scheduler(Protocol):
     def finish(self) -> list[Decision]: ...
     @property
     def done(self) -> bool: ...
-    def records(self) -> list[TrialRecord]: ...
+    def records(self, ids: Iterable[str] | None = None) -> list[TrialRecord]: ...
+    def requeue(self) -> None: ...
     def to_json(self) -> dict[str, Any]: ...
 
 
@@ -118,7 +119,10 @@ class HyperbandScheduler:
         if not self.states and not self.sequential:
             for b in self._plan:
                 self._start(b)
-        self.in_flight = set()  # a loaded state's in-flight jobs are pending again
+
+    def requeue(self) -> None:
+        """The jobs in flight (a loaded state's) are pending again: offered first."""
+        self.in_flight = set()
 
     def _start(self, b: Bracket) -> BracketState:
         ask = None
@@ -178,11 +182,12 @@ class HyperbandScheduler:
     def done(self) -> bool:
         return len(self.states) == len(self._plan) and all(st.done for st in self.states.values())
 
-    def records(self) -> list[TrialRecord]:
-        return [
-            TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, dict(t.scores), t.error)
-            for b in self._plan if b.s in self.states for t in self.states[b.s].trials.values()
-        ]
+    def records(self, ids: Iterable[str] | None = None) -> list[TrialRecord]:
+        """Every trial's record, or those of ``ids`` (in that order)."""
+        trials = ([self.states[_bracket_of(t)].trials[t] for t in ids] if ids is not None else
+                  [t for b in self._plan if b.s in self.states for t in self.states[b.s].trials.values()])
+        return [TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, dict(t.scores), t.error)
+                for t in trials]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -191,13 +196,20 @@ class HyperbandScheduler:
             "direction": self.direction, "seed": self.seed, "sequential": self.sequential,
             "brackets": {str(s): st.to_json() for s, st in self.states.items()},
             "sampler": self.sampler.to_json() if self.sampler is not None else None,
+            "in_flight": sorted(self.in_flight),
         }
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any], space: Space, sampler: Sampler | None) -> "HyperbandScheduler":
+    def from_json(cls, raw: Mapping[str, Any], space: Space, sampler: Sampler | None,
+                  requeue: bool = True) -> "HyperbandScheduler":
+        """As saved; ``requeue``: its jobs in flight are offered again (else they stay out: a journal's results
+        for them follow, ``journal.replay``)."""
         states = {int(s): BracketState.from_json(st) for s, st in raw["brackets"].items()}
-        return cls(raw["min_resource"], raw["max_resource"], raw["eta"], as_direction(raw["direction"]), space, raw["seed"],
-                   sampler, raw["sequential"], states)
+        loaded = cls(raw["min_resource"], raw["max_resource"], raw["eta"], as_direction(raw["direction"]), space,
+                     raw["seed"], sampler, raw["sequential"], states, set(raw.get("in_flight", ())))
+        if requeue:
+            loaded.requeue()
+        return loaded
 
 
 def _asker(sampler: Sampler, rung: int) -> Callable[[], dict[str, Any]]:
@@ -225,11 +237,20 @@ class AshaScheduler:
     time_budget: float | None = None
     clock: Callable[[], float] = lambda: 0.0  # seconds since the job began, across resumes
     backlog: list[str] = field(default_factory=list)
+    requeued: InitVar[bool] = True  # a loaded state's in-flight jobs go first (False: they stay out, ``requeue``)
+    #: False while a journal is replayed: every call it recorded was allowed when it was made
+    bounded: bool = field(default=True, repr=False)
 
-    def __post_init__(self) -> None:
-        self.backlog = self.state.in_flight()  # a loaded state's in-flight jobs go first
+    def __post_init__(self, requeued: bool) -> None:
+        if requeued:
+            self.requeue()
+
+    def requeue(self) -> None:
+        self.backlog = self.state.in_flight()
 
     def _can_start(self) -> bool:
+        if not self.bounded:
+            return True
         return self.state.configs_started < self.max_trials and (self.time_budget is None or self.clock() < self.time_budget)
 
     def next_job(self) -> TrialJob | None:
@@ -263,14 +284,12 @@ class AshaScheduler:
     def done(self) -> bool:
         return not self.backlog and self.state.done(self._can_start())
 
-    def records(self) -> list[TrialRecord]:
-        scores: dict[str, dict[int, Score]] = {t: {} for t in self.state.trials}
-        for r in self.state.rows():
-            scores[r["trial_id"]][r["resource"]] = r["score"]
-        return [
-            TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, scores[t.trial_id], t.error)
-            for t in self.state.trials.values()
-        ]
+    def records(self, ids: Iterable[str] | None = None) -> list[TrialRecord]:
+        """Every trial's record, or those of ``ids`` (in that order: a few trials cost a few lookups)."""
+        st = self.state
+        trials = [st.trials[t] for t in ids] if ids is not None else list(st.trials.values())
+        return [TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, st.scores(t.trial_id),
+                            t.error) for t in trials]
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "asha", "state": self.state.to_json(), "sampler": self.sampler.to_json(),
@@ -329,12 +348,24 @@ class PriorFirst:
     def done(self) -> bool:
         return self.status in ("completed", "failed") and self.inner.done
 
-    def records(self) -> list[TrialRecord]:
-        mine = [] if self.status is None else [TrialRecord(
-            PRIOR_TRIAL, PRIOR_BRACKET, dict(self.config), self.status, 0,
-            self.max_resource if self.status == "completed" else 0,
-            {} if self.status == "running" else {self.max_resource: self.score}, self.error)]
-        return mine + self.inner.records()
+    def records(self, ids: Iterable[str] | None = None) -> list[TrialRecord]:
+        if ids is not None:
+            ids = list(ids)
+            if PRIOR_TRIAL not in ids:
+                return self.inner.records(ids)
+            inner = iter(self.inner.records([t for t in ids if t != PRIOR_TRIAL]))
+            return [self._record() if t == PRIOR_TRIAL else next(inner) for t in ids]
+        return ([] if self.status is None else [self._record()]) + self.inner.records()
+
+    def _record(self) -> TrialRecord:
+        return TrialRecord(PRIOR_TRIAL, PRIOR_BRACKET, dict(self.config), self.status or "running", 0,
+                           self.max_resource if self.status == "completed" else 0,
+                           {} if self.status in (None, "running") else {self.max_resource: self.score}, self.error)
+
+    def requeue(self) -> None:
+        if self.status == "running":  # in flight when saved: offered again
+            self.status = None
+        self.inner.requeue()
 
     def to_json(self) -> dict[str, Any]:
         return {**self.inner.to_json(), "prior_first": {
@@ -342,8 +373,11 @@ class PriorFirst:
             "checkpoint": self.checkpoint, "error": self.error}}
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any], inner: Scheduler) -> "PriorFirst":
+    def from_json(cls, raw: Mapping[str, Any], inner: Scheduler, requeue: bool = True) -> "PriorFirst":
+        """As saved; ``requeue``: the prior trial, when in flight, is offered again (``inner`` is loaded apart)."""
         mine = raw["prior_first"]
-        status = None if mine["status"] == "running" else mine["status"]  # in flight when saved: offered again
-        return cls(inner, dict(mine["config"]), mine["max_resource"], status, as_score(mine["score"]),
-                   mine["checkpoint"], mine["error"])
+        loaded = cls(inner, dict(mine["config"]), mine["max_resource"], mine["status"], as_score(mine["score"]),
+                     mine["checkpoint"], mine["error"])
+        if requeue and loaded.status == "running":
+            loaded.status = None
+        return loaded

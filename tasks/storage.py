@@ -72,6 +72,56 @@ class Storage:
         else:
             self.fs.pipe_file(self.url(key), json.dumps(value, indent=indent).encode())
 
+    def append(self, key: str, data: bytes) -> None:
+        """``data`` at the end of the file ``key`` in one write (a folder only: object stores cannot append)."""
+        if not self.local:
+            raise ValueError(f"{self.root} is an object store: it cannot append to {key}")
+        fd = os.open(self.url(key), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    def write_bytes(self, key: str, data: bytes, keep_previous: bool = False) -> None:
+        """One file or object, whole (atomic on a folder); ``keep_previous`` as ``write_json``'s."""
+        if keep_previous:
+            self._keep(key)
+        if self.local:
+            path = Path(self.url(key))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+            Path(tmp).write_bytes(data)
+            os.replace(tmp, path)
+        else:
+            self.fs.pipe_file(self.url(key), data)
+
+    def read_bytes(self, key: str) -> bytes | None:
+        """The bytes at ``key``, or None when there is none."""
+        try:
+            if self.local:
+                return Path(self.url(key)).read_bytes()
+            return self.fs.cat_file(self.url(key))
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+
+    def keys(self, prefix: str) -> list[str]:
+        """The keys of the files or objects whose names start with ``prefix`` (at the job's top level, or under
+        the folder ``prefix`` names when it ends in ``/``), sorted."""
+        folder, _, start = prefix.rpartition("/")
+        if self.local:
+            where = Path(self.url(folder)) if folder else Path(self.path)
+            if not where.is_dir():
+                return []
+            names = [p.name for p in where.iterdir() if p.is_file() and p.name.startswith(start)]
+        else:
+            try:
+                found = self.fs.ls(self.url(folder) if folder else self.root, detail=False)
+            except FileNotFoundError:
+                return []
+            names = [f.rstrip("/").rsplit("/", 1)[-1] for f in found]
+            names = [n for n in names if n.startswith(start)]
+        return sorted(f"{folder}/{n}" if folder else n for n in names)
+
     def _keep(self, key: str) -> None:
         url, prev = self.url(key), self.url(key + PREVIOUS)
         if self.local:
@@ -130,6 +180,18 @@ class Storage:
         else:
             try:
                 self.fs.rm_file(self.url(key))
+            except FileNotFoundError:
+                pass
+
+    def delete_folder(self, key: str) -> None:
+        """A folder or an object-store prefix, with everything under it (nothing when it is not there)."""
+        if self.local:
+            import shutil
+
+            shutil.rmtree(self.url(key), ignore_errors=True)
+        else:
+            try:
+                self.fs.rm(self.url(key), recursive=True)
             except FileNotFoundError:
                 pass
 

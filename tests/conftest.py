@@ -33,3 +33,33 @@ def tracking_uri(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """moto's S3 server on loopback, its endpoint in the environment, with a bucket ``bucket``."""
+    pytest.importorskip("moto")
+    import os
+
+    from moto.server import ThreadedMotoServer
+
+    from prefect_hyperband.tasks.storage import filesystem
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="testing",
+                      AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    filesystem.cache_clear()
+    fs = filesystem("s3://bucket")
+    if not fs.exists("bucket"):  # moto's backend is one per process: another module's server made it
+        fs.mkdir("bucket")
+    yield fs
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    filesystem.cache_clear()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from stack import Stack, running, _exe, _free_port, _http, _wait_http, server_env  # noqa: E402  (tests/deployments)
+from prefect_hyperband.flows.state import saved_rows
 
 pytestmark = pytest.mark.slow
 POOL = "hyperband-cancel"
@@ -60,7 +61,7 @@ def test_a_cancelled_deployment_run_stops_cleanly_and_resumes(stack, tmp_path: P
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
     state_file = jobs / "cancel-me" / "state.json"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (state_file.exists() and len(json.loads(state_file.read_text())["rows"]) >= 4):
+    while time.monotonic() < deadline and not (state_file.exists() and len(saved_rows(state_file.parent)) >= 4):
         stack.check_alive()
         time.sleep(0.2)
     assert state_file.exists(), _state(stack, flow_run_id)
@@ -73,7 +74,7 @@ def test_a_cancelled_deployment_run_stops_cleanly_and_resumes(stack, tmp_path: P
     took = time.monotonic() - cancelled
     print(f"cancelled in {took:.1f} s: {final.get('type')} {final.get('message')}", file=sys.stderr)
     assert final.get("type") == "CANCELLED", final
-    recorded = len(json.loads(state_file.read_text())["rows"])
+    recorded = len(saved_rows(state_file.parent))
     assert recorded < 22  # stopped mid-job
     client = MlflowClient(uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=1000)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stack import BIN, Stack, _exe, _free_port, _wait_http  # noqa: E402  (tests/deployments)
+from prefect_hyperband.flows.state import saved_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
@@ -41,7 +42,7 @@ def test_a_job_outlives_its_tracking_server_restarting(tmp_path: Path):
         )
         state = tmp_path / "jobs" / "blip" / "state.json"
         deadline = time.time() + 300
-        while time.time() < deadline and not (state.exists() and len(json.loads(state.read_text())["rows"]) >= 4):
+        while time.time() < deadline and not (state.exists() and len(saved_rows(state.parent)) >= 4):
             time.sleep(0.1)
         os.killpg(first.pid, signal.SIGKILL)  # the tracking server dies mid-job ...
         first.wait(timeout=30)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from prefect_hyperband.flows.state import saved_rows
+
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 SYNTHETIC = ["--model", "synthetic", "--max-resource", "9", "--unit-seconds", "0.05", "--concurrency", "1", "--no-baseline"]
 XGBOOST = ["--model", "xgboost", "--data", "breast-cancer", "--max-resource", "9", "--concurrency", "1", "--no-baseline"]
@@ -44,13 +46,13 @@ class Jobs:
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None and rows < after:
             try:
-                rows = len(json.loads(state.read_text())["rows"])
+                rows = len(saved_rows(state.parent))
             except (OSError, ValueError):
                 pass
             time.sleep(0.02)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)
-        rows = len(json.loads(state.read_text())["rows"])
+        rows = len(saved_rows(state.parent))
         assert after <= rows < 22, "the job was not caught mid-run"
         return rows
 

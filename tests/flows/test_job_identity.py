@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from prefect_hyperband.flows.state import saved_rows
+
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 SMALL = ["--model", "synthetic", "--max-resource", "3", "--eta", "3", "--no-baseline"]
 
@@ -112,7 +114,7 @@ def test_two_resumes_at_once_one_runs_the_other_is_refused_naming_the_holder(tmp
                 "--no-baseline", "--job-id", "twice")
     state = jobs / "twice" / "state.json"
     deadline = time.time() + 300
-    while time.time() < deadline and not (state.exists() and len(json.loads(state.read_text())["rows"]) >= 4):
+    while time.time() < deadline and not (state.exists() and len(saved_rows(state.parent)) >= 4):
         time.sleep(0.1)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(timeout=30)

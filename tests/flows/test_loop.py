@@ -153,7 +153,7 @@ def make(scheduler, sim, tracker=None, stop=None, concurrency=2, saves=None, **k
     tracker = tracker or Tracker()
     saves = [] if saves is None else saves
 
-    def save(rows, elapsed, lost):
+    def save(rows, elapsed, lost, final=False):
         saves.append({"scheduler": json.loads(json.dumps(scheduler.to_json())), "rows": list(rows),
                       "elapsed": elapsed, "lost": lost, "recorded": list(tracker.recorded)})
 

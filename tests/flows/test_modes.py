@@ -14,6 +14,7 @@ import pytest
 from mlflow_runs import runs_of  # noqa: E402  (tests/flows)
 
 from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.state import saved_rows
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -100,7 +101,7 @@ def test_killed_job_resumes_without_retraining_or_duplicate_runs(search, tmp_pat
     state = tmp_path / "jobs" / "cut" / "state.json"
     deadline = time.time() + 300
     while time.time() < deadline:  # wait until some, not all, trial-rungs are recorded
-        recorded = len(json.loads(state.read_text())["rows"]) if state.exists() else 0
+        recorded = len(saved_rows(state.parent)) if state.exists() else 0
         if recorded >= 8:
             break
         time.sleep(0.2)
@@ -247,13 +248,13 @@ def test_trial_rung_metrics_are_written_by_the_mlflow_writer_before_the_result_e
     """No trial thread waits on the tracking store, and a saved result always has its MLflow write behind it."""
     import threading
 
-    from prefect_hyperband.flows import driver
+    from prefect_hyperband.flows.state import StateWriter
     from prefect_hyperband.flows.tracker import MlflowTracker
     from prefect_hyperband.flows.tune import tune
 
     written: set[tuple[str, int]] = set()
     writers: set[str] = set()
-    real_record, real_save = MlflowTracker._write, driver.save_state
+    real_record, real_save = MlflowTracker._write, StateWriter.save
 
     def slow_record(self, out):
         time.sleep(0.02)  # a tracking server that takes its time
@@ -262,13 +263,13 @@ def test_trial_rung_metrics_are_written_by_the_mlflow_writer_before_the_result_e
         writers.add(threading.current_thread().name)
         return out
 
-    def checked_save(job, scheduler, rows, *args, **kwargs):
+    def checked_save(self, rows, *args, **kwargs):
         missing = {(r["trial_id"], r["resource"]) for r in rows} - written
         assert not missing, f"saved before their MLflow write: {sorted(missing)}"
-        return real_save(job, scheduler, rows, *args, **kwargs)
+        return real_save(self, rows, *args, **kwargs)
 
     monkeypatch.setattr(MlflowTracker, "_write", slow_record)
-    monkeypatch.setattr(driver, "save_state", checked_save)
+    monkeypatch.setattr(StateWriter, "save", checked_save)
     result = tune(TuneParams(model="synthetic", max_resource=9, eta=3, concurrency=2, job_dir=str(tmp_path),
                              experiment="writer", baseline=False))
     assert result["summary"]["trial_rungs"] == 22 and len(written) == 22

@@ -19,6 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from prefect_hyperband.flows.state import saved_rows
+
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 
@@ -61,7 +63,7 @@ def test_a_stopped_job_exits_cleanly_and_resumes_to_the_uninterrupted_result(sig
     deadline = time.time() + 300
     recorded = 0
     while time.time() < deadline and job.poll() is None:  # some, not all, trial-rungs recorded
-        recorded = len(json.loads(state.read_text())["rows"]) if state.exists() else 0
+        recorded = len(saved_rows(state.parent)) if state.exists() else 0
         if recorded >= 5:
             break
         time.sleep(0.1)

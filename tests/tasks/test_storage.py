@@ -21,32 +21,6 @@ def test_a_folder_is_used_in_place(tmp_path):
     assert store.read_json("state.json") is None
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    pytest.importorskip("moto")
-    import os
-
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="testing",
-                      AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
-    filesystem.cache_clear()
-    fs = filesystem("s3://bucket")
-    fs.mkdir("bucket")
-    yield fs
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    filesystem.cache_clear()
-
-
 def test_an_object_store_round_trips_state_and_checkpoints_between_two_mirrors(s3, tmp_path):
     a = job_store(tmp_path / "machine-a" / "j1", "j1", "s3://bucket/jobs")
     assert a.root == "s3://bucket/jobs/j1" and not a.local

@@ -1,0 +1,125 @@
+"""A scheduler's calls, in order, so that a saved state plus its journal is the scheduler at its last call.
+
+Every scheduler here is deterministic given its saved state: the same calls (``next_job`` handing out the same
+trial-rungs, ``report`` told the same results) leave it in the same state, sampler included. So a job keeps its
+state as a snapshot (``to_json``, now and then) plus the calls made since (``Journaled.take``, appended after
+each result), and ``replay`` makes those calls again on the loaded snapshot. A result costs one appended
+record, not a rewrite of everything the job has learnt.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+from prefect_hyperband.hyperband.promotion import Score, as_score
+from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, TrialRecord
+from prefect_hyperband.hyperband.trial import TrialJob
+
+#: a call as journaled: ["job", trial_id, resource] (next_job handed it out), ["report", trial_id, resource,
+#: score, checkpoint, error] or ["finish"]
+Call = list[Any]
+
+
+class Diverged(ValueError):
+    """A journaled call the loaded scheduler does not make again: the journal is not this state's."""
+
+
+@dataclass
+class Journaled:
+    """``inner``, with each call that changed it kept (in order) until ``take``."""
+
+    inner: Scheduler
+    calls: list[Call] = field(default_factory=list)
+
+    def next_job(self) -> TrialJob | None:
+        job = self.inner.next_job()
+        if job is not None:
+            self.calls.append(["job", job.trial_id, job.resource])
+        return job
+
+    def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
+               error: str | None = None) -> list[Decision]:
+        decisions = self.inner.report(trial_id, resource, score, checkpoint, error)
+        self.calls.append(["report", trial_id, resource, _plain(as_score(score)), checkpoint, error])
+        return decisions
+
+    def finish(self) -> list[Decision]:
+        decisions = self.inner.finish()
+        self.calls.append(["finish"])
+        return decisions
+
+    @property
+    def done(self) -> bool:
+        return self.inner.done
+
+    def records(self, ids: Iterable[str] | None = None) -> list[TrialRecord]:
+        return self.inner.records(ids)
+
+    def requeue(self) -> None:
+        self.inner.requeue()
+
+    def to_json(self) -> dict[str, Any]:
+        return self.inner.to_json()
+
+    def take(self) -> list[Call]:
+        """The calls since the last ``take``."""
+        calls, self.calls = self.calls, []
+        return calls
+
+
+def replay(scheduler: Scheduler, calls: Iterable[Call]) -> int:
+    """Make ``calls`` again on ``scheduler`` (loaded with its jobs in flight still out); the number made.
+    ``Diverged`` at the first that does not apply (the scheduler keeps the calls before it)."""
+    made = 0
+    with _unbounded(scheduler):
+        for call in calls:
+            try:
+                _make(scheduler, call)
+            except Diverged:
+                raise
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                raise Diverged(f"call {made + 1} ({call[0]} {' '.join(map(str, call[1:3]))}): {exc}") from exc
+            made += 1
+    return made
+
+
+def _make(scheduler: Scheduler, call: Call) -> None:
+    kind = call[0]
+    if kind == "job":
+        job = scheduler.next_job()
+        if job is None or (job.trial_id, job.resource) != (call[1], call[2]):
+            got = "nothing" if job is None else f"{job.trial_id} to r={job.resource}"
+            raise Diverged(f"the journal handed out {call[1]} to r={call[2]}; the state hands out {got}")
+    elif kind == "report":
+        _, trial_id, resource, score, checkpoint, error = call
+        scheduler.report(trial_id, int(resource), as_score(score), checkpoint, error)
+    elif kind == "finish":
+        scheduler.finish()
+    else:
+        raise Diverged(f"unknown call {kind!r}")
+
+
+@contextmanager
+def _unbounded(scheduler: Scheduler) -> Iterator[None]:
+    """ASHA's stopping rules off while calls are made again: each was allowed when it was first made (a resume
+    may bring a tighter ``max_trials``, and the clock of the job is not the clock of the call)."""
+    inner = scheduler
+    while hasattr(inner, "inner"):
+        inner = inner.inner
+    if not hasattr(inner, "bounded"):
+        yield
+        return
+    inner.bounded = False
+    try:
+        yield
+    finally:
+        inner.bounded = True
+
+
+def _plain(score: float | tuple[float, ...] | None) -> float | list[float] | None:
+    return list(score) if isinstance(score, tuple) else score
+
+
+__all__ = ["Call", "Diverged", "Journaled", "replay"]

@@ -1,0 +1,178 @@
+"""The job's state as a snapshot and a journal (``flows.state``): a result costs one appended record, a kill at
+any point resumes to the state of the last record, a torn last record is skipped in one line, a damaged snapshot
+falls back on its previous version and both journals; the same on an object store, in segments."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from prefect_hyperband.flows import state as state_mod
+from prefect_hyperband.flows.state import StateWriter, journal_key, load_state, saved_rows
+from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.journal import Journaled
+from prefect_hyperband.hyperband.sampler import RandomSampler
+from prefect_hyperband.hyperband.scheduler import AshaScheduler
+from prefect_hyperband.hyperband.space import parse
+from prefect_hyperband.tasks.storage import Storage
+
+SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}})
+
+
+def new_scheduler():
+    return AshaScheduler(AshaState.create(1, 27, 3, "min"), RandomSampler(SPACE, 3), max_trials=400)
+
+
+def build(raw):
+    """As ``flows.state.make_scheduler``: as saved, its jobs in flight still out."""
+    return AshaScheduler(AshaState.from_json(raw["state"]), RandomSampler.from_json(SPACE, raw["sampler"]),
+                         raw["max_trials"], raw["time_budget"], requeued=False)
+
+
+class Job:
+    """A job of ``n`` results at ``width`` in flight, saved the way the loop saves (``save`` after each pass)."""
+
+    def __init__(self, store: Storage, width: int = 4, clock=lambda: 0.0) -> None:
+        self.store_, self.scheduler = store, Journaled(new_scheduler())
+        self.rows, self.runs, self.flying, self.rng = [], {}, [], np.random.default_rng(0)
+        self.writer = StateWriter(SimpleNamespace(store=lambda: store), self.scheduler, self.runs, clock=clock)
+        self.width = width
+        self.writer.start(self.rows, 0.0, 0.0)
+
+    def store(self) -> Storage:
+        return self.store_
+
+    def passes(self, n: int) -> None:
+        for _ in range(n):
+            while len(self.flying) < self.width and (job := self.scheduler.next_job()) is not None:
+                self.flying.append(job)
+                self.runs.setdefault(job.trial_id, f"run-{job.trial_id}")
+            for _ in range(int(self.rng.integers(1, 3))):  # one or two results a pass, as they arrive
+                if not self.flying:
+                    break
+                job = self.flying.pop(int(self.rng.integers(len(self.flying))))
+                h = zlib.crc32(f"{job.trial_id}@{job.resource}".encode())
+                self.scheduler.report(job.trial_id, job.resource, (h % 1000) / 1000, f"ck/{job.trial_id}", None)
+                self.rows.append({"trial_id": job.trial_id, "resource": job.resource, "score": (h % 1000) / 1000})
+            self.writer.save(self.rows, float(len(self.rows)), 0.0)
+
+    def expected(self):
+        """The state a resume must find: this scheduler, its jobs in flight offered again."""
+        raw = json.loads(json.dumps(self.scheduler.to_json()))
+        again = build(raw)
+        again.requeue()
+        return again
+
+
+def loaded(store: Storage, said: list[str], monkeypatch):
+    monkeypatch.setattr(state_mod, "_say", said.append)
+    return load_state(SimpleNamespace(store=lambda: store), build)
+
+
+def same(a, b) -> None:
+    assert a.to_json() == b.to_json() and a.backlog == b.backlog
+
+
+def test_a_result_is_one_appended_record_and_a_resume_replays_them(tmp_path, monkeypatch):
+    store = Storage(str(tmp_path), str(tmp_path))
+    job = Job(store)
+    job.passes(60)
+    snapshot = json.loads((tmp_path / "state.json").read_text())
+    assert snapshot["rows"] == []  # where the job started: a snapshot is not rewritten per result
+    lines = (tmp_path / journal_key(store, snapshot["journal"])).read_text().splitlines()
+    assert len(lines) == 60  # one record a pass
+    said: list[str] = []
+    saved, scheduler = loaded(store, said, monkeypatch)
+    assert said == []
+    same(scheduler, job.expected())
+    assert saved["rows"] == job.rows and saved["runs"] == job.runs and saved["elapsed"] == len(job.rows)
+    assert saved_rows(tmp_path) == job.rows
+
+
+def test_a_torn_last_record_is_skipped_in_one_line(tmp_path, monkeypatch):
+    store = Storage(str(tmp_path), str(tmp_path))
+    job = Job(store)
+    job.passes(30)
+    before = job.expected()
+    rows = list(job.rows)
+    journal = tmp_path / journal_key(store, 1)
+    whole = journal.read_bytes()
+    job.passes(1)
+    journal.write_bytes(journal.read_bytes()[: len(whole) + 25])  # killed mid-append
+    said: list[str] = []
+    saved, scheduler = loaded(store, said, monkeypatch)
+    assert len(said) == 1 and "its last record is torn" in said[0] and said[0].count("\n") == 0
+    same(scheduler, before)
+    assert saved["rows"] == rows
+    assert saved["journal"] == 1  # the next run snapshots as generation 2: the torn file is never appended to
+
+
+def test_a_resumed_job_snapshots_first_and_keeps_on_where_it_was(tmp_path, monkeypatch):
+    store = Storage(str(tmp_path), str(tmp_path))
+    job = Job(store)
+    job.passes(20)
+    said: list[str] = []
+    saved, scheduler = loaded(store, said, monkeypatch)
+    again = Journaled(scheduler)
+    writer = StateWriter(SimpleNamespace(store=lambda: store), again, dict(saved["runs"]), saved["journal"],
+                         len(saved["rows"]), saved.get("writes"))
+    writer.start(saved["rows"], saved["elapsed"], 0.0)
+    assert json.loads((tmp_path / "state.json").read_text())["journal"] == 2
+    assert len(json.loads((tmp_path / "state.json").read_text())["rows"]) == len(job.rows)
+
+
+def test_compaction_keeps_bytes_per_result_flat_and_deletes_what_no_version_needs(tmp_path, monkeypatch):
+    monkeypatch.setattr(state_mod, "COMPACT_MIN_BYTES", 2_000)
+    store = Storage(str(tmp_path), str(tmp_path))
+    job = Job(store)
+    job.passes(150)
+    first = job.writer.written["bytes"] / len(job.rows)
+    job.passes(1500)
+    assert job.writer.generation > 3
+    per_result = job.writer.written["bytes"] / len(job.rows)
+    assert per_result < 4 * first  # a rewrite per result would grow with the job (here ~10x)
+    journals = sorted(p.name for p in tmp_path.glob("journal.*"))
+    assert journals == [journal_key(store, job.writer.generation - 1), journal_key(store, job.writer.generation)][
+        -len(journals):] and len(journals) <= 2
+    said: list[str] = []
+    saved, scheduler = loaded(store, said, monkeypatch)
+    same(scheduler, job.expected())
+    assert saved["rows"] == job.rows
+
+
+def test_a_damaged_snapshot_falls_back_on_its_previous_version_and_both_journals(tmp_path, monkeypatch):
+    monkeypatch.setattr(state_mod, "COMPACT_MIN_BYTES", 2_000)
+    store = Storage(str(tmp_path), str(tmp_path))
+    job = Job(store)
+    job.passes(300)
+    assert job.writer.generation >= 3
+    path = tmp_path / "state.json"
+    path.write_bytes(path.read_bytes()[:100])
+    said: list[str] = []
+    saved, scheduler = loaded(store, said, monkeypatch)
+    assert len(said) == 1 and "state.json is damaged" in said[0]
+    same(scheduler, job.expected())
+    assert saved["rows"] == job.rows
+
+
+def test_on_an_object_store_the_journal_goes_up_in_segments(s3, tmp_path, monkeypatch):
+    monkeypatch.setattr(state_mod, "COMPACT_MIN_BYTES", 4_000)
+    now = {"t": 0.0}
+    store = Storage("s3://bucket/journal-test/j1", str(tmp_path))
+    job = Job(store, clock=lambda: now["t"])
+    for _ in range(40):
+        job.passes(5)
+        now["t"] += 1.0  # a batch a second
+    assert 1 <= len(job.writer.pending) <= 5  # the passes of the last second: one object for all of them
+    segments = [k for k in s3.find("bucket/journal-test/j1/") if "/journal." in k]
+    assert 0 < len(segments) <= 40
+    job.writer._send()  # what a pass a second later would send
+    said: list[str] = []
+    saved, scheduler = loaded(store, said, monkeypatch)
+    assert said == []
+    same(scheduler, job.expected())
+    assert saved["rows"] == job.rows
