@@ -25,6 +25,7 @@ from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, PRIOR_TRIAL, De
 from prefect_hyperband.tasks import report
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import close_trial_runs
+from prefect_hyperband.tasks.writer import Writer
 from prefect_hyperband.tasks.trials import promote_rung, train_default
 from prefect_hyperband.trainers import factory, stopping
 
@@ -34,10 +35,11 @@ PROGRESS_INTERVAL = 2.0
 
 def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool,
           lost: float = 0.0, runs: dict[str, str] | None = None, progress: report.ProgressBar | None = None,
-          saved: dict[str, Any] | None = None) -> Drive:
+          saved: dict[str, Any] | None = None, writer: Writer | None = None) -> Drive:
     """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every pass
     that settled results (a journal record; ``flows.state.StateWriter``). ``runs``: trial id -> child run, kept up
-    to date here (saved ones, and those a killed run of the job created); ``saved``: the state it resumes.
+    to date here (saved ones, and those a killed run of the job created); ``saved``: the state it resumes;
+    ``writer``: the trials' MLflow writer (``tasks.writer``), shut down here.
 
     Ctrl-C or SIGTERM stops the job: no new trial-rung starts, those in flight get ``loop.STOP_GRACE`` seconds,
     the state is saved and ``JobStopped`` raised. A second signal exits at once."""
@@ -49,14 +51,15 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
         work = runner.remote if job.trial_pool else runner.work
         executor = ThreadExecutor(functools.partial(work, job), job.concurrency, token,
                                   interrupt=lambda: trainers.interrupt(job.settings))
-        tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning)
+        tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning, writer)
+        tracker.wait_ready()
         events = _Events(job, scheduler, logger, progress or report.ProgressBar(None, 0))
         _show_start(job, rows, scheduler)
         journaled = Journaled(scheduler)
         saved = saved or {}
-        writer = StateWriter(job, journaled, runs, int(saved.get("journal") or 0), len(rows), saved.get("writes"))
-        writer.start(rows, spent, lost)
-        loop = Loop(journaled, executor, tracker, RealClock(), token, events, save=writer.save,
+        state = StateWriter(job, journaled, runs, int(saved.get("journal") or 0), len(rows), saved.get("writes"))
+        state.start(rows, spent, lost)
+        loop = Loop(journaled, executor, tracker, RealClock(), token, events, save=state.save,
                     concurrency=job.concurrency, workers=job.settings.workers,
                     trial_timeout=job.trial_timeout, rows=rows, spent=spent, lost=lost,
                     baseline=executor.call(functools.partial(_baseline, job)) if baseline else None)

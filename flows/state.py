@@ -292,10 +292,11 @@ def _replay(scheduler: Any, records: list[dict[str, Any]], notices: list[str]) -
     return len(records)
 
 
-def saved_rows(job_dir: str | Path) -> list[dict[str, Any]]:
-    """The trial-rungs a job on a local folder has saved so far (its snapshot's and its journal's), read without
-    building its scheduler: what a watcher (a test, a dashboard) counts."""
-    store = Storage(str(job_dir), str(job_dir))
+def saved_rows(where: str | Path) -> list[dict[str, Any]]:
+    """The trial-rungs a job has saved so far (its snapshot's and its journal's) in its folder or at its storage
+    URL (``<storage>/<job id>``), read without building its scheduler: what a watcher (a test, a dashboard)
+    counts."""
+    store = Storage(str(where), str(where))
     saved = store.read_json(SNAPSHOT)
     if saved is None:
         return []

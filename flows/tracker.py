@@ -1,4 +1,5 @@
-"""The loop's ``Tracker`` on MLflow: every write on one writer thread, in order, off the trial-rungs' path.
+"""The loop's ``Tracker`` on MLflow: every write on one writer (a process of its own), in order, off the
+trial-rungs' path.
 
 A new trial's child run is created while it trains; a trial-rung's metrics (with the trial's params on its
 first) are written once it is evaluated, before its result enters the job's state, so a job killed in
@@ -9,34 +10,73 @@ decided trials are closed after. The map trial id -> run id is this side's (save
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Callable
 
 from prefect_hyperband.flows.loop import Outcome
 from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.hyperband.trial import TrialJob
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import close_trial_runs, log_trial_rung, start_trial_run, trial_params
+from prefect_hyperband.tasks.record import trial_params
+from prefect_hyperband.tasks.writer import ProcessWriter, ThreadWriter, Writer, make_writer
 from prefect_hyperband.trainers.stopping import StopToken
 
 
 class MlflowTracker:
-    """``runs``: trial id -> child run (saved ones, and those a killed run of the job created: reused)."""
+    """``runs``: trial id -> child run (saved ones, and those a killed run of the job created: reused). The writes
+    go through ``tasks.writer`` (a process of their own by default), in the order they are made."""
 
     def __init__(self, job: Job, runs: dict[str, str], records: Callable[..., list[TrialRecord]], stop: StopToken,
-                 warn: Callable[[str], None]) -> None:
+                 warn: Callable[[str], None], writer: Writer | None = None) -> None:
         self.job, self.runs, self.records, self.stop, self.warn = job, runs, records, stop, warn
         self.creating: dict[str, Future[str]] = {}
-        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
+        self.writer = writer or make_writer()  # the job's, started early: a process takes seconds to import MLflow
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Before the first trial-rung: the writer answers (a process imports MLflow first). Results recorded late
+        would leave ASHA deciding on fewer results than it has; a writer process that cannot start is replaced by
+        a thread of this process, in one warning line."""
+        try:
+            self.writer.submit("ping").result(timeout=timeout)
+        except Exception as exc:  # noqa: BLE001
+            self.warn(f"MLflow: the writer process did not start ({type(exc).__name__}: {exc}); writing from a thread")
+            if isinstance(self.writer, ProcessWriter):
+                self.writer.proc.kill()
+            self.writer.shutdown()
+            self.writer = ThreadWriter()
 
     def start(self, todo: TrialJob) -> None:
         t = todo.trial_id
         if t in self.runs or t in self.creating:
             return
-        self.creating[t] = self.writer.submit(start_trial_run, self.job, t, todo.bracket, time.time())
+        self.creating[t] = self.writer.submit("start", self.job, t, todo.bracket, time.time())
 
     def record(self, out: Outcome) -> Future[Outcome]:
-        return self.writer.submit(self._write, out)
+        """The trial-rung's metrics, to the trial's run (made then if its creation failed); its future ends once
+        written, with the run known (``runs``)."""
+        tj = out.job
+        rung = None
+        if not (out.error is not None and self.stop.requested()):  # stopped, not failed: --resume trains it again
+            # a trial's first rung brings its params (again, the same values, when it is trained again after a kill)
+            params = trial_params(self.job, tj.trial_id, tj.bracket, tj.config) if tj.rung == 0 else None
+            if out.error is None or params is not None:
+                rung = (tj.resource, out.trained if out.error is None else None, out.metric, params,
+                        out.evaluated.metrics if out.evaluated is not None else None)
+        written = self.writer.submit("record", self.job, tj.trial_id, tj.bracket, out.started or time.time(),
+                                     self.runs.get(tj.trial_id), rung)
+        done: Future[Outcome] = Future()
+
+        def settle(f: Future) -> None:
+            try:
+                self.runs.setdefault(tj.trial_id, f.result())
+            except Exception as exc:  # noqa: BLE001  (the loop sees the write's failure)
+                done.set_exception(exc)
+                return
+            self.creating.pop(tj.trial_id, None)
+            done.set_result(out)
+
+        written.add_done_callback(settle)
+        return done
 
     def record_failure(self, out: Outcome) -> Outcome:
         try:
@@ -45,44 +85,24 @@ class MlflowTracker:
             self.warn(f"MLflow: no run for failed trial {out.job.trial_id}: {why}")
             return out
 
-    def _write(self, out: Outcome) -> Outcome:
-        """On the writer thread: the trial-rung's metrics, to the trial's run (made now if its creation failed)."""
-        tj = out.job
-        run_id = self.runs.get(tj.trial_id)
-        if run_id is None:
-            run_id = self._created(tj.trial_id) or start_trial_run(self.job, tj.trial_id, tj.bracket, out.started or time.time())
-            self.runs[tj.trial_id] = run_id
-        if out.error is not None and self.stop.requested():
-            return out  # stopped, not failed: nothing to record, --resume trains it again
-        # a trial's first rung brings its params (again, the same values, when it is trained again after a kill)
-        params = trial_params(self.job, tj.trial_id, tj.bracket, tj.config) if tj.rung == 0 else None
-        if out.error is None or params is not None:
-            log_trial_rung(self.job, run_id, tj.resource, out.trained if out.error is None else None, out.metric, params,
-                           out.evaluated.metrics if out.evaluated is not None else None)
-        return out
-
-    def _created(self, trial_id: str) -> str | None:
-        future = self.creating.pop(trial_id, None)
-        try:
-            return future.result() if future is not None else None
-        except Exception:  # noqa: BLE001  (MLflow unreachable even after retries: the caller creates the run)
-            return None
-
     def close(self, trial_ids: list[str]) -> None:
         records = self.records(trial_ids)
+        closing = self.writer.submit("close", self.job, records, {t: self.runs[t] for t in trial_ids if t in self.runs})
 
-        def write() -> None:
-            try:
-                close_trial_runs(self.job, records, self.runs)
-            except Exception as exc:  # the results stand in the job's state; a resume closes them again
+        def said(f: Future) -> None:
+            if f.exception() is not None:  # the results stand in the job's state; a resume closes them again
+                exc = f.exception()
                 self.warn(f"MLflow: closing {len(records)} trial runs failed after retries: {type(exc).__name__}: {exc}")
 
-        self.writer.submit(write)
+        closing.add_done_callback(said)
 
     def drain(self) -> None:
         """Every write done; runs created for trials that left no result yet are kept (``runs``) for --resume."""
-        self.writer.shutdown(wait=True)
-        for trial_id in list(self.creating):
-            run_id = self._created(trial_id)
-            if run_id is not None and trial_id not in self.runs:
-                self.runs[trial_id] = run_id
+        self.writer.shutdown()
+        for trial_id, future in list(self.creating.items()):
+            try:
+                run_id = future.result(timeout=0)
+            except Exception:  # noqa: BLE001  (never made: nothing to keep)
+                continue
+            self.runs.setdefault(trial_id, run_id)
+        self.creating.clear()

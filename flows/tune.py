@@ -29,6 +29,7 @@ from prefect_hyperband.tasks.front import log_front
 from prefect_hyperband.tasks.record import (
     finish_job_run, keep_best_checkpoint, register_champion, start_job_run,
 )
+from prefect_hyperband.tasks.writer import Writer, make_writer
 from prefect_hyperband.trainers import factory, registry
 
 
@@ -51,7 +52,11 @@ def tune(params: TuneParams) -> dict[str, Any]:
     params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
     job = prepare(params)
     with job_lock(job.job_dir, job.job_id), factory.scope(), _job_lines_in_ui():  # one process per job
-        return _run_job(params, job, logger, began)
+        writer = make_writer()  # the trials' MLflow writer process imports MLflow while the job sets up
+        try:
+            return _run_job(params, job, logger, began, writer)
+        finally:
+            writer.shutdown()  # drive() shut it down already, unless the job failed before
 
 
 class _TaskRunInfo(logging.Filter):
@@ -89,7 +94,7 @@ def _job_lines_in_ui() -> Iterator[None]:
                     handler.removeFilter(_TASK_RUN_INFO)
 
 
-def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, Any]:
+def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer) -> dict[str, Any]:
     plan = schedule.plan_summary(job.min_resource, job.max_resource, job.eta)
     max_trials = params.max_trials or plan["configs"]
     logger.info("job %s (%s, %s sampler, %d slots): %s%s; dir %s", job.job_id, job.mode, job.sampler, job.concurrency,
@@ -122,7 +127,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float) -> dict[str, An
         factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
         run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config), lost=lost,
-                    runs=runs, progress=progress, saved=saved)
+                    runs=runs, progress=progress, saved=saved, writer=writer)
     except JobStopped as stop:
         return _stopped(job, scheduler, runs, stop, logger)
     records = scheduler.records()

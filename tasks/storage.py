@@ -114,8 +114,10 @@ class Storage:
                 return []
             names = [p.name for p in where.iterdir() if p.is_file() and p.name.startswith(start)]
         else:
+            where = self.url(folder) if folder else self.root
+            self.fs.invalidate_cache(where)  # a listing cached by fsspec would miss the objects written since
             try:
-                found = self.fs.ls(self.url(folder) if folder else self.root, detail=False)
+                found = self.fs.ls(where, detail=False)
             except FileNotFoundError:
                 return []
             names = [f.rstrip("/").rsplit("/", 1)[-1] for f in found]

@@ -17,6 +17,15 @@ batch_server_writes()  # as the CLI's temporary server
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _mlflow_writer_in_a_thread(request, monkeypatch):
+    """Fast tests write their trials' runs from a thread (``tasks.writer.ThreadWriter``): a writer process per
+    in-process job costs seconds of imports each. Slow tests, whose jobs are real processes, keep the default
+    writer process; ``test_trial_rung_metrics_are_written_by_the_mlflow_writer...`` checks it in the fast tier."""
+    if request.node.get_closest_marker("slow") is None:
+        monkeypatch.setenv("HYPERBAND_MLFLOW_WRITER", "thread")
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One temporary Prefect server for every flow test (starting one takes seconds)."""

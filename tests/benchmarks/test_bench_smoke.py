@@ -29,11 +29,28 @@ def _load(name: str):
 
 @pytest.mark.parametrize("name", ["bench_overhead", "bench_efficiency", "bench_quality", "bench_scaling", "bench_stalls",
                                   "bench_vs_optuna", "bench_dask_groups", "bench_dask_torch", "bench_multi_objective",
-                                  "bench_priors"])
+                                  "bench_priors", "bench_job_size", "bench_bookkeeping"])
 def test_imports_and_has_main(name):
     module = _load(name)
     assert callable(module.main)
     assert "Run from the repository root" in module.__doc__
+
+
+def test_job_size_rates_are_per_block_of_results_in_the_order_they_ended():
+    bench = _load("bench_job_size")
+    rows = [{"ended": 100.0 + i * (0.01 if i < 1000 else 0.02)} for i in range(2000)]
+    first, second = bench.per_thousand(rows)
+    assert first == pytest.approx(100.0) and second == pytest.approx(50.0)
+    assert bench.per_thousand(rows[:999]) == []  # no whole block
+
+
+def test_bookkeeping_bench_does_not_start_ray_where_its_processes_would_not_fit(tmp_path):
+    bench = _load("bench_bookkeeping")
+    total_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    wide = int(total_gib * 1024 / bench.RAY_MIB_PER_TRIAL) + 1
+    said = bench.ray(wide, 1.0, 10, tmp_path, "/nonexistent/python")
+    assert isinstance(said, str) and said.startswith("not run:") and "MiB" in said
+    assert bench.ray(1, 1.0, 10, tmp_path, "/nonexistent/python").startswith("not run: no /nonexistent/python")
 
 
 def test_plain_loop_runs_the_whole_schedule(tmp_path):

@@ -245,34 +245,36 @@ def test_each_trial_rung_is_a_train_and_an_evaluate_task_run_and_each_closed_run
 
 def test_trial_rung_metrics_are_written_by_the_mlflow_writer_before_the_result_enters_the_state(tracking_uri, tmp_path,
                                                                                                  monkeypatch):
-    """No trial thread waits on the tracking store, and a saved result always has its MLflow write behind it."""
-    import threading
+    """The trials' MLflow writes run in a process of their own, and a saved result always has its metric in the
+    tracking store already (read back from the store at every save)."""
+    from mlflow import MlflowClient
 
     from prefect_hyperband.flows.state import StateWriter
-    from prefect_hyperband.flows.tracker import MlflowTracker
     from prefect_hyperband.flows.tune import tune
+    from prefect_hyperband.tasks import writer
 
-    written: set[tuple[str, int]] = set()
-    writers: set[str] = set()
-    real_record, real_save = MlflowTracker._write, StateWriter.save
-
-    def slow_record(self, out):
-        time.sleep(0.02)  # a tracking server that takes its time
-        out = real_record(self, out)
-        written.add((out.job.trial_id, out.job.resource))
-        writers.add(threading.current_thread().name)
-        return out
+    client = MlflowClient(tracking_uri)
+    checked: set[tuple[str, int]] = set()
+    pids: list[int] = []
+    real_save, real_init = StateWriter.save, writer.ProcessWriter.__init__
 
     def checked_save(self, rows, *args, **kwargs):
-        missing = {(r["trial_id"], r["resource"]) for r in rows} - written
-        assert not missing, f"saved before their MLflow write: {sorted(missing)}"
+        for r in rows[self.rows_saved:]:
+            steps = {m.step for m in client.get_metric_history(self.runs[r["trial_id"]], "val_loss")}
+            assert r["resource"] in steps, f"{r['trial_id']} at r={r['resource']} saved before its MLflow write"
+            checked.add((r["trial_id"], r["resource"]))
         return real_save(self, rows, *args, **kwargs)
 
-    monkeypatch.setattr(MlflowTracker, "_write", slow_record)
+    def spy(self):
+        real_init(self)
+        pids.append(self.proc.pid)
+
     monkeypatch.setattr(StateWriter, "save", checked_save)
+    monkeypatch.setattr(writer.ProcessWriter, "__init__", spy)
+    monkeypatch.delenv("HYPERBAND_MLFLOW_WRITER", raising=False)
     result = tune(TuneParams(model="synthetic", max_resource=9, eta=3, concurrency=2, job_dir=str(tmp_path),
                              experiment="writer", baseline=False))
-    assert result["summary"]["trial_rungs"] == 22 and len(written) == 22
-    assert writers and all(name.startswith("mlflow") for name in writers)
+    assert result["summary"]["trial_rungs"] == 22 and len(checked) == 22
+    assert len(pids) == 1 and pids[0] != os.getpid()
     state = json.loads((Path(result["job_dir"]) / "state.json").read_text())
-    assert {(r["trial_id"], r["resource"]) for r in state["rows"]} == written
+    assert {(r["trial_id"], r["resource"]) for r in state["rows"]} == checked

@@ -1,0 +1,134 @@
+"""Benchmark: Ray Tune's "bookkeeping overhead" release test and ours, on the same work, in one run.
+
+Run from the repository root::
+
+    python benchmarks/bench_bookkeeping.py                    # (C, T, N) = (16, 1, 960), (64, 4, 960), (256, 16, 960)
+    python benchmarks/bench_bookkeeping.py --only 16          # one width
+    python benchmarks/bench_bookkeeping.py --no-ray           # ours alone
+
+The work: N trials of T seconds that only sleep, C at once; the minimum is N x T / C = 60 s at each width.
+Ray's release test (``release/tune_tests/scalability_tests/workloads/test_bookkeeping_overhead.py``) runs
+10,000 such trials of 1 s on 16 CPUs against a 625 s minimum and passes under 800 s (1.28x).
+
+* Ours: ``hyperband tune --model synthetic --unit-seconds T --mode asha --min-resource 1 --max-resource 1
+  --max-trials N --concurrency C`` as a child process (its own temporary Prefect server, MLflow in a fresh
+  ``sqlite:///mlflow.db``, one child run per trial). "flow": the job's own wall (its summary's
+  ``wall_seconds``); "end to end": the process, server start and MLflow set-up included.
+* Ray: Ray's own ``ray.tune.utils.release_test_util.timed_tune_run`` (its function trainable sleeps T and
+  reports once; ``reuse_actors``), ``ray.init(num_cpus=C)``, run by the Python of an environment of its own,
+  since ``ray[tune]`` is not a dependency of this project::
+
+      python3 -m venv /tmp/ray && /tmp/ray/bin/pip install 'ray[tune]==2.60.0'
+
+  (``--ray-python`` points elsewhere). "flow": ``tune.run``'s wall; "end to end": the process. Ray runs a
+  worker process per concurrent trial: where C of them would not fit in this machine's memory
+  (``RAY_MIB_PER_TRIAL`` each, measured), the row says so and Ray is not run at that width.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._common import header, table  # noqa: E402
+
+WIDTHS = ((16, 1.0, 960), (64, 4.0, 960), (256, 16.0, 960))
+#: resident memory of one of Ray's trial worker processes, measured here (ray 2.60, idle function trainable)
+RAY_MIB_PER_TRIAL = 110
+
+RAY_SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    began = time.monotonic()
+    import ray
+    from ray.tune.utils.release_test_util import timed_tune_run
+    c, t, n = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+    ray.init(num_cpus=c, include_dashboard=False, logging_level="ERROR")
+    flow = time.monotonic()
+    timed_tune_run(name="bookkeeping overhead", num_samples=n, results_per_second=1.0 / t, trial_length_s=t,
+                   max_runtime=100000, storage_path=sys.argv[4], verbose=0)
+    flow = time.monotonic() - flow
+    ray.shutdown()
+    print("RESULT " + json.dumps({"flow": flow, "wall": time.monotonic() - began}))
+""")
+
+
+def ours(c: int, t: float, n: int, where: Path) -> dict:
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HYPERBAND_NO_LIVE": "1"}
+    env.pop("PREFECT_API_URL", None)
+    cmd = [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--model", "synthetic", "--unit-seconds",
+           f"{t:g}", "--mode", "asha", "--min-resource", "1", "--max-resource", "1", "--max-trials", str(n),
+           "--concurrency", str(c), "--no-baseline", "--job-dir", str(where / "jobs"), "--json"]
+    began = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=where, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - began
+    if proc.returncode != 0:
+        raise SystemExit(f"ours at C={c} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])["summary"]
+    assert summary["trial_rungs"] == n, summary
+    return {"flow": summary["wall_seconds"], "wall": wall}
+
+
+def ray(c: int, t: float, n: int, where: Path, python: str) -> dict | str:
+    total_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    if c * RAY_MIB_PER_TRIAL > 0.8 * total_mib:
+        return f"not run: {c} trial processes x {RAY_MIB_PER_TRIAL} MiB > 80% of {total_mib / 1024:.0f} GiB"
+    if not Path(python).exists():
+        return f"not run: no {python} (see the docstring)"
+    script = where / "ray_bookkeeping.py"
+    script.write_text(RAY_SCRIPT)
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0", "TUNE_GLOBAL_CHECKPOINT_S": "100", "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.run([python, str(script), str(c), f"{t:g}", str(n), str(where / "ray_results")], cwd=where,
+                          env=env, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return f"failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", type=int, action="append", help="run this width C only (repeatable)")
+    ap.add_argument("--no-ray", action="store_true", help="ours alone")
+    ap.add_argument("--ray-python", default="/tmp/ray/bin/python", help="the Python of an environment with ray[tune]")
+    args = ap.parse_args()
+    header("bookkeeping: N trials of T seconds that only sleep, C at once (minimum N x T / C)")
+    rows, verdicts = [], []
+    for c, t, n in WIDTHS:
+        if args.only and c not in args.only:
+            continue
+        minimum = n * t / c
+        with tempfile.TemporaryDirectory(prefix=f"bench-book-{c}-") as tmp:
+            mine = ours(c, t, n, Path(tmp))
+            theirs = "not run: --no-ray" if args.no_ray else ray(c, t, n, Path(tmp), args.ray_python)
+        row = [c, f"{t:g}", n, f"{minimum:.0f}", f"{mine['flow'] / minimum:.3f}x", f"{mine['wall'] / minimum:.3f}x"]
+        if isinstance(theirs, dict):
+            row += [f"{theirs['flow'] / minimum:.3f}x", f"{theirs['wall'] / minimum:.3f}x"]
+            beat = mine["flow"] < theirs["flow"]
+        else:
+            row += [theirs, ""]
+            beat = None
+        rows.append(row)
+        print(f"C={c}: ours {mine['flow']:.1f} s (flow), {mine['wall']:.1f} s (end to end); Ray: "
+              + (f"{theirs['flow']:.1f} s, {theirs['wall']:.1f} s" if isinstance(theirs, dict) else theirs), flush=True)
+        ratio = mine["flow"] / minimum
+        verdicts.append(f"C={c}: ours {ratio:.3f}x the minimum (target <= 1.10x): {'met' if ratio <= 1.10 else 'missed'}"
+                        + ("" if beat is None else f"; below Ray's: {'yes' if beat else 'no'}"))
+    print()
+    print(table(rows, ["C", "T (s)", "N", "minimum (s)", "ours flow", "ours end to end", "Ray flow", "Ray end to end"]))
+    print()
+    print("\n".join(verdicts))
+
+
+if __name__ == "__main__":
+    main()
