@@ -52,7 +52,6 @@ class ThreadExecutor:
                  interrupt: Callable[[], None] = lambda: None) -> None:
         self.work, self.stop, self._interrupt = work, stop, interrupt
         self.pool = ThreadPoolExecutor(max_workers=slots + SPARE_THREADS, thread_name_prefix=THREAD_PREFIX)
-        self.running: dict[Future, _Work] = {}
         self.abandoned: list[Future] = []
 
     def call(self, fn: Callable[[], Any]) -> Future:
@@ -73,15 +72,15 @@ class ThreadExecutor:
                 here.hyperband_busy = False  # type: ignore[attr-defined]
 
         future = self.call(call)
-        self.running[future] = record
+        future.hyperband_work = record  # type: ignore[attr-defined]  (on the future: nothing kept once it is dropped)
         return future
 
     def began(self, future: Future[Outcome]) -> float | None:
-        record = self.running.get(future)
+        record = getattr(future, "hyperband_work", None)
         return record.began if record is not None else None
 
     def give_up(self, future: Future[Outcome]) -> None:
-        record = self.running.get(future)
+        record = getattr(future, "hyperband_work", None)
         if record is not None and record.thread is not None:
             self.stop.cancel_thread(record.thread)
         self.abandoned.append(future)

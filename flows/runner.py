@@ -12,6 +12,7 @@ import contextlib
 import time
 
 from prefect import tags
+from prefect.context import FlowRunContext
 
 from prefect_hyperband.flows.loop import Outcome
 from prefect_hyperband.hyperband.trial import TrialJob
@@ -36,11 +37,25 @@ def work(job: Job, tj: TrialJob) -> Outcome:
     with tags(*group):
         evaluated_state = evaluate_trial(job, tj.trial_id, tj.resource, trained, return_state=True)
     evaluated = evaluated_state.result(raise_on_failure=False)
+    _forget(trained, evaluated)
     if isinstance(evaluated, BaseException) or not evaluated_state.is_completed():
         return Outcome(tj, trained, None, _describe(evaluated, evaluated_state))
     ended = time.time()
     started = ended - evaluated.seconds - trained.seconds  # the work itself, without the task runs around it
     return Outcome(tj, trained, evaluated, None, started, ended)
+
+
+def _forget(*results: object) -> None:
+    """Prefect's flow run keeps every task run's result and state (``FlowRunContext.run_results``, keyed by the
+    result's id) to link a result passed on to the task it feeds; once ``evaluate`` has taken ``train``'s, neither is
+    passed on again: kept, they grew the job's memory by every trial-rung (kilobytes each, 10,000s of them)."""
+    context = FlowRunContext.get()
+    if context is None:
+        return
+    for result in results:
+        context.run_results.pop(id(result), None)
+        for value in getattr(result, "__dict__", {}).values():  # Prefect links a result's fields too (one level)
+            context.run_results.pop(id(value), None)
 
 
 def _reserve(job: Job, held: contextlib.ExitStack) -> tuple[str, ...]:
