@@ -5,6 +5,7 @@ Run from the repository root::
     python benchmarks/bench_bookkeeping.py                    # (C, T, N) = (16, 1, 960), (64, 4, 960), (256, 16, 960)
     python benchmarks/bench_bookkeeping.py --only 16          # one width
     python benchmarks/bench_bookkeeping.py --no-ray           # ours alone
+    python benchmarks/bench_bookkeeping.py --quick            # C=16 only, 160 trials (minimum 10 s)
 
 The work: N trials of T seconds that only sleep, C at once; the minimum is N x T / C = 60 s at each width.
 Ray's release test (``release/tune_tests/scalability_tests/workloads/test_bookkeeping_overhead.py``) runs
@@ -101,11 +102,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", type=int, action="append", help="run this width C only (repeatable)")
     ap.add_argument("--no-ray", action="store_true", help="ours alone")
+    ap.add_argument("--quick", action="store_true", help="C=16 only, 160 trials of 1 s (a smoke run)")
     ap.add_argument("--ray-python", default="/tmp/ray/bin/python", help="the Python of an environment with ray[tune]")
     args = ap.parse_args()
     header("bookkeeping: N trials of T seconds that only sleep, C at once (minimum N x T / C)")
     rows, verdicts = [], []
-    for c, t, n in WIDTHS:
+    widths = ((16, 1.0, 160),) if args.quick else WIDTHS
+    for c, t, n in widths:
         if args.only and c not in args.only:
             continue
         minimum = n * t / c

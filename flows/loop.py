@@ -7,7 +7,8 @@ stop token. No Prefect and no MLflow here: ``flows.driver`` wires the real ones,
 
 One trial-rung's path: ``_fill`` takes it from ``scheduler.next_job()`` and submits it; once trained,
 ``_trained`` hands it to the tracker; once recorded, ``_settle`` reports it to the scheduler, adds its
-row and passes the decisions on; the state is saved after every pass that settled a result.
+row and passes the decisions on; the state is saved after every pass that settled a result (the driver's
+``save`` appends one journal record: ``flows.state.StateWriter``).
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ class Flight:
 @dataclass
 class Loop:
     """Run ``scheduler`` to the end with ``concurrency`` trial-rungs in flight (``workers`` each); ``save(rows,
-    elapsed, lost)`` after every pass that settled a result, ``save(..., final=True)`` once at the end. ``baseline``: the default config's training, in a slot too."""
+    elapsed, lost)`` after every pass that settled a result, ``save(..., final=True)`` once at the end.
+    ``baseline``: the default config's training, in a slot too."""
 
     scheduler: Scheduler
     executor: Executor

@@ -127,8 +127,8 @@ class StateWriter:
     snapshot folds the journal in once it has grown as large as the snapshot. ``--resume`` loads the snapshot and
     replays the journal (``load_state``). A result thus costs one appended record, not a rewrite of the job."""
 
-    def __init__(self, job: Job, scheduler: Journaled, runs: dict[str, str], generation: int = 0,
-                 rows_saved: int = 0, written: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, job: Job, scheduler: Journaled, runs: dict[str, str], generation: int = 0, rows_saved: int = 0,
+                 written: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.store, self.scheduler, self.runs, self.clock = job.store(), scheduler, runs, clock
         self.generation = generation  # the newest journal on the storage (0: none); ``start`` snapshots past it
         self.rows_saved, self.runs_saved = rows_saved, len(runs)

@@ -15,6 +15,8 @@ import pytest
 from dask_cluster import cluster  # tests/dask_cluster.py
 from mlflow_runs import runs_of  # tests/flows
 
+from prefect_hyperband.flows.state import saved_rows
+
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.2", "127.0.0.3"]  # two groups of two, each across two hosts
@@ -32,7 +34,7 @@ def kill_a_busy_worker(address: str, jobs: Path, killed: list[str]) -> None:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             states = list(jobs.glob("*/state.json"))
-            if states and len(json.loads(states[0].read_text()).get("rows", [])) >= 4:
+            if states and len(saved_rows(states[0].parent)) >= 4:
                 busy = [w for w, keys in client.processing().items() if keys]
                 if busy:
                     pid = client.run(os.getpid, workers=[busy[0]])[busy[0]]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.state import saved_rows
 from prefect_hyperband.trainers import factory, stopping
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -41,7 +42,7 @@ def test_two_jobs_side_by_side_finish_apart_and_a_stop_of_one_leaves_the_other_r
         t.start()
     state_a = Path(tmp_path) / "job-a" / "state.json"
     deadline = time.monotonic() + 120
-    while not state_a.exists() and time.monotonic() < deadline:  # a has results: stop it mid-job
+    while not (state_a.exists() and saved_rows(state_a.parent)) and time.monotonic() < deadline:  # a has results
         time.sleep(0.05)
     tokens["a"].request()
     for t in threads.values():
