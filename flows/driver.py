@@ -14,6 +14,7 @@ from prefect import get_run_logger
 from prefect_hyperband.flows import progress as display
 from prefect_hyperband.flows import runner
 from prefect_hyperband.flows.executors import RealClock, ThreadExecutor
+from prefect_hyperband.flows.groups import Groups
 from prefect_hyperband.flows.loop import Drive, JobStopped, Loop, Outcome
 from prefect_hyperband.flows.process import stop_on_signals
 from prefect_hyperband.flows.state import StateWriter
@@ -49,11 +50,12 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     trainers = factory.current()
     with stopping.bind(token), stop_on_signals(token, kill=trainers.close_all):
         work = runner.remote if job.trial_pool else runner.work
-        executor = ThreadExecutor(functools.partial(work, job), job.concurrency, token,
-                                  interrupt=lambda: trainers.interrupt(job.settings))
+        groups = Groups(job.mode, warn=logger.warning)  # the trial-rungs' subflow runs (``flows.groups``)
+        executor = ThreadExecutor(lambda todo: groups.run(todo, functools.partial(work, job, todo)), job.concurrency,
+                                  token, interrupt=lambda: trainers.interrupt(job.settings))
         tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning, writer)
         tracker.wait_ready()
-        events = _Events(job, scheduler, logger, progress or report.ProgressBar(None, 0))
+        events = _Events(job, scheduler, logger, progress or report.ProgressBar(None, 0), groups)
         _show_start(job, rows, scheduler)
         journaled = Journaled(scheduler)
         saved = saved or {}
@@ -67,6 +69,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
             return loop.run()
         finally:
             events.flush()
+            groups.close()
             display.stop()
 
 
@@ -89,8 +92,10 @@ class _Events:
     """What the loop tells: a line per closed rung (ASHA: per new best), the promote task, the progress
     artifact (moved at most every ``PROGRESS_INTERVAL`` seconds) and the live display."""
 
-    def __init__(self, job: Job, scheduler: Scheduler, logger, progress: report.ProgressBar) -> None:
+    def __init__(self, job: Job, scheduler: Scheduler, logger, progress: report.ProgressBar,
+                 groups: Groups | None = None) -> None:
         self.job, self.scheduler, self.logger, self.progress = job, scheduler, logger, progress
+        self.groups = groups or Groups(job.mode)
         self.pending, self.last, self.results = 0, time.monotonic(), 0
         found = best_of(scheduler.records(), job.direction)  # once; then kept up to date result by result
         self.best = None if found is None else (found[0].trial_id, found[1], found[2])
@@ -113,6 +118,7 @@ class _Events:
                 self._rung(d, decisions)
         if self.job.mode == "asha":
             _log_asha(self.logger, self.job, out, self.results, self.best, improved)
+        self.groups.settled(decisions)
 
     def _improves(self, out: Outcome) -> bool:
         """Whether ``out`` is the best so far (``best_of``'s ranking, kept result by result: no scan of the job)."""
@@ -131,7 +137,8 @@ class _Events:
         same = [d for d in decisions if (d.bracket, d.rung) == (closed.bracket, closed.rung)]
         promoted = [d.trial_id for d in same if d.kind == "promoted"]
         stopped = [d.trial_id for d in same if d.kind in ("stopped", "completed")]
-        promote_rung(closed.bracket, closed.rung, closed.resource, promoted, stopped)
+        self.groups.in_bracket(closed.bracket, functools.partial(
+            promote_rung, closed.bracket, closed.rung, closed.resource, promoted, stopped))
         _log_rung(self.logger, self.job, self.scheduler, closed, len(promoted))
 
     def _advance(self) -> None:

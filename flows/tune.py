@@ -168,7 +168,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
     report.report_results(
         [TrialRung(**r) for r in run.rows], {t.trial_id: t.config for t in records}, summary, job.metric_key,
         job.direction, job.tracking_uri, job.parent_run_id, title=f"Hyperband job {job.job_id}",
-        extra={"MLflow parent run": job.parent_run_id, "champion version": version},
+        extra={"MLflow parent run": job.parent_run_id, "champion version": version}, runs=runs,
     )
     if job.objectives:
         log_front(job, records, run.rows, runs, best["trial_id"] if best else None, points)

@@ -15,6 +15,7 @@ MLflow artifacts of the parent run:
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
 import threading
@@ -29,6 +30,10 @@ from prefect_hyperband.hyperband.promotion import failed, sort_key
 
 PROGRESS_KEY = "hyperband-progress"
 LEADERBOARD_KEY = "hyperband-leaderboard"
+#: the parent MLflow run's table of the best trials (the top ``LEADERBOARD_TOP``; MLflow's runs table holds them all)
+LEADERBOARD_FILE = "leaderboard.json"
+#: trials on the leaderboards: the best ones, not every trial of a 10,000-trial-rung job
+LEADERBOARD_TOP = 20
 SUMMARY_KEY = "hyperband-summary"
 PLOT_METRIC_VS_RESOURCE = "plots/metric_vs_resource.png"
 PLOT_BEST_VS_WORKER_SECONDS = "plots/best_vs_worker_seconds.png"
@@ -85,10 +90,12 @@ def leaderboard(
     configs: Mapping[str, Mapping[str, Any]],
     metric: str,
     direction: str,
-    top: int = 10,
+    top: int = LEADERBOARD_TOP,
+    runs: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The ``top`` trials by their best evaluated score, ranked as the champion is (``promotion.sort_key`` on
-    ``trial@resource``: ties by trial id, then the smaller resource)."""
+    ``trial@resource``: ties by trial id, then the smaller resource); one pass over the rows and a heap of ``top``,
+    once per job. ``runs`` (trial id -> MLflow child run) adds each trial's ``run_id``."""
     key = lambda r: sort_key(f"{r.trial_id}@{r.resource:06d}", r.score, direction)  # noqa: E731  (best_of's key)
     best: dict[str, TrialRung] = {}
     for r in _rows(rows):
@@ -97,7 +104,7 @@ def leaderboard(
         held = best.get(r.trial_id)
         if held is None or key(r) < key(held):
             best[r.trial_id] = r
-    ranked = sorted(best.values(), key=key)
+    ranked = heapq.nsmallest(top, best.values(), key=key)
     return [
         {
             "rank": i + 1,
@@ -106,8 +113,9 @@ def leaderboard(
             "resource": r.resource,
             metric: round(float(r.score), 6),  # type: ignore[arg-type]
             "config": json.dumps(dict(configs.get(r.trial_id, {})), sort_keys=True, default=str),
+            **({"run_id": runs.get(r.trial_id)} if runs is not None else {}),
         }
-        for i, r in enumerate(ranked[:top])
+        for i, r in enumerate(ranked)
     ]
 
 
@@ -116,13 +124,14 @@ def publish_leaderboard(
     configs: Mapping[str, Mapping[str, Any]],
     metric: str,
     direction: str,
-    top: int = 10,
+    top: int = LEADERBOARD_TOP,
     key: str = LEADERBOARD_KEY,
+    board: list[dict[str, Any]] | None = None,
 ) -> UUID:
-    """Table artifact of the best trials."""
+    """Table artifact of the best trials (``board``, when computed already)."""
     from prefect.artifacts import create_table_artifact
 
-    board = leaderboard(rows, configs, metric, direction, top)
+    board = leaderboard(rows, configs, metric, direction, top) if board is None else board
     return create_table_artifact(
         table=board or [{"rank": None, "trial_id": "no trial evaluated"}],
         key=_check_key(key),
@@ -330,11 +339,15 @@ def report_results(
     run_id: str | None = None,
     title: str = "Hyperband job",
     extra: dict[str, Any] | None = None,
+    runs: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Leaderboard and summary artifacts in Prefect; both plots on the MLflow parent run (when given)."""
+    """Leaderboard and summary artifacts in Prefect; the leaderboard table (``leaderboard.json``, the top
+    ``LEADERBOARD_TOP`` trials with their child runs: ``runs``) and both plots on the MLflow parent run (when given)."""
     out: dict[str, Any] = {"leaderboard": None, "summary": None, "plots": []}
+    rows = _rows(rows)
+    board = leaderboard(rows, configs, metric, direction, runs=runs or {})
     try:
-        out["leaderboard"] = str(publish_leaderboard(rows, configs, metric, direction))
+        out["leaderboard"] = str(publish_leaderboard(rows, configs, metric, direction, board=board))
     except Exception as exc:
         _warn("leaderboard artifact", exc)
     try:
@@ -344,7 +357,15 @@ def report_results(
     if tracking_uri and run_id:
         from prefect_hyperband.tasks.record import retrying
 
+        from prefect_hyperband.tasks import tracking
+
         try:  # the tracking server may blip: the one retry policy of MLflow writes
+            if board:
+                retrying(tracking.log_table, tracking_uri, run_id, board, LEADERBOARD_FILE)
+                out["table"] = LEADERBOARD_FILE
+        except Exception as exc:
+            _warn("MLflow leaderboard table", exc)
+        try:
             out["plots"] = retrying(log_plots, tracking_uri, run_id, rows, metric, direction)
         except Exception as exc:
             _warn("MLflow plots", exc)

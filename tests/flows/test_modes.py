@@ -212,10 +212,11 @@ def test_progress_observers_see_the_plan_and_every_result(mode, tracking_uri, tm
     assert f"best val_loss {result['summary']['best_score']:.4f}" in shown
 
 
-def test_each_trial_rung_is_a_train_and_an_evaluate_task_run_and_each_closed_rung_a_promote(tracking_uri, tmp_path):
-    """The job's DAG in the Prefect UI: under the job's flow run, train and evaluate per trial-rung, promote per rung."""
+def test_each_bracket_is_a_subflow_run_of_train_evaluate_and_promote_task_runs(tracking_uri, tmp_path):
+    """The job's DAG in the Prefect UI: under the job's flow run, one ``hyperband-group`` subflow run per bracket,
+    holding train and evaluate per trial-rung and promote per closed rung (``flows.groups``)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
 
     from prefect_hyperband.flows.tune import tune
 
@@ -223,24 +224,32 @@ def test_each_trial_rung_is_a_train_and_an_evaluate_task_run_and_each_closed_run
                             experiment="dag", baseline=False), return_state=True)
     summary = state.result()["summary"]
     assert summary["trial_rungs"] == 22
-    only_this_job = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
-    names: list[str] = []
+    job_run = state.state_details.flow_run_id
+    names: dict[str, list[str]] = {}
     with get_client(sync_client=True) as client:
+        groups = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[job_run])))
+        assert sorted(g.name for g in groups) == ["bracket s=0", "bracket s=1", "bracket s=2"]
+        assert all(g.state.is_completed() for g in groups)
         # The server records task runs from their events, usually within a second or so. Its recorder's
         # write can wait out a busy SQLite (PREFECT_SERVER_DATABASE_TIMEOUT, 60 s here) and be retried:
         # CI once missed the last promote after 30 s. So wait up to 150 s; a pass ends the wait at once.
         deadline = time.monotonic() + 150
         while True:
-            names = [t.name for t in client.read_task_runs(flow_run_filter=only_this_job, limit=200)]
-            if len(names) >= 2 * 22 + 6 or time.monotonic() > deadline:
+            names = {g.name: [t.name for t in client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[g.id])), limit=200)] for g in groups}
+            if sum(map(len, names.values())) >= 2 * 22 + 6 or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-    kinds = [n.split(" ")[0] for n in names]
-    assert kinds.count("train") == 22 and kinds.count("evaluate") == 22
-    # (1, 9, 3): bracket s=2 closes 3 rungs, s=1 two, s=0 one
-    assert sorted(n for n in names if n.startswith("promote")) == sorted(
-        [f"promote bracket s=2 rung {r}" for r in range(3)] + [f"promote bracket s=1 rung {r}" for r in range(2)]
-        + ["promote bracket s=0 rung 0"])
+        in_job = [t.name for t in client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[job_run])), limit=200)]
+    assert not [n for n in in_job if n.split(" ")[0] in ("train", "evaluate", "promote")]
+    # (1, 9, 3): bracket s=2 trains 9 + 3 + 1 and closes 3 rungs, s=1 trains 5 + 1 and closes two, s=0 trains 3
+    for s, trained, rungs in ((2, 13, 3), (1, 6, 2), (0, 3, 1)):
+        kinds = [n.split(" ")[0] for n in names[f"bracket s={s}"]]
+        assert kinds.count("train") == trained and kinds.count("evaluate") == trained
+        assert sorted(n for n in names[f"bracket s={s}"] if n.startswith("promote")) == [
+            f"promote bracket s={s} rung {r}" for r in range(rungs)]
 
 
 def test_trial_rung_metrics_are_written_by_the_mlflow_writer_before_the_result_enters_the_state(tracking_uri, tmp_path,

@@ -142,7 +142,7 @@ def test_artifacts_in_a_flow_run(prefect_harness):
     assert "0.8500 tuned" in summary.data and "| MLflow run | abc123 |" in summary.data
 
 
-def test_report_tasks_are_best_effort(prefect_harness, tracking_uri, monkeypatch):
+def test_report_tasks_are_best_effort(prefect_harness, tracking_uri, monkeypatch, tmp_path):
     from mlflow import MlflowClient
     from prefect import flow
     from prefect.context import get_run_context
@@ -160,7 +160,8 @@ def test_report_tasks_are_best_effort(prefect_harness, tracking_uri, monkeypatch
             list(pool.map(lambda _: bar.advance(), range(len(ROWS))))
         halfway = float(_artifacts(run_id)[report.PROGRESS_KEY].data)
         bar.finish()
-        out = report.report_results(ROWS, CONFIGS, _summary(), "val_auc", "max", tracking_uri, parent)
+        out = report.report_results(ROWS, CONFIGS, _summary(), "val_auc", "max", tracking_uri, parent,
+                                    runs={"s1-b": "run-b"})
         broken = report.ProgressBar("not-a-uuid", 2).advance()  # a bad id warns, never fails the job
         untracked = report.ProgressBar(None, 2).advance()
         return run_id, out, broken, halfway, untracked
@@ -173,6 +174,22 @@ def test_report_tasks_are_best_effort(prefect_harness, tracking_uri, monkeypatch
     found = _artifacts(run_id)
     assert float(found[report.PROGRESS_KEY].data) == pytest.approx(100.0)
     assert {f.path for f in c.list_artifacts(parent, "plots")} == set(out["plots"])
+    # the parent run's leaderboard table: the best trials, each with its child run where known
+    assert out["table"] == report.LEADERBOARD_FILE
+    c.download_artifacts(parent, report.LEADERBOARD_FILE, str(tmp_path))
+    logged = json.loads((tmp_path / report.LEADERBOARD_FILE).read_text())
+    column = {name: i for i, name in enumerate(logged["columns"])}
+    assert [row[column["trial_id"]] for row in logged["data"]] == [b["trial_id"] for b in report.leaderboard(
+        ROWS, CONFIGS, "val_auc", "max")]
+    assert logged["data"][0][column["run_id"]] == "run-b"
+
+
+def test_the_leaderboard_holds_the_top_trials_of_a_large_job_not_all_of_them():
+    rows = [TrialRung(f"{i:05d}", 0, 0, 1, 1, 0.1, 0.0, 1, i / 5000 if i % 7 else None) for i in range(5000)]
+    board = report.leaderboard(rows, {}, "val_auc", "max")
+    assert len(board) == report.LEADERBOARD_TOP
+    expected = sorted((r for r in rows if r.score is not None), key=lambda r: -r.score)[:report.LEADERBOARD_TOP]
+    assert [b["trial_id"] for b in board] == [r.trial_id for r in expected] and "run_id" not in board[0]
 
 
 def test_a_metric_keeps_its_one_name_on_the_leaderboard_the_summary_and_the_plots():

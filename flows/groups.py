@@ -1,0 +1,175 @@
+"""Trial-rungs grouped into subflow runs of the job's flow run, so that every page of the Prefect UI stays usable.
+
+A job is one flow run; each trial-rung is two task runs (``train``, ``evaluate``). Left flat, a 10,000-trial-rung job
+is 20,000 task runs under one flow run, and Prefect's run graph hides itself above 2,000 nodes ("large graphs are
+hidden by default"). So trial-rungs run inside ``hyperband-group`` subflow runs, the design card's DAG per bracket:
+
+- **Hyperband** (synchronous brackets): one subflow run per bracket, ``bracket s=2``, holding its trial-rungs'
+  ``train`` → ``evaluate`` task runs and its rungs' ``promote`` tasks; it ends when its last rung closes. A bracket
+  above ``GROUP_SIZE`` trial-rungs is split in parts (``bracket s=4 · part 2``).
+- **ASHA** (no bracket ever closes): one subflow run per rung (a resource level) and per ``GROUP_SIZE`` trial-rungs
+  dealt to it, ``r=3 · trial-rungs 501-1000``; it ends once all of them have reported. Rungs are how ASHA is
+  read (how many reached r, who got promoted), and a fixed count keeps every group's graph drawable.
+
+``GROUP_SIZE`` = 500 trial-rungs is 1,000 task runs per group graph, half of what Prefect draws by default; the
+job's own graph holds one node per group (20 to 30 for a 10,000-trial-rung job). A group's subflow run is
+started on its first trial-rung from a thread of its own, which waits in the subflow until the group ends; the
+trial-rungs' threads run in a copy of its context, so their task runs (and, with ``--trial-pool``, their flow
+runs) land under it. The priors' mode (trained first) and the default config's baseline stay in the job's own
+run. Should a group's subflow run not start (the API, say), its trial-rungs run in the job's run, said once.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
+
+from prefect import flow
+
+from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, Decision
+from prefect_hyperband.hyperband.trial import TrialJob
+
+T = TypeVar("T")
+
+FLOW_NAME = "hyperband-group"
+#: trial-rungs per group: 2 task runs each, half the 2,000 nodes Prefect's run graph draws without asking
+GROUP_SIZE = 500
+#: seconds a trial-rung waits for its group's subflow run to start before it runs in the job's run
+START_TIMEOUT = 60.0
+
+
+@dataclass(eq=False)
+class _Group:
+    title: str
+    bracket: int
+    ready: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    context: contextvars.Context | None = None
+    dealt: int = 0
+    active: int = 0
+    full: bool = False
+    thread: threading.Thread | None = None
+
+
+class Groups:
+    """Which group a trial-rung runs in, and the groups' subflow runs; made inside the job's flow run."""
+
+    def __init__(self, mode: str, size: int | None = None, warn: Callable[[str], None] = lambda m: None) -> None:
+        self.mode, self.size, self.warn = mode, size or GROUP_SIZE, warn
+        self.base = contextvars.copy_context()  # the job flow run's: a group's subflow run is its child
+        self.lock = threading.Lock()
+        self.open: dict[tuple[Any, ...], _Group] = {}
+        self.dealt: Counter[tuple[Any, ...]] = Counter()  # trial-rungs dealt per bracket (hyperband) or resource
+        self.warned = False
+
+    def run(self, todo: TrialJob, fn: Callable[[], T]) -> T:
+        """``fn()`` (the trial-rung's tasks) inside ``todo``'s group; the group's run starts on its first one."""
+        group = self._take(todo)
+        if group is None:
+            return fn()
+        try:
+            if not group.ready.wait(START_TIMEOUT):
+                self._failed(group, "its subflow run did not start within %g s" % START_TIMEOUT)
+            return fn() if group.context is None else group.context.copy().run(fn)
+        finally:
+            self._release(group)
+
+    def in_bracket(self, bracket: int, fn: Callable[[], T]) -> T:
+        """``fn()`` (a rung's ``promote`` task) in the bracket's latest group; in the job's run otherwise."""
+        with self.lock:
+            found = [g for k, g in self.open.items() if g.bracket == bracket and k[0] == "bracket"]
+        group = found[-1] if found else None
+        if group is None or group.context is None:
+            return fn()
+        return group.context.copy().run(fn)
+
+    def settled(self, decisions: list[Decision]) -> None:
+        """A synchronous bracket's group ends once its last rung has closed (after that rung's ``promote``)."""
+        for d in decisions:
+            if d.kind == "rung_closed" and d.rung == d.n_rungs - 1:
+                with self.lock:
+                    ended = [k for k, g in self.open.items() if k[0] == "bracket" and g.bracket == d.bracket]
+                    groups = [self.open.pop(k) for k in ended]
+                for g in groups:
+                    g.done.set()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """End every group still open (the job is over: finished, stopped or failed) and wait for their runs."""
+        with self.lock:
+            groups, self.open = list(self.open.values()), {}
+        for g in groups:
+            g.done.set()
+        for g in groups:
+            if g.thread is not None:
+                g.thread.join(timeout)
+
+    # -- inside
+
+    def _key(self, todo: TrialJob) -> tuple[tuple[Any, ...], str, int] | None:
+        """The group's key and title for the next trial-rung like ``todo`` (counted here: call under the lock)."""
+        if todo.bracket == PRIOR_BRACKET:
+            return None
+        level = ("bracket", todo.bracket) if self.mode != "asha" else ("r", todo.resource)
+        n = self.dealt[level]
+        self.dealt[level] += 1
+        part = n // self.size
+        if level[0] == "bracket":
+            title = f"bracket s={todo.bracket}" + (f" · part {part + 1}" if part else "")
+        else:
+            title = f"r={todo.resource} · trial-rungs {part * self.size + 1}-{(part + 1) * self.size}"
+        return (*level, part), title, todo.bracket
+
+    def _take(self, todo: TrialJob) -> _Group | None:
+        with self.lock:
+            found = self._key(todo)
+            if found is None:
+                return None
+            key, title, bracket = found
+            group = self.open.get(key)
+            if group is None:
+                group = self.open[key] = _Group(title, bracket)
+                self._start(group)
+            group.dealt += 1
+            group.active += 1
+            group.full = key[0] == "r" and group.dealt >= self.size  # ASHA's: ends once its last one reports
+            return group
+
+    def _release(self, group: _Group) -> None:
+        with self.lock:
+            group.active -= 1
+            if not (group.full and group.active == 0):
+                return
+            for key, g in list(self.open.items()):
+                if g is group:
+                    del self.open[key]
+        group.done.set()
+
+    def _start(self, group: _Group) -> None:
+        def body(title: str) -> int:
+            group.context = contextvars.copy_context()  # this subflow run's: its trial-rungs' tasks land under it
+            group.ready.set()
+            group.done.wait()
+            return group.dealt
+
+        subflow = flow(name=FLOW_NAME, flow_run_name="{title}", log_prints=False, validate_parameters=False,
+                       persist_result=False)(body)
+
+        def call() -> None:
+            try:
+                subflow(group.title)
+            except BaseException as exc:  # noqa: BLE001 (the API, a stop): its trial-rungs run in the job's run
+                self._failed(group, f"{type(exc).__name__}: {exc}")
+
+        group.thread = threading.Thread(target=self.base.copy().run, args=(call,), daemon=True,
+                                        name=f"hyperband-group {group.title}")
+        group.thread.start()
+
+    def _failed(self, group: _Group, why: str) -> None:
+        if not group.ready.is_set():
+            group.ready.set()
+            if not self.warned:
+                self.warned = True
+                self.warn(f"trial-rungs of {group.title} run in the job's flow run: its group's subflow run did not start ({why})")

@@ -1,0 +1,102 @@
+"""Trial-rungs grouped into subflow runs (``flows.groups``): a bracket per group, ASHA by rung and by count."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from prefect_hyperband.flows.groups import Groups
+from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, Decision
+from prefect_hyperband.hyperband.trial import TrialJob
+
+
+def _todo(i: int, bracket: int = 0, resource: int = 1) -> TrialJob:
+    return TrialJob(f"{i:04d}", bracket, 0, resource, {}, None)
+
+
+def test_asha_groups_by_rung_and_count_and_a_group_ends_once_its_last_trial_rung_reports(monkeypatch):
+    started: list[str] = []
+    groups = Groups("asha", size=2)
+    monkeypatch.setattr(groups, "_start", lambda g: (started.append(g.title), g.ready.set()))
+    keys = [groups._take(_todo(i, resource=r)) for i, r in enumerate([1, 1, 3, 1])]
+    assert started == ["r=1 · trial-rungs 1-2", "r=3 · trial-rungs 1-2", "r=1 · trial-rungs 3-4"]
+    first, second = keys[0], keys[1]
+    assert first is second and first.full and not keys[2].full
+    groups._release(first)
+    assert not first.done.is_set()  # one of its two still runs
+    groups._release(first)
+    assert first.done.is_set() and first not in groups.open.values()
+    assert groups._take(_todo(9, bracket=PRIOR_BRACKET)) is None  # the priors' mode stays in the job's run
+
+
+def test_a_bracket_is_one_group_that_ends_with_its_last_rung_and_holds_its_promotes(monkeypatch):
+    groups = Groups("hyperband", size=3)
+    monkeypatch.setattr(groups, "_start", lambda g: g.ready.set())
+    taken = [groups._take(_todo(i, bracket=2)) for i in range(4)]
+    assert [g.title for g in taken] == ["bracket s=2"] * 3 + ["bracket s=2 · part 2"]
+    for g in taken:
+        groups._release(g)
+    assert not any(g.done.is_set() for g in taken)  # a bracket's group waits for its rungs to close
+    here = []
+    taken[-1].context = __import__("contextvars").copy_context()
+    groups.in_bracket(2, lambda: here.append("promote"))
+    groups.settled([Decision("rung_closed", 2, 0, 1, None, 3)])
+    assert not any(g.done.is_set() for g in taken)
+    groups.settled([Decision("rung_closed", 2, 2, 9, None, 3)])
+    assert all(g.done.is_set() for g in taken) and here == ["promote"] and not groups.open
+
+
+def test_a_group_whose_subflow_run_does_not_start_runs_its_trial_rungs_in_the_job_run(monkeypatch):
+    warned: list[str] = []
+    groups = Groups("asha", size=5, warn=warned.append)
+
+    def broken(group):
+        group.thread = threading.Thread(target=groups._failed, args=(group, "RuntimeError: no API"))
+        group.thread.start()
+
+    monkeypatch.setattr(groups, "_start", broken)
+    assert groups.run(_todo(0), lambda: "trained") == "trained"
+    assert groups.run(_todo(1), lambda: "again") == "again"
+    assert len(warned) == 1 and "RuntimeError: no API" in warned[0]
+    groups.close()
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_an_asha_job_runs_in_subflow_runs_per_rung_and_per_count(tracking_uri, tmp_path, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+
+    from prefect_hyperband.flows import groups as module
+    from prefect_hyperband.flows.tune import tune
+
+    monkeypatch.setattr(module, "GROUP_SIZE", 4)
+    state = tune(TuneParams(model="synthetic", mode="asha", max_resource=9, eta=3, max_trials=10, concurrency=3,
+                            job_dir=str(tmp_path), experiment="asha-groups", baseline=False), return_state=True)
+    trial_rungs = state.result()["summary"]["trial_rungs"]
+    with get_client(sync_client=True) as client:
+        subflows = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[state.state_details.flow_run_id])))
+        assert subflows and all(g.state.is_completed() for g in subflows)
+        assert all(re.fullmatch(r"r=(1|3|9) · trial-rungs \d+-\d+", g.name) for g in subflows), [g.name for g in subflows]
+        deadline, trained = time.monotonic() + 150, {}
+        while time.monotonic() < deadline:  # the server records task runs from their events, within a second or so
+            trained = {g.name: [t.name for t in client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[g.id])), limit=200) if t.name.startswith("train")]
+                for g in subflows}
+            if sum(map(len, trained.values())) >= trial_rungs:
+                break
+            time.sleep(0.5)
+    assert sum(map(len, trained.values())) == trial_rungs
+    by_level: dict[str, list[tuple[int, int]]] = {}
+    for name, names in trained.items():
+        level, first = re.fullmatch(r"(r=\d+) · trial-rungs (\d+)-\d+", name).groups()
+        by_level.setdefault(level, []).append((int(first), len(names)))
+    assert "r=1" in by_level and "r=9" in by_level
+    for level, parts in by_level.items():  # 4 trial-rungs a group, in order; the last of a rung holds the rest
+        parts.sort()
+        assert [p[0] for p in parts] == [1 + 4 * i for i in range(len(parts))], (level, parts)
+        assert all(n == 4 for _, n in parts[:-1]) and 1 <= parts[-1][1] <= 4, (level, parts)
