@@ -18,7 +18,7 @@ from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.hyperband.trial import TrialJob
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import trial_params
-from prefect_hyperband.tasks.writer import ProcessWriter, ThreadWriter, Writer, make_writer
+from prefect_hyperband.tasks.writer import ProcessWriter, ThreadWriter, Writer, make_writer, writer_for
 from prefect_hyperband.trainers.stopping import StopToken
 
 
@@ -30,7 +30,7 @@ class MlflowTracker:
                  warn: Callable[[str], None], writer: Writer | None = None) -> None:
         self.job, self.runs, self.records, self.stop, self.warn = job, runs, records, stop, warn
         self.creating: dict[str, Future[str]] = {}
-        self.writer = writer or make_writer()  # the job's, started early: a process takes seconds to import MLflow
+        self.writer = writer or make_writer(writer_for(job.concurrency, job.mode, None, None))
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Before the first trial-rung: the writer answers (a process imports MLflow first). Results recorded late

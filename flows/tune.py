@@ -29,7 +29,7 @@ from prefect_hyperband.tasks.front import log_front
 from prefect_hyperband.tasks.record import (
     finish_job_run, keep_best_checkpoint, register_champion, start_job_run,
 )
-from prefect_hyperband.tasks.writer import Writer, make_writer
+from prefect_hyperband.tasks.writer import Writer, make_writer, writer_for
 from prefect_hyperband.trainers import factory, registry
 
 
@@ -52,7 +52,7 @@ def tune(params: TuneParams) -> dict[str, Any]:
     params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
     job = prepare(params)
     with job_lock(job.job_dir, job.job_id), factory.scope(), _job_lines_in_ui():  # one process per job
-        writer = make_writer()  # the trials' MLflow writer process imports MLflow while the job sets up
+        writer = make_writer(writer_for(job.concurrency, job.mode, params.max_trials, params.time_budget))
         try:
             return _run_job(params, job, logger, began, writer)
         finally:

@@ -5,8 +5,12 @@ process's GIL 48 % of the time, and the GIL was busy 90 % of the wall, so the tr
 the loop waited on MLflow's SQLAlchemy code. In a process of its own (``python -m
 prefect_hyperband.tasks.writer``, started by ``ProcessWriter``) those writes run on another core. Requests go
 over its stdin and answers come back over a pipe, pickled, one at a time and in order; what the process logs
-comes back as this process's log lines (logger ``prefect_hyperband.writer``). ``HYPERBAND_MLFLOW_WRITER=thread``
-keeps them in a thread of the job's process, as before (``ThreadWriter``: same calls, same order).
+comes back as this process's log lines (logger ``prefect_hyperband.writer``).
+
+A process costs its start (about 1.5 s of imports on these 2 cores, beside the job's own setup), so a job
+gets one where results can arrive tens a second: 16 slots or more, or an ASHA job of 500 configs or more or
+with a time budget (``writer_for``); a smaller job writes from a thread of its own process (``ThreadWriter``:
+same calls, same order). ``HYPERBAND_MLFLOW_WRITER=process`` or ``=thread`` decides for every job.
 """
 
 from __future__ import annotations
@@ -138,9 +142,25 @@ class ProcessWriter:
 Writer = Union[ThreadWriter, "ProcessWriter"]
 
 
-def make_writer() -> Writer:
+#: slots from which a job's trials are written from a process of their own
+PROCESS_SLOTS = 16
+#: an ASHA job's configs from which its trials are written from a process of their own
+PROCESS_CONFIGS = 500
+
+
+def writer_for(concurrency: int, mode: str, max_trials: int | None, time_budget: float | None) -> str:
+    """``process`` or ``thread``: ``HYPERBAND_MLFLOW_WRITER`` when set, else a process for a job whose results can
+    come tens a second (many slots, a large or open-ended ASHA job)."""
+    chosen = os.environ.get("HYPERBAND_MLFLOW_WRITER", "")
+    if chosen in ("process", "thread"):
+        return chosen
+    large = concurrency >= PROCESS_SLOTS or (mode == "asha" and ((max_trials or 0) >= PROCESS_CONFIGS or bool(time_budget)))
+    return "process" if large else "thread"
+
+
+def make_writer(kind: str = "process") -> Writer:
     """The job's writer: a process (started now: it imports MLflow while the job sets up), or a thread."""
-    return ThreadWriter() if os.environ.get("HYPERBAND_MLFLOW_WRITER") == "thread" else ProcessWriter()
+    return ThreadWriter() if kind == "thread" else ProcessWriter()
 
 
 def _send(stream: BinaryIO, message: Any) -> None:

@@ -21,7 +21,8 @@ import pytest
 def _mlflow_writer_in_a_thread(request, monkeypatch):
     """Fast tests write their trials' runs from a thread (``tasks.writer.ThreadWriter``): a writer process per
     in-process job costs seconds of imports each. Slow tests, whose jobs are real processes, keep the default
-    writer process; ``test_trial_rung_metrics_are_written_by_the_mlflow_writer...`` checks it in the fast tier."""
+    writer (``writer_for``: a thread for a small job); ``test_trial_rung_metrics_are_written_by_the_mlflow_writer...`` checks
+    the process in the fast tier."""
     if request.node.get_closest_marker("slow") is None:
         monkeypatch.setenv("HYPERBAND_MLFLOW_WRITER", "thread")
 

@@ -280,7 +280,7 @@ def test_trial_rung_metrics_are_written_by_the_mlflow_writer_before_the_result_e
 
     monkeypatch.setattr(StateWriter, "save", checked_save)
     monkeypatch.setattr(writer.ProcessWriter, "__init__", spy)
-    monkeypatch.delenv("HYPERBAND_MLFLOW_WRITER", raising=False)
+    monkeypatch.setenv("HYPERBAND_MLFLOW_WRITER", "process")  # a small job's default is the thread (writer_for)
     result = tune(TuneParams(model="synthetic", max_resource=9, eta=3, concurrency=2, job_dir=str(tmp_path),
                              experiment="writer", baseline=False))
     assert result["summary"]["trial_rungs"] == 22 and len(checked) == 22
