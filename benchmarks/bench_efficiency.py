@@ -178,7 +178,7 @@ def job_loop(params: Any, out: Path, nthread: int | None = None) -> dict[str, An
     """The job's own loop (``flows.loop.Loop`` over the job's scheduler, same seed) with the trainer called inline:
     no Prefect, no MLflow, no threads. What it adds to the plain loop is the cost of our scheduling code."""
     from prefect_hyperband.flows.executors import RealClock
-    from prefect_hyperband.flows.job import prepare
+    from prefect_hyperband.flows.prepare import prepare
     from prefect_hyperband.flows.loop import Loop, Outcome
     from prefect_hyperband.flows.state import make_scheduler
     from prefect_hyperband.hyperband import schedule

@@ -45,7 +45,7 @@ def plain_loop(min_r: int, max_r: int, eta: int, seed: int, out: Path,
     from prefect_hyperband.hyperband.bracket import BracketState
     from prefect_hyperband.hyperband.space import parse
     from prefect_hyperband.trainers.base import write_json_atomic
-    from prefect_hyperband.trainers.synthetic import DEFAULT_SPACE, PARAMS, SyntheticTrainer
+    from prefect_hyperband.trainers.synthetic_trainer import DEFAULT_SPACE, PARAMS, SyntheticTrainer
 
     trainer = SyntheticTrainer(seed=seed, seconds_per_unit=0.0)
     space = parse(parse(DEFAULT_SPACE, PARAMS, "synthetic").to_dict())  # as flows.job does: to_dict and back

@@ -76,7 +76,7 @@ class Problem:
 
 
 def synthetic(unit_seconds: float) -> Problem:
-    from prefect_hyperband.trainers.synthetic import DEFAULT_SPACE, SyntheticTrainer
+    from prefect_hyperband.trainers.synthetic_trainer import DEFAULT_SPACE, SyntheticTrainer
 
     # good: beside one of the three optima (0.543, 0.152); bad: the corner (0, 0), where the final loss is 0.99
     return Problem("synthetic loss", "min", DEFAULT_SPACE, good={"x": 0.55, "y": 0.15}, bad={"x": 0.0, "y": 0.0},

@@ -66,10 +66,16 @@ def _mount(parser: argparse.ArgumentParser, params_cls: type | None, **fields: A
 
 
 def _add_argument(parser: argparse.ArgumentParser, *names: str, **kwargs: Any):
-    import re
+    """A flag as pydantic-settings builds it, its value named for what it is (``params.METAVARS``: PATH, URL,
+    SECONDS, ...), not for its Python type; a choice keeps its {a,b,c}."""
+    from prefect_hyperband.flows.params import METAVARS, TYPE_METAVARS
 
-    if "metavar" in kwargs:  # a field that is a path or a mapping: the mapping is JSON on the command line
-        kwargs["metavar"] = re.sub(r"dict\[.*\]", "JSON", str(kwargs["metavar"]))
+    field = next((n[2:].replace("-", "_") for n in names if n.startswith("--")), "")
+    shown = str(kwargs.get("metavar", ""))
+    if field in METAVARS and not shown.startswith("list[int]"):  # scale's --workers is a list of sizes
+        kwargs["metavar"] = METAVARS[field]
+    elif shown in TYPE_METAVARS:
+        kwargs["metavar"] = TYPE_METAVARS[shown]
     return parser.add_argument(*names, **kwargs)
 
 
@@ -78,8 +84,8 @@ def given(args: argparse.Namespace) -> dict[str, Any]:
     return dict(args._fields(parsed_args=args)())
 
 
-def build_parser(params_cls: type | None = None) -> argparse.ArgumentParser:
-    """The CLI. ``tune``'s and ``scale``'s flags are generated from ``params_cls`` (default ``TuneParams``): a field
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI. ``tune``'s and ``scale``'s flags are generated from ``TuneParams``: a field
     added there is a flag here, with its description as the help."""
     from typing import Optional
 
@@ -87,7 +93,6 @@ def build_parser(params_cls: type | None = None) -> argparse.ArgumentParser:
 
     from prefect_hyperband.flows.params import TuneParams
 
-    params_cls = params_cls or TuneParams
     parser = _Parser(prog="hyperband", description="Hyperband tuning as Prefect flows, tracked in MLflow.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -104,14 +109,14 @@ def build_parser(params_cls: type | None = None) -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="run a tuning job; every flag is a TuneParams field")
     # the one flag spelled differently from its field: --resume JOB is resume=True with job_id=JOB
-    _mount(tune, params_cls, resume=(Optional[str], Field(None, description="Continue the job JOB (its folder under "
+    _mount(tune, TuneParams, resume=(Optional[str], Field(None, description="Continue the job JOB (its folder under "
                                                           "job_dir) from its saved state; same as --job-id JOB with resume.")))
     _output_flags(tune)
 
     study = sub.add_parser("scale", help="the tuning job at several cluster sizes: tuned vs transferred score, cost, speed")
     from pydantic_settings import CliSuppress
 
-    _mount(study, params_cls, resume=(CliSuppress[bool], False), **_study_fields())
+    _mount(study, TuneParams, resume=(CliSuppress[bool], False), **_study_fields())
     _output_flags(study)
     return parser
 
@@ -132,11 +137,11 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", action="store_true", help="also print Prefect's line per task run (always in the Prefect UI)")
 
 
-def main(argv: Sequence[str] | None = None, params_cls: type | None = None) -> int:
-    """The ``hyperband`` command; ``params_cls`` (a ``TuneParams`` subclass) adds its fields as flags."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``hyperband`` command."""
     from pydantic_settings import SettingsError
 
-    args = build_parser(params_cls).parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "deploy":
             return _deploy(args)
@@ -147,8 +152,8 @@ def main(argv: Sequence[str] | None = None, params_cls: type | None = None) -> i
         if args.command == "plan":
             return _plan(flags, args)
         if args.command == "scale":
-            return _scale(flags, args, params_cls)
-        return _tune(flags, args, params_cls)
+            return _scale(flags, args)
+        return _tune(flags, args)
     except KeyboardInterrupt:
         print("hyperband: interrupted", file=sys.stderr)
         return 130
@@ -235,21 +240,21 @@ def _env() -> None:
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
 
 
-def job_params(flags: dict[str, Any], params_cls: type | None = None):
+def job_params(flags: dict[str, Any]):
     """The job's parameters from the flags given, validated by the model itself (``ValidationError``): ``--resume
     JOB`` is ``resume`` with ``job_id`` JOB, and a resume takes the saved job's parameters (``InputError`` for one
     that conflicts)."""
-    from prefect_hyperband.flows.job import resolve
+    from prefect_hyperband.flows.prepare import resolve
     from prefect_hyperband.flows.params import TuneParams
 
     flags = dict(flags)
     job = flags.pop("resume", None)
     if job:
         flags.update(resume=True, job_id=job)
-    return resolve((params_cls or TuneParams)(**flags))
+    return resolve(TuneParams(**flags))
 
 
-def _tune(flags: dict[str, Any], args: argparse.Namespace, params_cls: type | None) -> int:
+def _tune(flags: dict[str, Any], args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from prefect_hyperband.trainers.errors import InputError
@@ -261,7 +266,7 @@ def _tune(flags: dict[str, Any], args: argparse.Namespace, params_cls: type | No
     if flags.get("resume") and flags.get("job_id") not in (None, flags["resume"]):
         return _fail(f"--resume {flags['resume']} with --job-id {flags['job_id']}: give one")
     try:
-        params = job_params(flags, params_cls)
+        params = job_params(flags)
     except ValidationError as exc:
         return _fail(_one_line(exc))
     except InputError as exc:
@@ -283,11 +288,11 @@ def _model_error(flags: dict[str, Any]) -> str | None:
     return None
 
 
-def _scale(flags: dict[str, Any], args: argparse.Namespace, params_cls: type | None) -> int:
+def _scale(flags: dict[str, Any], args: argparse.Namespace) -> int:
     """``hyperband scale``: every size checked before any training, then the study as one flow run."""
     from pydantic import ValidationError
 
-    from prefect_hyperband.flows.job import new_job_id
+    from prefect_hyperband.flows.prepare import new_job_id
 
     _env()
     message = _model_error(flags)
@@ -298,7 +303,7 @@ def _scale(flags: dict[str, Any], args: argparse.Namespace, params_cls: type | N
     flags.pop("resume", None)
     try:
         study = Study(**study)
-        params = job_params({**flags, "workers": study.workers[0]}, params_cls)
+        params = job_params({**flags, "workers": study.workers[0]})
     except ValidationError as exc:
         return _fail(_one_line(exc))
     sizes = sorted(set(study.workers))
@@ -337,7 +342,7 @@ def _run(params, args: argparse.Namespace) -> int:
         if not PREFECT_API_URL.value():
             return _fail(f"--trial-pool {params.trial_pool}: the pool's workers and this job need one Prefect server; "
                          "set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api after `prefect server start`)")
-    from prefect_hyperband.flows.job import new_job_id
+    from prefect_hyperband.flows.prepare import new_job_id
 
     params = params.model_copy(update={"job_id": params.job_id or new_job_id()})  # the preflight's and the flow's
     log = JobLog(verbose=args.verbose)  # MLflow's own lines from here on: the job's log file, not the terminal
@@ -438,7 +443,7 @@ def _live_display():
 
 def job_log_path(params) -> str:
     """``<job folder>/job.log``: beside the job's state (the local folder when its storage is a URL)."""
-    from prefect_hyperband.flows.job import _job_root
+    from prefect_hyperband.flows.prepare import _job_root
 
     return os.path.join(os.path.abspath(_job_root(params.job_dir, params.storage)), params.job_id, "job.log")
 
@@ -531,7 +536,7 @@ def preflight(params) -> str | None:
     from prefect_hyperband.hyperband.space import SpaceError
     from prefect_hyperband.trainers.errors import InputError
 
-    from prefect_hyperband.flows.job import new_job_id, prepare
+    from prefect_hyperband.flows.prepare import new_job_id, prepare
 
     try:
         prepare(params.model_copy(update={"job_id": params.job_id or new_job_id()}))

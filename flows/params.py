@@ -11,6 +11,18 @@ from prefect_hyperband.flows import objectives
 from prefect_hyperband.trainers import registry
 
 
+#: what each flag's value is, as ``--help`` shows it (``flows.cli``); a field not here shows its type's word
+METAVARS = {
+    "trainer": "FILE.py:FUNC|MODULE:FUNC", "script": "PATH", "data": "NAME|PATH", "target": "COLUMN",
+    "metric": "NAME[:max|min]", "select": "first|knee|NAME<=VALUE", "space": "PATH|JSON", "dask_address": "URL",
+    "job_dir": "PATH", "storage": "PATH|URL", "trial_pool": "POOL", "job_id": "JOB", "tracking_uri": "URL",
+    "experiment": "NAME", "nest_under": "RUN_ID", "resume": "JOB", "time_budget": "SECONDS",
+    "trial_timeout": "SECONDS", "unit_seconds": "SECONDS", "validation_fraction": "FRACTION", "workers": "N",
+}
+#: the word for a value of a type, where a field has no entry in ``METAVARS``
+TYPE_METAVARS = {"int": "N", "float": "X", "str": "TEXT", "list[int]": "N,N,...", "list[str]": "TEXT"}
+
+
 class TuneParams(BaseModel):
     """A Hyperband tuning job (Li et al., JMLR 2018): r = min_resource, R = max_resource, η = eta."""
 

@@ -15,10 +15,10 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from prefect_hyperband.flows.job import new_job_id, prepare
+from prefect_hyperband.flows.prepare import new_job_id, prepare
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.tune import tune
-from prefect_hyperband.hyperband import scaling
+from prefect_hyperband.hyperband import speedup
 from prefect_hyperband.tasks import tracking
 from prefect_hyperband.tasks.storage import Storage
 from prefect_hyperband.trainers import factory
@@ -47,22 +47,22 @@ def scale(params: TuneParams, workers: list[int], target_score: float | None = N
                                                  "resume": False}))
     first = jobs[sizes[0]]
     best = first.get("best")
-    direction: scaling.Direction = first["direction"]
+    direction: speedup.Direction = first["direction"]
     metric = first["summary"]["metric"]
     transferred = {n: transfer(params, n, f"{study}-w{n}-transfer", best["config"], uri, study_run)
                    if best else None for n in sizes}
     tuned_first = first["summary"]["best_score"]
-    target = target_score if target_score is not None else scaling.default_target(tuned_first, direction)
+    target = target_score if target_score is not None else speedup.default_target(tuned_first, direction)
     rows = []
     for n in sizes:
         s = jobs[n]["summary"]
         state = Storage(jobs[n]["storage"], jobs[n]["job_dir"]).read_json("state.json")
-        rows.append(scaling.ScaleRow(
+        rows.append(speedup.ScaleRow(
             workers=n, tuned_score=s["best_score"], transferred_score=transferred[n], worker_seconds=s["worker_seconds"],
-            wall_seconds=s["wall_seconds"], time_to_target=scaling.time_to_target(state["rows"], target, direction),
+            wall_seconds=s["wall_seconds"], time_to_target=speedup.time_to_target(state["rows"], target, direction),
         ))
-    cheapest, fastest = scaling.choose(rows, direction, tolerance)
-    text = scaling.table(rows, metric, cheapest, fastest, tolerance, target)
+    cheapest, fastest = speedup.choose(rows, direction, tolerance)
+    text = speedup.table(rows, metric, cheapest, fastest, tolerance, target)
     result = {"study": study, "study_run_id": study_run, "metric": metric, "target": target,
               "rows": [r.to_json() for r in rows], "cheapest": cheapest, "fastest": fastest,
               "best_config": best["config"] if best else None, "table": text,
@@ -100,7 +100,7 @@ def _transfer(job, trainer, n: int, config: dict[str, Any], uri: str, study_run:
         return None
 
 
-def _record(uri: str, run_id: str, result: dict[str, Any], rows: list[scaling.ScaleRow], metric: str) -> None:
+def _record(uri: str, run_id: str, result: dict[str, Any], rows: list[speedup.ScaleRow], metric: str) -> None:
     tracking.log_json(uri, run_id, {k: v for k, v in result.items() if k != "table"}, "scaling.json")
     tracking.log_text(uri, run_id, result["table"] + "\n", "scaling.txt")
     for r in rows:  # at step = N: MLflow charts them against the cluster size

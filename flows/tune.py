@@ -16,7 +16,7 @@ from prefect.states import Cancelled, State
 
 from prefect_hyperband.flows import objectives
 from prefect_hyperband.flows.driver import JobStopped, close_decided, drive
-from prefect_hyperband.flows.job import prepare, resolve
+from prefect_hyperband.flows.prepare import prepare, resolve
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.state import job_lock, load_state, make_scheduler, save_job_record
 from prefect_hyperband.hyperband import front, schedule
@@ -25,7 +25,7 @@ from prefect_hyperband.hyperband.promotion import Score, first
 from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
 from prefect_hyperband.tasks import report, tracking
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.front import log_front
+from prefect_hyperband.tasks.front_report import log_front
 from prefect_hyperband.tasks.record import (
     finish_job_run, keep_best_checkpoint, register_champion, start_job_run,
 )
@@ -101,7 +101,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
                 _plan_line(job, plan, max_trials, params.time_budget),
                 f", after the priors' mode to R={job.max_resource}" if job.prior_first else "", job.job_dir)
     if job.trial_pool:  # before any run: a missing pool is one line
-        from prefect_hyperband.flows.trial import ensure_deployment
+        from prefect_hyperband.flows.trial_pool import ensure_deployment
 
         logger.info("trial-rungs run as flow runs of %s on the pool's workers; storage %s",
                     ensure_deployment(job.trial_pool), job.store().root)

@@ -42,7 +42,6 @@ from prefect_hyperband.hyperband.trial import TrialJob
 Status = Literal["running", "stopped", "failed", "completed"]
 
 
-AshaJob = TrialJob  # ASHA's jobs are the schedulers' common message
 
 
 @dataclass
@@ -191,7 +190,7 @@ class AshaState:
         return not can_start_new and not self.in_flight() and self.next_promotion() is None
 
     # -- decisions ----------------------------------------------------------------------------
-    def next_job(self, new_config: Callable[[], Mapping[str, Any]], can_start_new: bool) -> AshaJob | None:
+    def next_job(self, new_config: Callable[[], Mapping[str, Any]], can_start_new: bool) -> TrialJob | None:
         """Algorithm 2's get_job: promote if any trial is promotable, else start ``new_config()`` if allowed.
 
         The trial of the returned job is marked in flight until ``report``.
@@ -208,7 +207,7 @@ class AshaState:
                 insort(self._up[s, k], key)
             trial.rung, trial.in_flight = k + 1, True
             resource = self._plan[s].rungs[k + 1].resource
-            return AshaJob(trial_id, s, k + 1, resource, dict(trial.config), trial.checkpoint)
+            return TrialJob(trial_id, s, k + 1, resource, dict(trial.config), trial.checkpoint)
         if not can_start_new:
             return None
         s = self.next_bracket()
@@ -218,7 +217,7 @@ class AshaState:
         trial_id = f"s{s}-{self.started[s]:04d}"
         self.started[s] += 1
         self.trials[trial_id] = AshaTrial(trial_id, s, dict(config))
-        return AshaJob(trial_id, s, 0, self._plan[s].rungs[0].resource, dict(config), None)
+        return TrialJob(trial_id, s, 0, self._plan[s].rungs[0].resource, dict(config), None)
 
     def report(
         self,
@@ -281,14 +280,6 @@ class AshaState:
                 found[rungs[k].resource] = results[trial_id]
         return found
 
-    def best(self) -> tuple[str, int, float] | None:
-        """The best (trial id, resource, score) seen at any rung, as the paper returns; ties by id then resource."""
-        ok = [r for r in self.rows() if r["score"] is not None]
-        if not ok:
-            return None
-        top = min(ok, key=lambda r: sort_key(f"{r['trial_id']}@{r['resource']:06d}", r["score"], self.direction))
-        return top["trial_id"], top["resource"], top["score"]
-
     # -- persistence --------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {
@@ -313,10 +304,9 @@ class AshaState:
             tuple(raw["brackets"]),
             rungs={int(s): [{t: as_score(v) for t, v in r.items()} for r in rungs] for s, rungs in raw["rungs"].items()},
             promoted={int(s): [set(p) for p in rungs] for s, rungs in raw["promoted"].items()},
-            # states saved before run ids left the core carry one per trial: the tracking side keeps them now
-            trials={t: AshaTrial(**{k: x for k, x in v.items() if k != "run_id"}) for t, v in raw["trials"].items()},
+            trials={t: AshaTrial(**v) for t, v in raw["trials"].items()},
             started={int(s): n for s, n in raw["started"].items()},
         )
 
 
-__all__ = ["AshaJob", "AshaState", "AshaTrial"]
+__all__ = ["AshaState", "AshaTrial"]

@@ -33,10 +33,6 @@ class Trial:
     status: Status = "running"
     error: str | None = None
 
-    @property
-    def last_score(self) -> Score:
-        return self.scores[self.resource] if self.resource in self.scores else None
-
 
 @dataclass
 class BracketState:
@@ -126,7 +122,7 @@ class BracketState:
     def from_json(cls, raw: dict[str, Any]) -> "BracketState":
         trials = {}
         for t, v in raw["trials"].items():
-            v = {k: x for k, x in v.items() if k != "run_id"}  # states saved before run ids left the core
+            v = dict(v)
             v["scores"] = {int(k): as_score(s) for k, s in v["scores"].items()}
             trials[t] = Trial(**v)
         return cls(

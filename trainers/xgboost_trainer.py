@@ -160,10 +160,6 @@ class XGBoostTrainer:
         self.groups = self._groups.groups
 
     @property
-    def dask_client(self):
-        return self._client
-
-    @property
     def worker_groups(self) -> WorkerGroups | None:
         """The Dask workers' groups a trial-rung trains on (None on this machine's threads)."""
         return self._groups

@@ -77,10 +77,10 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monke
     assert len(err.splitlines()) == 1 and "Traceback" not in err
 
 
-def _help(command: str, params_cls=None) -> str:
+def _help(command: str) -> str:
     from prefect_hyperband.flows.cli import build_parser
 
-    sub = build_parser(params_cls)._subparsers._group_actions[0].choices[command]
+    sub = build_parser()._subparsers._group_actions[0].choices[command]
     return " ".join(sub.format_help().split())
 
 
@@ -96,24 +96,36 @@ def test_tune_help_is_generated_every_field_once_with_its_description():
     assert text.count("[--max-resource") == 1 and "[--baseline | --no-baseline]" in text
 
 
-def test_a_field_added_to_a_params_subclass_is_a_flag_with_no_other_edit(capsys):
+def test_a_field_added_to_tune_params_is_a_flag_with_no_other_edit(capsys, monkeypatch):
     from pydantic import Field
 
+    from prefect_hyperband.flows import params
     from prefect_hyperband.flows.cli import build_parser, given, job_params
-    from prefect_hyperband.flows.params import TuneParams
 
-    class Mine(TuneParams):
+    class Mine(params.TuneParams):
         warmup_units: int = Field(2, ge=0, description="Units of learning-rate warm-up before the first rung.")
 
-    assert "--warmup-units int Units of learning-rate warm-up before the first rung." in _help("tune", Mine)
-    args = build_parser(Mine).parse_args(["tune", "--warmup-units", "5", "--max-resource", "9", "--no-baseline"])
-    params = job_params(given(args), Mine)
+    monkeypatch.setattr(params, "TuneParams", Mine)  # as if the field were written in TuneParams
+    assert "--warmup-units N Units of learning-rate warm-up before the first rung." in _help("tune")
+    args = build_parser().parse_args(["tune", "--warmup-units", "5", "--max-resource", "9", "--no-baseline"])
+    params = job_params(given(args))
     assert isinstance(params, Mine)
     assert (params.warmup_units, params.max_resource, params.baseline, params.eta) == (5, 9, False, 3)
     assert params.model_fields_set == {"warmup_units", "max_resource", "baseline"}
-    assert main(["tune", "--warmup-units", "-1"], Mine) == 2
+    assert main(["tune", "--warmup-units", "-1"]) == 2
     assert capsys.readouterr().err.strip() == ("hyperband: error: --warmup-units: Input should be greater than or "
                                                "equal to 0, got '-1'")
+
+
+def test_help_names_each_value_for_what_it_is_not_its_python_type():
+    import re
+
+    text = _help("tune")
+    for shown in ("--job-dir PATH", "--tracking-uri URL", "--time-budget SECONDS", "--metric NAME[:max|min]",
+                  "--space PATH|JSON", "--concurrency N", "--resume JOB", "--mode {hyperband,asha}"):
+        assert shown in text, shown
+    assert not re.search(r"--[a-z-]+ (int|str|float|\{str,JSON\}|\{list\[str\],str\})[ \]]", text)
+    assert "--workers N,N,..." in _help("scale")
 
 
 def test_only_the_flags_given_are_fields_set_so_a_resume_can_tell_them_apart():

@@ -13,7 +13,7 @@ def test_scale_prints_the_table_and_nests_the_jobs_under_one_study_run(tracking_
     from mlflow import MlflowClient
 
     from prefect_hyperband.flows import cli
-    from prefect_hyperband.trainers.synthetic import SyntheticTrainer
+    from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
 
     code = cli.main(["scale", "--model", "synthetic", "--workers", "1,2", "--max-resource", "9", "--seed", "3",
                      "--no-baseline", "--job-dir", str(tmp_path / "jobs"), "--experiment", "study", "--json"])

@@ -9,9 +9,11 @@ from collections import Counter, deque
 import numpy as np
 import pytest
 
-from prefect_hyperband.hyperband.asha import AshaJob, AshaState
+from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.promotion import sort_key
 from prefect_hyperband.hyperband.schedule import brackets
 from prefect_hyperband.hyperband.space import parse
+from prefect_hyperband.hyperband.trial import TrialJob
 
 SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}, "y": {"type": "int", "low": 1, "high": 9}})
 
@@ -21,7 +23,16 @@ def counter_configs():
     return lambda: {"n": next(n)}
 
 
-def start(state: AshaState, count: int) -> list[AshaJob]:
+def best(state: AshaState) -> tuple[str, int, float] | None:
+    """The best (trial id, resource, score) seen at any rung, as the paper returns; ties by id then resource."""
+    ok = [r for r in state.rows() if r["score"] is not None]
+    if not ok:
+        return None
+    top = min(ok, key=lambda r: sort_key(f"{r['trial_id']}@{r['resource']:06d}", r["score"], state.direction))
+    return top["trial_id"], top["resource"], top["score"]
+
+
+def start(state: AshaState, count: int) -> list[TrialJob]:
     new = counter_configs()
     jobs = [state.next_job(new, True) for _ in range(count)]
     assert all(j is not None and j.rung == 0 and j.checkpoint is None for j in jobs)
@@ -81,7 +92,7 @@ def test_promotions_follow_top_n_over_eta_in_rung_0() -> None:
     state.report(ids["i"], 9, 0.96, "ck/i@9")
     assert state.trials[ids["i"]].status == "completed" and state.trials[ids["i"]].resource == 9
     assert state.done()
-    assert state.best() == (ids["i"], 3, 0.97)  # best seen at any rung, as the paper returns
+    assert best(state) == (ids["i"], 3, 0.97)  # best seen at any rung, as the paper returns
     stopped = state.finish()
     assert sorted(name[t] for t in stopped) == ["a", "b", "c", "f", "g"]
     assert Counter(t.status for t in state.trials.values()) == {"stopped": 5, "completed": 2, "failed": 2}
@@ -254,7 +265,7 @@ def test_round_trip_preserves_promoted_sets_and_next_job() -> None:
     first = state.next_job(no_new, False)
     copy_ = AshaState.from_json(json.loads(json.dumps(state.to_json())))
     assert copy_.promoted[2][0] == {first.trial_id}  # type: ignore[union-attr]
-    assert copy_.next_job(no_new, False) == state.next_job(no_new, False) == AshaJob(
+    assert copy_.next_job(no_new, False) == state.next_job(no_new, False) == TrialJob(
         jobs[4].trial_id, 2, 1, 3, jobs[4].config, f"ck/{jobs[4].trial_id}"
     )
 
@@ -322,12 +333,12 @@ def test_report_and_create_errors() -> None:
 
 def test_asha_with_synthetic_trainer_and_tpe(tmp_path) -> None:
     from prefect_hyperband.hyperband.sampler import TPESampler
-    from prefect_hyperband.trainers.synthetic import DEFAULT_CONFIG, DEFAULT_SPACE, SyntheticTrainer
+    from prefect_hyperband.trainers.synthetic_trainer import DEFAULT_CONFIG, DEFAULT_SPACE, SyntheticTrainer
 
     trainer = SyntheticTrainer(seed=0, fail_rate=0.1)
     sampler = TPESampler(parse(DEFAULT_SPACE), 0, trainer.direction)
     state = AshaState.create(1, 27, 3, trainer.direction)
-    queue: deque[AshaJob] = deque()
+    queue: deque[TrialJob] = deque()
     while True:
         while len(queue) < 4:
             job = state.next_job(sampler.ask, state.configs_started < 60)
@@ -349,7 +360,7 @@ def test_asha_with_synthetic_trainer_and_tpe(tmp_path) -> None:
         state.report(job.trial_id, job.resource, value, result.checkpoint)
         sampler.tell(job.config, job.resource, value)
     state.finish()
-    trial_id, resource, value = state.best()  # type: ignore[misc]
+    trial_id, resource, value = best(state)  # type: ignore[misc]
     assert value < trainer.curve(DEFAULT_CONFIG, 27)
     statuses = Counter(t.status for t in state.trials.values())
     assert statuses["failed"] >= 1 and statuses["completed"] >= 4 and sum(statuses.values()) == 60

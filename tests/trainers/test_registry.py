@@ -23,10 +23,10 @@ def test_the_built_ins_and_user_code_are_registry_entries():
 
 def test_a_new_model_is_one_registration_and_runs_through_the_job(tmp_path, monkeypatch):
     """A model registered from outside (as an entry point would) is a choice of TuneParams' checks and builds its trainer."""
-    from prefect_hyperband.flows.job import prepare
+    from prefect_hyperband.flows.prepare import prepare
     from prefect_hyperband.flows.params import TuneParams
     from prefect_hyperband.trainers import factory
-    from prefect_hyperband.trainers.synthetic import SyntheticTrainer
+    from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
 
     built = []
 

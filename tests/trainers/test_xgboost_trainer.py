@@ -60,7 +60,7 @@ def test_one_and_two_dask_workers_agree(local, tmp_path):
     distributed = XGBoostTrainer(DataSpec(), workers=2, seed=3, milestones=MILESTONES, nthread=2)
     try:
         assert distributed.workers == 2
-        assert len(distributed.dask_client.scheduler_info()["workers"]) == 2
+        assert len(distributed.worker_groups.groups) == 1 and len(distributed.worker_groups.groups[0]) == 2
         two = distributed.evaluate(distributed.train(CONFIG, 3, None, str(tmp_path / "w2.ubj")).checkpoint)
         one = local.evaluate(local.train(CONFIG, 3, None, str(tmp_path / "w1.ubj")).checkpoint)
         assert abs(two - one) < 0.01

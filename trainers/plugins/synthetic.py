@@ -8,19 +8,19 @@ from prefect_hyperband.trainers.registry import Model
 
 
 def build(settings: Any):
-    from prefect_hyperband.trainers.synthetic import SyntheticTrainer
+    from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
 
     return SyntheticTrainer(seed=settings.seed, workers=settings.workers, **dict(settings.extra))
 
 
 def space():
-    from prefect_hyperband.trainers import synthetic as m
+    from prefect_hyperband.trainers import synthetic_trainer as m
 
     return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
 
 
 def metric(spec: Any, given: str | None) -> str:
-    from prefect_hyperband.trainers.synthetic import SyntheticTrainer
+    from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
 
     return SyntheticTrainer.metric
 

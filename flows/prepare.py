@@ -63,8 +63,6 @@ def resume_params(job_dir: str, job_id: str, given: dict[str, Any] | None = None
         raise InputError(f"no job {job_id!r} to resume under {where} (expected {job_id}/job.json){hint}")
     # a field an older version saved and this one no longer has (nnodes, rdzv_endpoint) is dropped
     saved = {k: v for k, v in record["params"].items() if k in TuneParams.model_fields}
-    if isinstance(saved.get("metric"), str):  # saved before a job could have several objectives
-        saved["metric"] = [saved["metric"]]
     given = dict(given or {})
     for name, value in given.items():
         if name in MAY_CHANGE_ON_RESUME or name not in saved or value == saved[name]:
@@ -127,7 +125,7 @@ def prepare(params: TuneParams) -> Job:
     except ValueError as why:
         raise InputError(str(why)) from None
     if params.trial_pool and not params.concurrency:  # the pool's limit, or one per online worker
-        from prefect_hyperband.flows.trial import pool_concurrency
+        from prefect_hyperband.flows.trial_pool import pool_concurrency
 
         concurrency = pool_concurrency(params.trial_pool)
     else:

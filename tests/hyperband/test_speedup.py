@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect_hyperband.hyperband.scaling import ScaleRow, choose, default_target, table, time_to_target
+from prefect_hyperband.hyperband.speedup import ScaleRow, choose, default_target, table, time_to_target
 
 
 def test_time_to_target_is_when_the_best_so_far_first_reaches_it():
