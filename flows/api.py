@@ -10,6 +10,8 @@ from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.stopping import StopToken
 
+_DEFAULT = {name: field.default for name, field in TuneParams.model_fields.items()}  # written once, on the fields
+
 
 class JobCancelled(Exception):
     """The job stopped on request (``stop.request()``, a signal); its state is saved for a resume."""
@@ -34,9 +36,9 @@ def tune(
     space: Mapping[str, Mapping[str, Any]] | str,
     metric: str | Mapping[str, str] | None = None,
     direction: str | None = None,
-    max_resource: int = 81,
-    eta: int = 3,
-    min_resource: int = 1,
+    max_resource: int = _DEFAULT["max_resource"],
+    eta: int = _DEFAULT["eta"],
+    min_resource: int = _DEFAULT["min_resource"],
     stop: StopToken | None = None,
     metrics: Mapping[str, str] | None = None,
     **options: Any,

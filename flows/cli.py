@@ -66,14 +66,14 @@ def _mount(parser: argparse.ArgumentParser, params_cls: type | None, **fields: A
 
 
 def _add_argument(parser: argparse.ArgumentParser, *names: str, **kwargs: Any):
-    """A flag as pydantic-settings builds it, its value named for what it is (``params.METAVARS``: PATH, URL,
+    """A flag as pydantic-settings builds it, its value named for what it is (its field's ``metavar``: PATH, URL,
     SECONDS, ...), not for its Python type; a choice keeps its {a,b,c}."""
-    from prefect_hyperband.flows.params import METAVARS, TYPE_METAVARS
+    from prefect_hyperband.flows.params import TYPE_METAVARS, field_facts
 
     field = next((n[2:].replace("-", "_") for n in names if n.startswith("--")), "")
-    shown = str(kwargs.get("metavar", ""))
-    if field in METAVARS and not shown.startswith("list[int]"):  # scale's --workers is a list of sizes
-        kwargs["metavar"] = METAVARS[field]
+    shown, metavar = str(kwargs.get("metavar", "")), field_facts(field).get("metavar")
+    if metavar and not shown.startswith("list[int]"):  # scale's --workers is a list of sizes
+        kwargs["metavar"] = metavar
     elif shown in TYPE_METAVARS:
         kwargs["metavar"] = TYPE_METAVARS[shown]
     return parser.add_argument(*names, **kwargs)

@@ -11,16 +11,23 @@ from prefect_hyperband.flows import objectives
 from prefect_hyperband.trainers import registry
 
 
-#: what each flag's value is, as ``--help`` shows it (``flows.cli``); a field not here shows its type's word
-METAVARS = {
-    "trainer": "FILE.py:FUNC|MODULE:FUNC", "script": "PATH", "data": "NAME|PATH", "target": "COLUMN",
-    "metric": "NAME[:max|min]", "select": "first|knee|NAME<=VALUE", "space": "PATH|JSON", "dask_address": "URL",
-    "job_dir": "PATH", "storage": "PATH|URL", "trial_pool": "POOL", "job_id": "JOB", "tracking_uri": "URL",
-    "experiment": "NAME", "nest_under": "RUN_ID", "resume": "JOB", "time_budget": "SECONDS",
-    "trial_timeout": "SECONDS", "unit_seconds": "SECONDS", "validation_fraction": "FRACTION", "workers": "N",
-}
-#: the word for a value of a type, where a field has no entry in ``METAVARS``
+#: A field's own facts beside its type and description, in ``json_schema_extra`` (the one place they are written):
+#: ``metavar``, what ``--help`` calls its value (PATH, URL, SECONDS...; ``flows.cli``); ``on_resume: may change``,
+#: a field a resume may set to another value than the job's (``flows.prepare.resolve``; the others are refused).
+#: The word for a value of a type, where a field has no ``metavar``:
 TYPE_METAVARS = {"int": "N", "float": "X", "str": "TEXT", "list[int]": "N,N,...", "list[str]": "TEXT"}
+
+
+def field_facts(name: str) -> dict[str, Any]:
+    """``name``'s facts (``metavar``, ``on_resume``) from its field; {} for a flag that is no ``TuneParams`` field."""
+    field = TuneParams.model_fields.get(name)
+    extra = field.json_schema_extra if field is not None else None
+    return dict(extra) if isinstance(extra, dict) else {}
+
+
+def may_change_on_resume() -> frozenset[str]:
+    """The fields a resume may change (``on_resume: may change``): where and how the job runs, not what it tunes."""
+    return frozenset(n for n in TuneParams.model_fields if field_facts(n).get("on_resume") == "may change")
 
 
 class TuneParams(BaseModel):
@@ -33,10 +40,12 @@ class TuneParams(BaseModel):
         "script: your own training script (set script)."
     )
     trainer: Optional[str] = Field(
-        None, description="Your training function: path/to/file.py:function or package.module:function (sets model=function)."
+        None, description="Your training function: path/to/file.py:function or package.module:function (sets model=function).",
+        json_schema_extra={"metavar": "FILE.py:FUNC|MODULE:FUNC"}
     )
     script: Optional[str] = Field(
-        None, description="Your training script, run under torch's launcher with --workers ranks (sets model=script)."
+        None, description="Your training script, run under torch's launcher with --workers ranks (sets model=script).",
+        json_schema_extra={"metavar": "PATH"}
     )
     direction: Optional[Literal["minimize", "maximize"]] = Field(
         None, description="Whether the metric is better smaller or larger; required with your own trainer."
@@ -53,58 +62,77 @@ class TuneParams(BaseModel):
         "range) straight to R before the brackets, as PriorBand did when published (NePS's sample_prior_first)."
     )
     max_trials: Optional[int] = Field(None, ge=1, description="asha: configs to start (default: as many as Hyperband).")
-    time_budget: Optional[float] = Field(None, gt=0, description="asha: seconds after which no new trial starts.")
+    time_budget: Optional[float] = Field(None, gt=0, description="asha: seconds after which no new trial starts.",
+        json_schema_extra={"metavar": "SECONDS", "on_resume": "may change"})
     data: str = Field(
         "bank-marketing",
         description="bank-marketing (bundled), digits, breast-cancer, or a CSV path (comma/semicolon, optionally .gz).",
+        json_schema_extra={"metavar": "NAME|PATH"}
     )
-    target: Optional[str] = Field(None, description="Target column of a CSV file.")
+    target: Optional[str] = Field(None, description="Target column of a CSV file.",
+        json_schema_extra={"metavar": "COLUMN"})
     # a string too in the schema (a deployment's or the UI form's one metric); always a list once validated
     metric: Optional[Union[list[str], str]] = Field(
         None, description="The metric to tune: auc, accuracy, rmse or logloss (default from the target), or your "
         "trainer's. Give it again for several objectives, each name:max or name:min (e.g. --metric auc --metric "
         "predict_ms:min): the built-ins also report train_seconds, predict_ms (per 1,000 validation rows) and "
-        "model_bytes.",
+        "model_bytes.", json_schema_extra={"metavar": "NAME[:max|min]"}
     )
     select: str = Field(
         "first", description="Several objectives: the champion on the Pareto front; first (the best first "
         "objective), knee, or a constraint like predict_ms<=2 (the best first objective among those meeting it).",
+        json_schema_extra={"metavar": "first|knee|NAME<=VALUE"}
     )
     space: Optional[Union[str, dict[str, dict[str, Any]]]] = Field(
-        None, description="YAML search space file, or the space itself; default: the model's own."
+        None, description="YAML search space file, or the space itself; default: the model's own.",
+        json_schema_extra={"metavar": "PATH|JSON"}
     )
     min_resource: int = Field(1, ge=1, description="r: resource of the smallest rung.")
     max_resource: int = Field(81, ge=1, description="R: resource of a trial trained to the end.")
     eta: int = Field(3, ge=2, description="η: keep the best 1/η of each rung.")
     seed: int = Field(0, ge=0, description="Same seed, same configs, brackets and promotions.")
-    workers: int = Field(1, ge=1, description="Workers per trial (Dask allreduce for XGBoost, DDP ranks for torch).")
-    concurrency: int = Field(0, ge=0, description="Trials trained at once; 0 picks from the cores and workers.")
-    dask_address: Optional[str] = Field(None, description="tcp://host:8786 of an existing Dask scheduler.")
+    workers: int = Field(1, ge=1, description="Workers per trial (Dask allreduce for XGBoost, DDP ranks for torch).",
+        json_schema_extra={"metavar": "N"})
+    concurrency: int = Field(0, ge=0, description="Trials trained at once; 0 picks from the cores and workers.",
+        json_schema_extra={"on_resume": "may change"})
+    dask_address: Optional[str] = Field(None, description="tcp://host:8786 of an existing Dask scheduler.",
+        json_schema_extra={"metavar": "URL", "on_resume": "may change"})
     rounds_per_unit: int = Field(10, ge=1, description="XGBoost: boosting rounds per resource unit.")
-    unit_seconds: float = Field(0.0, ge=0.0, description="synthetic: seconds one unit takes (an emulated cost).")
+    unit_seconds: float = Field(0.0, ge=0.0, description="synthetic: seconds one unit takes (an emulated cost).",
+        json_schema_extra={"metavar": "SECONDS"})
     trial_timeout: Optional[float] = Field(
-        None, gt=0, description="Seconds a trial-rung may take before its trial fails; default: 20x its measured pace, at least 300."
+        None, gt=0, description="Seconds a trial-rung may take before its trial fails; default: 20x its measured pace, at least 300.",
+        json_schema_extra={"metavar": "SECONDS", "on_resume": "may change"}
     )
-    validation_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of rows held out for validation.")
+    validation_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of rows held out for validation.",
+        json_schema_extra={"metavar": "FRACTION"})
     job_dir: str = Field("hyperband-jobs", description="Local folder of the job (its lock, its report files; "
-                         "its checkpoints and state too unless storage is a URL).")
+                         "its checkpoints and state too unless storage is a URL).",
+        json_schema_extra={"metavar": "PATH", "on_resume": "may change"})
     storage: Optional[str] = Field(
         None, description="Where checkpoints and job state live: a local or shared folder, or an fsspec URL "
-        "(s3://bucket/prefix, gs://...); default: job_dir. Trial-pool workers on other machines need it shared."
+        "(s3://bucket/prefix, gs://...); default: job_dir. Trial-pool workers on other machines need it shared.",
+        json_schema_extra={"metavar": "PATH|URL"}
     )
     trial_pool: Optional[str] = Field(
         None, description="Prefect work pool whose workers run the trial-rungs (one hyperband-trial flow run each); "
-        "default: this process."
+        "default: this process.", json_schema_extra={"metavar": "POOL", "on_resume": "may change"}
     )
-    job_id: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="Name of the job's folder; default: time-stamped.")
-    tracking_uri: Optional[str] = Field(None, description="MLflow tracking URI; default MLFLOW_TRACKING_URI or sqlite:///mlflow.db.")
-    experiment: str = Field("hyperband", min_length=1, description="MLflow experiment; also the registered model's name.")
+    job_id: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="Name of the job's folder; default: time-stamped.",
+        json_schema_extra={"metavar": "JOB", "on_resume": "may change"})
+    tracking_uri: Optional[str] = Field(None, description="MLflow tracking URI; default MLFLOW_TRACKING_URI or sqlite:///mlflow.db.",
+        json_schema_extra={"metavar": "URL", "on_resume": "may change"})
+    experiment: str = Field("hyperband", min_length=1, description="MLflow experiment; also the registered model's name.",
+        json_schema_extra={"metavar": "NAME"})
     nest_under: Optional[str] = Field(
-        None, description="MLflow run id to nest this job's parent run under (set by a scaling study)."
+        None, description="MLflow run id to nest this job's parent run under (set by a scaling study).",
+        json_schema_extra={"metavar": "RUN_ID"}
     )
-    register_model: bool = Field(True, description="Register the best model with alias 'champion'.")
+    register_model: bool = Field(True, description="Register the best model with alias 'champion'.",
+        json_schema_extra={"on_resume": "may change"})
     baseline: bool = Field(True, description="Also train the model's default config to R, for the summary.")
-    resume: bool = Field(False, description="Continue the job job_id from its saved state and checkpoints.")
+    resume: bool = Field(False, description="Continue the job job_id from its saved state and checkpoints.",
+        json_schema_extra={"metavar": "JOB", "on_resume": "may change"})
 
     @field_validator("metric", mode="before")
     @classmethod

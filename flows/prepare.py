@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect_hyperband.flows import objectives
-from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.params import TuneParams, may_change_on_resume
 from prefect_hyperband.flows.state import check_free, job_store, load_job_record
 from prefect_hyperband.hyperband import priors, schedule, space as spaces
 from prefect_hyperband.hyperband.promotion import Direction
@@ -37,8 +37,8 @@ def new_job_id() -> str:
 
 
 #: what a resumed job may change; everything else would mix two grids or two searches
-MAY_CHANGE_ON_RESUME = frozenset({"concurrency", "tracking_uri", "time_budget", "job_dir", "job_id", "resume",
-                                  "register_model", "dask_address", "trial_timeout", "trial_pool"})
+#: what a resume may change: the fields marked ``on_resume: may change`` (``params.may_change_on_resume``)
+MAY_CHANGE_ON_RESUME = may_change_on_resume()
 
 
 def _job_root(job_dir: str, storage: str | None) -> str:

@@ -110,7 +110,8 @@ def _scenario(s: Stack, tmp_path: Path) -> None:
     assert alias["run_id"] == winner["info"]["run_id"]
     # the job's flow run is recorded in the PostgreSQL-backed Prefect server, with its task runs
     flow_runs = _http("POST", f"http://127.0.0.1:{s.prefect_port}/api/flow_runs/filter", {"limit": 10})
-    assert [fr["state"]["type"] for fr in flow_runs] == ["COMPLETED"]
+    assert {fr["state"]["type"] for fr in flow_runs} == {"COMPLETED"}  # the job's and its brackets' subflow runs
+    assert len([fr for fr in flow_runs if fr["parent_task_run_id"] is None]) == 1 and len(flow_runs) == 1 + 3
     deadline = time.monotonic() + 60  # task runs arrive as events, recorded by the server's task-run recorder
     while (task_runs := _http("POST", f"http://127.0.0.1:{s.prefect_port}/api/task_runs/count", {})) < 2 * 22:
         assert time.monotonic() < deadline, f"{task_runs} task runs recorded, expected train + evaluate for 22 trial-rungs"

@@ -83,14 +83,17 @@ def test_the_torch_job_on_dask_groups_survives_a_killed_worker_and_equals_the_jo
 
 
 def task_run_tags(flow_run_id, n: int, wait: float = 150) -> list[tuple[str, ...]]:
-    """The tags of the flow run's train and evaluate task runs, once the server has recorded ``n`` of them (it
-    records them from their events, within seconds; a busy SQLite can delay that: see test_modes)."""
+    """The tags of the flow run's train and evaluate task runs (in its ``hyperband-group`` subflow runs), once the
+    server has recorded ``n`` of them (it records them from their events, within seconds; a busy SQLite can delay
+    that: see test_modes)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
 
-    only = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
     deadline = time.monotonic() + wait
     with get_client(sync_client=True) as client:
+        groups = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+        only = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id, *(g.id for g in groups)]))
         while True:
             runs = [t for t in client.read_task_runs(flow_run_filter=only, limit=200)
                     if t.name.split(" ")[0] in ("train", "evaluate")]
