@@ -59,7 +59,8 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
         _show_start(job, rows, scheduler)
         journaled = Journaled(scheduler)
         saved = saved or {}
-        state = StateWriter(job, journaled, runs, int(saved.get("journal") or 0), len(rows), saved.get("writes"))
+        state = StateWriter(job, journaled, runs, int(saved.get("journal") or 0), len(rows), saved.get("writes"),
+                            runs_lock=tracker.lock)
         state.start(rows, spent, lost)
         loop = Loop(journaled, executor, tracker, RealClock(), token, events, save=state.save,
                     concurrency=job.concurrency, workers=job.settings.workers,

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -128,8 +129,11 @@ class StateWriter:
     replays the journal (``load_state``). A result thus costs one appended record, not a rewrite of the job."""
 
     def __init__(self, job: Job, scheduler: Journaled, runs: dict[str, str], generation: int = 0, rows_saved: int = 0,
-                 written: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 written: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic,
+                 runs_lock: threading.Lock | None = None) -> None:
         self.store, self.scheduler, self.runs, self.clock = job.store(), scheduler, runs, clock
+        # ``runs`` grows on the MLflow writer's thread as child runs are made (``flows.tracker``): read under its lock
+        self.runs_lock = runs_lock or threading.Lock()
         self.generation = generation  # the newest journal on the storage (0: none); ``start`` snapshots past it
         self.rows_saved, self.runs_saved = rows_saved, len(runs)
         self.snapshot_bytes, self.journal_bytes, self.seq = 0, 0, 0
@@ -153,7 +157,7 @@ class StateWriter:
             self.snapshot(rows, elapsed, lost)
 
     def _record(self, rows: list[dict[str, Any]], elapsed: float, lost: float) -> None:
-        new_runs = list(self.runs.items())[self.runs_saved:]  # insertion order: the new ones are last
+        new_runs = list(self._runs().items())[self.runs_saved:]  # insertion order: the new ones are last
         calls = self.scheduler.take()
         if not calls and len(rows) == self.rows_saved and not new_runs:
             return
@@ -169,6 +173,10 @@ class StateWriter:
             self.pending.append(data)
             if self.clock() - self.sent >= OBJECT_BATCH_SECONDS:
                 self._send()
+
+    def _runs(self) -> dict[str, str]:
+        with self.runs_lock:
+            return dict(self.runs)
 
     def _send(self) -> None:
         if self.pending and self.generation:
@@ -187,7 +195,7 @@ class StateWriter:
         self.generation += 1
         self.written["snapshots"] += 1
         state = {"scheduler": self.scheduler.to_json(), "rows": rows, "elapsed": elapsed, "lost": lost,
-                 "runs": dict(self.runs), "journal": self.generation, "writes": self.written}
+                 "runs": self._runs(), "journal": self.generation, "writes": self.written}
         data = json.dumps(state, separators=(",", ":"), default=str).encode()
         first = self.generation == 1
         self.store.write_bytes(SNAPSHOT, data, keep_previous=not first)

@@ -9,6 +9,7 @@ decided trials are closed after. The map trial id -> run id is this side's (save
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future
 from typing import Callable
@@ -30,6 +31,7 @@ class MlflowTracker:
                  warn: Callable[[str], None], writer: Writer | None = None) -> None:
         self.job, self.runs, self.records, self.stop, self.warn = job, runs, records, stop, warn
         self.creating: dict[str, Future[str]] = {}
+        self.lock = threading.Lock()  # ``runs`` grows on the writer's thread; the state's saves read it under this
         self.writer = writer or make_writer(writer_for(job.concurrency, job.mode, None, None))
 
     def wait_ready(self, timeout: float = 120.0) -> None:
@@ -68,7 +70,9 @@ class MlflowTracker:
 
         def settle(f: Future) -> None:
             try:
-                self.runs.setdefault(tj.trial_id, f.result())
+                run_id = f.result()
+                with self.lock:
+                    self.runs.setdefault(tj.trial_id, run_id)
             except Exception as exc:  # noqa: BLE001  (the loop sees the write's failure)
                 done.set_exception(exc)
                 return
@@ -104,5 +108,6 @@ class MlflowTracker:
                 run_id = future.result(timeout=0)
             except Exception:  # noqa: BLE001  (never made: nothing to keep)
                 continue
-            self.runs.setdefault(trial_id, run_id)
+            with self.lock:
+                self.runs.setdefault(trial_id, run_id)
         self.creating.clear()

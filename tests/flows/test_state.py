@@ -176,3 +176,23 @@ def test_on_an_object_store_the_journal_goes_up_in_segments(s3, tmp_path, monkey
     assert said == []
     same(scheduler, job.expected())
     assert saved["rows"] == job.rows
+
+
+def test_a_save_reads_the_runs_under_the_lock_the_mlflow_writer_adds_them_under(tmp_path):
+    """A child run's id arrives on the writer's thread while the loop saves (a 10,000-trial-rung job died on
+    "dictionary changed size during iteration" in the journal's record of new runs): the save waits for the lock."""
+    import threading
+
+    job = Job(Storage(str(tmp_path), str(tmp_path)))
+    job.passes(3)
+    lock = job.writer.runs_lock
+    done = threading.Event()
+    with lock:  # the writer thread, adding a run
+        saver = threading.Thread(target=lambda: (job.passes(1), done.set()))
+        saver.start()
+        assert not done.wait(0.3), "the save read the runs without the writer's lock"
+        job.runs["late"] = "run-late"
+    saver.join(10)
+    assert done.is_set()
+    saved = json.loads(json.dumps(job.writer._runs()))
+    assert saved["late"] == "run-late"
