@@ -8,133 +8,11 @@ import os
 import sys
 from typing import Any, Sequence
 
+from prefect_hyperband.flows.flags import EXIT_USAGE, build_parser, given, schedule_fields, study_model
 from prefect_hyperband.trainers.errors import InputError
 
-EXIT_USAGE = 2
 #: the job stopped on something outside it that may come back (its Dask scheduler): ``--resume`` later (EX_TEMPFAIL)
 EXIT_TEMPFAIL = 75
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
-        self.exit(EXIT_USAGE, f"hyperband: error: {message}\n")
-
-
-def _command_base():
-    """How a parameter model becomes flags (pydantic-settings, argparse underneath): ``--kebab-case``, ``--x`` and
-    ``--no-x`` for a boolean, ``{a,b}`` for a Literal, and each flag's help is its field's description."""
-    from pydantic_settings import BaseSettings, SettingsConfigDict
-
-    class Command(BaseSettings):
-        model_config = SettingsConfigDict(cli_kebab_case=True, cli_implicit_flags=True, cli_hide_none_type=True,
-                                          cli_avoid_json=True)
-
-    return Command
-
-
-def _study() -> type:
-    """``hyperband scale``'s own parameters (its ``workers`` is a list of sizes)."""
-    from typing import Annotated, Optional
-
-    from pydantic import BaseModel, Field
-
-    class Study(BaseModel):
-        workers: list[Annotated[int, Field(ge=1)]] = Field(
-            [1, 2], min_length=1, description="Cluster sizes to compare, e.g. 1,2,4 (workers per trial).")
-        target_score: Optional[float] = Field(None, description="Time to target: when a job's best-so-far reaches it "
-                                              "(default: the tuned score at the smallest size, 0.01 worse).")
-        tolerance: float = Field(0.005, ge=0, description="Sizes within this of the best tuned score count as good.")
-
-    return Study
-
-
-def _study_fields() -> dict[str, Any]:
-    """The study's fields, for its generated flags."""
-    return {name: (f.annotation, f) for name, f in _study().model_fields.items()}
-
-
-def _mount(parser: argparse.ArgumentParser, params_cls: type | None, **fields: Any) -> None:
-    """Every field of ``params_cls`` (plus ``fields``, which replace or add) as a flag of ``parser``; the parsed
-    namespace carries the source that reads them back as the fields given."""
-    from pydantic import create_model
-    from pydantic_settings import CliSettingsSource
-
-    base = _command_base()
-    bases = (params_cls, base) if params_cls else (base,)
-    command = create_model(f"{getattr(params_cls, '__name__', 'Schedule')}Flags", __base__=bases, **fields)
-    parser.set_defaults(_fields=CliSettingsSource(command, root_parser=parser, add_argument_method=_add_argument))
-
-
-def _add_argument(parser: argparse.ArgumentParser, *names: str, **kwargs: Any):
-    """A flag as pydantic-settings builds it, its value named for what it is (its field's ``metavar``: PATH, URL,
-    SECONDS, ...), not for its Python type; a choice keeps its {a,b,c}."""
-    from prefect_hyperband.flows.params import TYPE_METAVARS, field_facts
-
-    field = next((n[2:].replace("-", "_") for n in names if n.startswith("--")), "")
-    shown, metavar = str(kwargs.get("metavar", "")), field_facts(field).get("metavar")
-    if metavar and not shown.startswith("list[int]"):  # scale's --workers is a list of sizes
-        kwargs["metavar"] = metavar
-    elif shown in TYPE_METAVARS:
-        kwargs["metavar"] = TYPE_METAVARS[shown]
-    return parser.add_argument(*names, **kwargs)
-
-
-def given(args: argparse.Namespace) -> dict[str, Any]:
-    """The fields whose flags were given (the others keep the model's defaults), as pydantic-settings parsed them."""
-    return dict(args._fields(parsed_args=args)())
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The CLI. ``tune``'s and ``scale``'s flags are generated from ``TuneParams``: a field
-    added there is a flag here, with its description as the help."""
-    from typing import Optional
-
-    from pydantic import Field
-
-    from prefect_hyperband.flows.params import TuneParams
-
-    parser = _Parser(prog="hyperband", description="Hyperband tuning as Prefect flows, tracked in MLflow.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    plan = sub.add_parser("plan", help="print the bracket schedule (Li et al., JMLR 2018, Table 1)")
-    _mount(plan, None, **_schedule_fields())
-    plan.add_argument("--json", action="store_true", help="machine-readable output")
-
-    deploy = sub.add_parser("deploy", help="put the bundled deployments on a work pool (needs PREFECT_API_URL)")
-    deploy.add_argument("--pool", default="hyperband-process", help="work pool (create it first: prefect work-pool create NAME --type process)")
-    deploy.add_argument("--name", action="append", default=[], help="a bundled deployment to deploy (repeatable; default: all)")
-    deploy.add_argument("--working-dir", default=".", help="folder flow runs start in: job dirs and relative paths land there")
-    deploy.add_argument("--no-schedule", action="store_true", help="leave out the example cron schedules")
-    deploy.add_argument("--show", action="store_true", help="print the bundled prefect.yaml's path and exit")
-
-    tune = sub.add_parser("tune", help="run a tuning job; every flag is a TuneParams field")
-    # the one flag spelled differently from its field: --resume JOB is resume=True with job_id=JOB
-    _mount(tune, TuneParams, resume=(Optional[str], Field(None, description="Continue the job JOB (its folder under "
-                                                          "job_dir) from its saved state; same as --job-id JOB with resume.")))
-    _output_flags(tune)
-
-    study = sub.add_parser("scale", help="the tuning job at several cluster sizes: tuned vs transferred score, cost, speed")
-    from pydantic_settings import CliSuppress
-
-    _mount(study, TuneParams, resume=(CliSuppress[bool], False), **_study_fields())
-    _output_flags(study)
-    return parser
-
-
-#: the fields ``hyperband plan`` takes
-SCHEDULE = ("min_resource", "max_resource", "eta")
-
-
-def _schedule_fields() -> dict[str, Any]:
-    from prefect_hyperband.flows.params import TuneParams
-
-    return {n: (f.annotation, f) for n, f in TuneParams.model_fields.items() if n in SCHEDULE}
-
-
-def _output_flags(p: argparse.ArgumentParser) -> None:
-    """How the command prints, not what the job does: not parameters of the job."""
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--verbose", action="store_true", help="also print Prefect's line per task run (always in the Prefect UI)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -170,7 +48,7 @@ def _plan(flags: dict[str, Any], args: argparse.Namespace) -> int:
     from pydantic import ValidationError, create_model
 
     try:
-        values = create_model("Schedule", **_schedule_fields())(**flags)
+        values = create_model("Schedule", **schedule_fields())(**flags)
         plan = plan_summary(values.min_resource, values.max_resource, values.eta)
     except ValidationError as exc:
         return _fail(_one_line(exc))
@@ -298,7 +176,7 @@ def _scale(flags: dict[str, Any], args: argparse.Namespace) -> int:
     message = _model_error(flags)
     if message:
         return _fail(message)
-    Study = _study()
+    Study = study_model()
     study = {k: flags.pop(k) for k in Study.model_fields if k in flags}
     flags.pop("resume", None)
     try:
@@ -313,6 +191,7 @@ def _scale(flags: dict[str, Any], args: argparse.Namespace) -> int:
         if message:
             return _fail(message if f"--workers {n}" in message else f"--workers {n}: {message}")
     from prefect_hyperband.flows.scale import scale
+    from prefect_hyperband.flows.terminal import quiet_terminal
 
     quiet_terminal()
     _temporary_server()
@@ -345,6 +224,8 @@ def _run(params, args: argparse.Namespace) -> int:
     from prefect_hyperband.flows.prepare import new_job_id
 
     params = params.model_copy(update={"job_id": params.job_id or new_job_id()})  # the preflight's and the flow's
+    from prefect_hyperband.flows.terminal import JobLog, job_log_path, live_display, quiet_terminal
+
     log = JobLog(verbose=args.verbose)  # MLflow's own lines from here on: the job's log file, not the terminal
     message = preflight(params)
     if message:
@@ -357,7 +238,7 @@ def _run(params, args: argparse.Namespace) -> int:
 
     live = None
     if not args.verbose:
-        live = _live_display()
+        live = live_display()
         quiet_terminal(live=live is not None)
     if live is not None:
         from prefect_hyperband.flows import progress
@@ -373,6 +254,11 @@ def _run(params, args: argparse.Namespace) -> int:
         if live is not None:
             live.stop()
             progress.detach(live)
+    return _ended(state, params, args)
+
+
+def _ended(state, params, args: argparse.Namespace) -> int:
+    """The job's flow run ended: its summary (or JSON), or one line on how it stopped; the exit code."""
     if state.is_cancelled() and "stopped: " in (state.message or ""):  # not a signal: the cluster went away
         print(f"hyperband: {state.message}", file=sys.stderr)
         return _exit(EXIT_TEMPFAIL)
@@ -430,105 +316,6 @@ def _temporary_server():
     from prefect_hyperband.flows.process import temporary_server
 
     return temporary_server()
-
-
-def _live_display():
-    """The live progress display when stderr is a terminal (``HYPERBAND_NO_LIVE=1`` turns it off); else None."""
-    if not sys.stderr.isatty() or os.environ.get("HYPERBAND_NO_LIVE") == "1" or os.environ.get("TERM") == "dumb":
-        return None
-    from prefect_hyperband.flows.progress import LiveDisplay
-
-    return LiveDisplay(sys.stderr)
-
-
-def job_log_path(params) -> str:
-    """``<job folder>/job.log``: beside the job's state (the local folder when its storage is a URL)."""
-    from prefect_hyperband.flows.prepare import _job_root
-
-    return os.path.join(os.path.abspath(_job_root(params.job_dir, params.storage)), params.job_id, "job.log")
-
-
-#: libraries whose INFO lines are the job log's, not the terminal's (MLflow's database set-up, its registry's
-#: "Successfully registered model", alembic's migrations); warnings and errors still reach the terminal
-CHATTY = ("mlflow", "alembic")
-
-
-class JobLog:
-    """Every log line of the run (Prefect's, MLflow's, the job's) appended to the job's ``job.log``; MLflow's and
-    alembic's INFO lines kept off the terminal unless ``verbose``. Lines before the job's folder exists are held in
-    memory and written when it does (dropped if the input is refused)."""
-
-    def __init__(self, verbose: bool) -> None:
-        import logging
-        import logging.handlers
-
-        import mlflow  # noqa: F401  (configures its logger, whose handler is quieted here)
-        from prefect.logging.configuration import setup_logging
-
-        setup_logging()  # Prefect's console handler first: it leaves out the root logger once another handler is on it
-        self.path: str | None = None
-        self.held = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
-        self.held.setLevel(logging.INFO)
-        self.targets = [logging.getLogger(), *(logging.getLogger(name) for name in CHATTY)]
-        for logger in self.targets:
-            logger.addHandler(self.held)
-        if not verbose:
-            for name in CHATTY:
-                for handler in logging.getLogger(name).handlers:
-                    if handler is not self.held:
-                        handler.setLevel(logging.WARNING)
-
-    def open(self, path: str) -> None:
-        import logging
-
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        target = logging.FileHandler(path, encoding="utf-8")
-        target.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        target.setLevel(logging.INFO)
-        self.held.setTarget(target)
-        self.held.flush()
-        for logger in self.targets:
-            logger.removeHandler(self.held)
-            logger.addHandler(target)
-        self.held, self.path = target, path  # type: ignore[assignment]
-
-    def close(self) -> None:
-        for logger in self.targets:
-            logger.removeHandler(self.held)
-        self.held.close()
-
-
-class _TerminalFilter:
-    """The terminal shows the job's own lines; each task run's lines stay in the Prefect UI (``--verbose``: both).
-    Under the live display, only warnings and errors: the display shows the progress the info lines tell."""
-
-    def __init__(self, live: bool = False) -> None:
-        self.live = live
-
-    def filter(self, record) -> bool:
-        if record.name.startswith("prefect.task_runs") and record.levelno < 30:  # below WARNING
-            return False
-        if not record.name.startswith("prefect.flow_runs") and record.levelno < 30:  # Prefect's own (its server's)
-            return False
-        if self.live and record.name.startswith("prefect.flow_runs") and record.levelno < 30:
-            return False
-        if record.exc_info and isinstance(record.exc_info[1], InputError):  # the CLI says it in one line, exit 2
-            return False
-        return getattr(record, "hyperband_terminal", True)  # the summary: printed by the CLI itself
-
-
-def quiet_terminal(live: bool = False) -> None:
-    import logging
-
-    from prefect.logging.configuration import setup_logging
-    from prefect.logging.handlers import PrefectConsoleHandler
-
-    setup_logging()  # idempotent: Prefect's handlers exist before the filter goes on them
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, PrefectConsoleHandler):
-            for old in [f for f in handler.filters if isinstance(f, _TerminalFilter)]:
-                handler.removeFilter(old)
-            handler.addFilter(_TerminalFilter(live))
 
 
 def preflight(params) -> str | None:

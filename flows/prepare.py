@@ -88,85 +88,22 @@ def prepare(params: TuneParams) -> Job:
     if model.local_workers and params.workers > cores and not params.dask_address:
         raise InputError(f"--workers {params.workers} starts {params.workers} local worker processes per trial on a "
                          f"machine of {cores} cores; use at most {cores}, or --dask-address for a cluster")
-    default_space, known, default_config = model_space(params.model)
-    if isinstance(params.space, dict):
-        space = spaces.parse(params.space, known, params.model)
-    elif params.space:
-        space = spaces.load(params.space, known, params.model)
-    else:
-        space = spaces.parse(default_space, known, params.model)
-    if params.prior_first and not priors.has_priors(space):
-        raise InputError("--prior-first trains the space's priors first, but no parameter of the space has one; "
-                         "give it a prior: value (docs/search-spaces.md)")
+    space, default_config = _space(params, model)
     spec = datasets.DataSpec(
         data=_on_every_machine(params.data, params.trial_pool),
         target=params.target,
         validation_fraction=params.validation_fraction,
         seed=params.seed,
     )
-    entries = params.metric or []
-    first, stated = objectives.parse_entry(entries[0]) if entries else (None, None)
-    if model.metric is None:  # the user's code reads its own data; the metric is theirs, by their name
-        metric = first or ""
-        flag: Direction | None = None if params.direction is None else ("min" if params.direction == "minimize" else "max")
-        if stated and flag and stated != flag:
-            raise InputError(f"--metric {entries[0]} and --direction {params.direction} disagree; give one")
-        direction: Direction = stated or flag or "max"
-    else:
-        metric = model.metric(spec, first[4:] if first and first.startswith("val_") else first)
-        direction = datasets.metric_direction(metric)
-        if stated and stated != direction:
-            raise InputError(f"--metric {entries[0]}: {metric} is better {'larger' if direction == 'max' else 'smaller'}; "
-                             f"drop :{stated}")
-    try:
-        chosen = objectives.objectives(entries, metric if model.metric is None else f"val_{metric}", direction,
-                                       model.metric is None)
-        objectives.check_select(objectives.parse_select(params.select), [name for name, _ in chosen] or [metric])
-    except ValueError as why:
-        raise InputError(str(why)) from None
-    if params.trial_pool and not params.concurrency:  # the pool's limit, or one per online worker
-        from prefect_hyperband.flows.trial_pool import pool_concurrency
-
-        concurrency = pool_concurrency(params.trial_pool)
-    else:
-        size = dask_groups.cluster_size(params.dask_address, params.workers) if params.dask_address else None
-        concurrency = params.trial_concurrency(size)  # too few workers: one line above, before any training
-    settings = TrainerSettings(
-        model=params.model,
-        data=spec,
-        workers=params.workers,
-        metric=metric,
-        seed=params.seed,
-        milestones=schedule.milestones(params.min_resource, params.max_resource, params.eta),
-        dask_address=params.dask_address,
-        threads=max(1, cores // concurrency),
-        rounds_per_unit=params.rounds_per_unit,
-        trainer=_on_every_machine(params.trainer, params.trial_pool),
-        timeout=params.trial_timeout,
-        script=_on_every_machine(params.script, params.trial_pool),
-        extra=model.extra(params),
-    )
+    metric, direction, chosen = _objectives(params, model, spec)
+    concurrency = _concurrency(params)
+    settings = _settings(params, model, spec, metric, max(1, cores // concurrency))
     if model.user_code:  # a trainer file that does not import, a script that is not a file: fail now, in one line
         model.build(dataclasses.replace(settings, dask_address=None)).close()  # the code, not the cluster (above)
     uri = tracking_uri(params.tracking_uri)
     check_reachable(uri)
     job_id = params.job_id or new_job_id()
-    if params.storage:
-        storages.check(params.storage)
-    job_dir = Path(_job_root(params.job_dir, params.storage)).resolve() / job_id
-    store = job_store(job_dir, job_id, params.storage)
-    parent_run_id = None
-    if params.resume:
-        record = load_job_record(store)
-        if record is None:
-            raise InputError(f"no job {job_id!r} to resume under {store.root}")
-        parent_run_id = record.get("parent_run_id")
-    elif load_job_record(store) is not None:
-        raise InputError(f"job {job_id!r} already exists under {params.job_dir}; continue it with --resume {job_id} "
-                         "or choose another --job-id")
-    if job_dir.is_dir():
-        check_free(job_dir, job_id)
-    job_dir.mkdir(parents=True, exist_ok=True)
+    job_dir, store, parent_run_id = _place(params, job_id)
     return Job(
         job_id=job_id,
         job_dir=str(job_dir),
@@ -192,3 +129,93 @@ def prepare(params: TuneParams) -> Job:
         storage=None if store.local else store.root,
         trial_pool=params.trial_pool,
     )
+
+
+def _settings(params: TuneParams, model, spec: datasets.DataSpec, metric: str, threads: int) -> TrainerSettings:
+    """What a trainer is built from (``trainers.factory``): the model, its data, its knobs."""
+    return TrainerSettings(
+        model=params.model,
+        data=spec,
+        workers=params.workers,
+        metric=metric,
+        seed=params.seed,
+        milestones=schedule.milestones(params.min_resource, params.max_resource, params.eta),
+        dask_address=params.dask_address,
+        threads=threads,
+        rounds_per_unit=params.rounds_per_unit,
+        trainer=_on_every_machine(params.trainer, params.trial_pool),
+        timeout=params.trial_timeout,
+        script=_on_every_machine(params.script, params.trial_pool),
+        extra=model.extra(params),
+    )
+
+
+def _space(params: TuneParams, model) -> tuple[Any, dict[str, Any]]:
+    """The job's search space (given, a file, or the model's own) and the model's default config."""
+    default_space, known, default_config = model_space(params.model)
+    if isinstance(params.space, dict):
+        space = spaces.parse(params.space, known, params.model)
+    elif params.space:
+        space = spaces.load(params.space, known, params.model)
+    else:
+        space = spaces.parse(default_space, known, params.model)
+    if params.prior_first and not priors.has_priors(space):
+        raise InputError("--prior-first trains the space's priors first, but no parameter of the space has one; "
+                         "give it a prior: value (docs/search-spaces.md)")
+    return space, default_config
+
+
+def _objectives(params: TuneParams, model, spec: datasets.DataSpec) -> tuple[str, Direction, Any]:
+    """The metric tuned, its direction and the objectives (several with ``--metric`` given again), checked."""
+    entries = params.metric or []
+    first, stated = objectives.parse_entry(entries[0]) if entries else (None, None)
+    if model.metric is None:  # the user's code reads its own data; the metric is theirs, by their name
+        metric = first or ""
+        flag: Direction | None = None if params.direction is None else ("min" if params.direction == "minimize" else "max")
+        if stated and flag and stated != flag:
+            raise InputError(f"--metric {entries[0]} and --direction {params.direction} disagree; give one")
+        direction: Direction = stated or flag or "max"
+    else:
+        metric = model.metric(spec, first[4:] if first and first.startswith("val_") else first)
+        direction = datasets.metric_direction(metric)
+        if stated and stated != direction:
+            raise InputError(f"--metric {entries[0]}: {metric} is better {'larger' if direction == 'max' else 'smaller'}; "
+                             f"drop :{stated}")
+    try:
+        chosen = objectives.objectives(entries, metric if model.metric is None else f"val_{metric}", direction,
+                                       model.metric is None)
+        objectives.check_select(objectives.parse_select(params.select), [name for name, _ in chosen] or [metric])
+    except ValueError as why:
+        raise InputError(str(why)) from None
+    return metric, direction, chosen
+
+
+def _concurrency(params: TuneParams) -> int:
+    """Trial-rungs at once: given, the trial pool's limit (or one per online worker), or from the cores."""
+    if params.trial_pool and not params.concurrency:
+        from prefect_hyperband.flows.trial_pool import pool_concurrency
+
+        return pool_concurrency(params.trial_pool)
+    size = dask_groups.cluster_size(params.dask_address, params.workers) if params.dask_address else None
+    return params.trial_concurrency(size)  # too few workers: one line, before any training
+
+
+def _place(params: TuneParams, job_id: str) -> tuple[Path, Any, str | None]:
+    """The job's folder (made, and checked free), its store, and the parent run a resume continues."""
+    if params.storage:
+        storages.check(params.storage)
+    job_dir = Path(_job_root(params.job_dir, params.storage)).resolve() / job_id
+    store = job_store(job_dir, job_id, params.storage)
+    parent_run_id = None
+    if params.resume:
+        record = load_job_record(store)
+        if record is None:
+            raise InputError(f"no job {job_id!r} to resume under {store.root}")
+        parent_run_id = record.get("parent_run_id")
+    elif load_job_record(store) is not None:
+        raise InputError(f"job {job_id!r} already exists under {params.job_dir}; continue it with --resume {job_id} "
+                         "or choose another --job-id")
+    if job_dir.is_dir():
+        check_free(job_dir, job_id)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    return job_dir, store, parent_run_id

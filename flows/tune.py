@@ -95,22 +95,10 @@ def _job_lines_in_ui() -> Iterator[None]:
 
 
 def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer) -> dict[str, Any]:
+    """The job from its start line to its summary: parent run, state (a resume's), the loop, the champion, reports."""
     plan = schedule.plan_summary(job.min_resource, job.max_resource, job.eta)
     max_trials = params.max_trials or plan["configs"]
-    logger.info("job %s (%s, %s sampler, %d slots): %s%s; dir %s", job.job_id, job.mode, job.sampler, job.concurrency,
-                _plan_line(job, plan, max_trials, params.time_budget),
-                f", after the priors' mode to R={job.max_resource}" if job.prior_first else "", job.job_dir)
-    if job.trial_pool:  # before any run: a missing pool is one line
-        from prefect_hyperband.flows.trial_pool import ensure_deployment
-
-        logger.info("trial-rungs run as flow runs of %s on the pool's workers; storage %s",
-                    ensure_deployment(job.trial_pool), job.store().root)
-        if not params.storage:
-            logger.warning("no --storage: checkpoints stay in %s, which every worker of pool %s must see at that "
-                           "path (a shared folder); give --storage s3://... otherwise", job.job_dir, job.trial_pool)
-    if job.parent_run_id is None:
-        job = job.with_parent(start_job_run(job, _run_params(job, params), params.nest_under))
-    save_job_record(job, params.model_dump(mode="json"))
+    job = _start(params, job, plan, max_trials, logger)
     clock = lambda: spent + time.perf_counter() - began  # noqa: E731  (ASHA's time budget, across resumes)
     found = load_state(job, lambda state: make_scheduler(job, max_trials, params.time_budget, clock, state))
     saved, scheduler = found if found else (None, make_scheduler(job, max_trials, params.time_budget, clock))
@@ -133,37 +121,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
     records = scheduler.records()
     points = front.points(records, job.directions) if job.objectives else []  # several objectives: the front, once
     summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed, run.lost, runs, points)
-    version = None
-    best_file = job.store().fetch(best["checkpoint"]) if best is not None else None  # local, wherever it was trained
-    if best is not None and params.register_model and registry.get(job.settings.model).log_model is not None:
-        registered = register_champion(job, best["run_id"], best_file, _champion_metrics(job, best), best["resource"],
-                                       return_state=True)
-        if registered.is_completed():
-            version = registered.result()
-        else:  # the results stand without a registered model: say so, keep the job
-            logger.error("could not register the champion model: %s", registered.message)
-    if best is not None and version is None:  # no flavour to log it in: its files, on the parent run
-        keep_best_checkpoint(job, best_file)
-        logger.info("no model registered (%s); the best checkpoint is on the parent run under best_checkpoint/",
-                    "registration off" if not params.register_model else "the model has no MLflow flavour")
-    metrics = {
-        f"best_{job.metric_key}": summary.best_score,
-        f"default_{job.metric_key}": summary.default_score,
-        "configs": summary.configs,
-        "resource_used": summary.resource_used,
-        "resource_without_early_stopping": summary.resource_without_early_stopping,
-        "worker_seconds": summary.worker_seconds,
-        "lost_worker_seconds": summary.lost_worker_seconds,
-        "worker_seconds_without_early_stopping": summary.worker_seconds_without_early_stopping,
-        "wall_seconds": run.elapsed,
-        "sequential_seconds": summary.sequential_seconds,
-        "failed_trials": summary.failed_trials,
-    }
-    best_config = (
-        {"trial_id": best["trial_id"], "resource": best["resource"], job.metric_key: best["score"], "config": best["config"]}
-        if best
-        else {}
-    )
+    version = _champion(params, job, best, logger)
     progress.finish()
     report.report_results(
         [TrialRung(**r) for r in run.rows], {t.trial_id: t.config for t in records}, summary, job.metric_key,
@@ -178,7 +136,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
     if job.objectives:  # the front under the summary
         names = [name for name, _ in job.objectives]
         text += "\n" + front.table(points, names, job.directions, best["trial_id"] if best else None)
-    finish_job_run(job, metrics, best_config, summary.to_json(), text)
+    finish_job_run(job, _job_metrics(job, summary, run.elapsed), _best_config(job, best), summary.to_json(), text)
     logger.info("summary\n%s", text, extra={"hyperband_terminal": False})  # the CLI prints it once
     return {
         "job_id": job.job_id,
@@ -191,6 +149,68 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
         "best": best,
         "champion_version": version,
     }
+
+
+def _start(params: TuneParams, job: Job, plan: dict[str, Any], max_trials: int, logger) -> Job:
+    """The job's start line, its trial pool's deployment, its parent run (made once) and its record."""
+    logger.info("job %s (%s, %s sampler, %d slots): %s%s; dir %s", job.job_id, job.mode, job.sampler, job.concurrency,
+                _plan_line(job, plan, max_trials, params.time_budget),
+                f", after the priors' mode to R={job.max_resource}" if job.prior_first else "", job.job_dir)
+    if job.trial_pool:  # before any run: a missing pool is one line
+        from prefect_hyperband.flows.trial_pool import ensure_deployment
+
+        logger.info("trial-rungs run as flow runs of %s on the pool's workers; storage %s",
+                    ensure_deployment(job.trial_pool), job.store().root)
+        if not params.storage:
+            logger.warning("no --storage: checkpoints stay in %s, which every worker of pool %s must see at that "
+                           "path (a shared folder); give --storage s3://... otherwise", job.job_dir, job.trial_pool)
+    if job.parent_run_id is None:
+        job = job.with_parent(start_job_run(job, _run_params(job, params), params.nest_under))
+    save_job_record(job, params.model_dump(mode="json"))
+    return job
+
+
+def _champion(params: TuneParams, job: Job, best: dict[str, Any] | None, logger) -> str | None:
+    """The best model registered with the ``champion`` alias (its version), or its checkpoint on the parent run."""
+    if best is None:
+        return None
+    version = None
+    best_file = job.store().fetch(best["checkpoint"])  # local, wherever it was trained
+    if params.register_model and registry.get(job.settings.model).log_model is not None:
+        registered = register_champion(job, best["run_id"], best_file, _champion_metrics(job, best), best["resource"],
+                                       return_state=True)
+        if registered.is_completed():
+            version = registered.result()
+        else:  # the results stand without a registered model: say so, keep the job
+            logger.error("could not register the champion model: %s", registered.message)
+    if version is None:  # no flavour to log it in: its files, on the parent run
+        keep_best_checkpoint(job, best_file)
+        logger.info("no model registered (%s); the best checkpoint is on the parent run under best_checkpoint/",
+                    "registration off" if not params.register_model else "the model has no MLflow flavour")
+    return version
+
+
+def _job_metrics(job: Job, summary: Summary, wall: float) -> dict[str, Any]:
+    """The parent run's metrics: the summary's figures."""
+    return {
+        f"best_{job.metric_key}": summary.best_score,
+        f"default_{job.metric_key}": summary.default_score,
+        "configs": summary.configs,
+        "resource_used": summary.resource_used,
+        "resource_without_early_stopping": summary.resource_without_early_stopping,
+        "worker_seconds": summary.worker_seconds,
+        "lost_worker_seconds": summary.lost_worker_seconds,
+        "worker_seconds_without_early_stopping": summary.worker_seconds_without_early_stopping,
+        "wall_seconds": wall,
+        "sequential_seconds": summary.sequential_seconds,
+        "failed_trials": summary.failed_trials,
+    }
+
+
+def _best_config(job: Job, best: dict[str, Any] | None) -> dict[str, Any]:
+    if not best:
+        return {}
+    return {"trial_id": best["trial_id"], "resource": best["resource"], job.metric_key: best["score"], "config": best["config"]}
 
 
 def _stopped(job: Job, scheduler, runs: dict[str, str], stop: JobStopped, logger) -> State:

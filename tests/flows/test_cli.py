@@ -78,7 +78,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monke
 
 
 def _help(command: str) -> str:
-    from prefect_hyperband.flows.cli import build_parser
+    from prefect_hyperband.flows.flags import build_parser
 
     sub = build_parser()._subparsers._group_actions[0].choices[command]
     return " ".join(sub.format_help().split())
@@ -100,7 +100,8 @@ def test_a_field_added_to_tune_params_is_a_flag_with_no_other_edit(capsys, monke
     from pydantic import Field
 
     from prefect_hyperband.flows import params
-    from prefect_hyperband.flows.cli import build_parser, given, job_params
+    from prefect_hyperband.flows.cli import job_params
+    from prefect_hyperband.flows.flags import build_parser, given
 
     class Mine(params.TuneParams):
         warmup_units: int = Field(2, ge=0, description="Units of learning-rate warm-up before the first rung.")
@@ -129,7 +130,7 @@ def test_help_names_each_value_for_what_it_is_not_its_python_type():
 
 
 def test_only_the_flags_given_are_fields_set_so_a_resume_can_tell_them_apart():
-    from prefect_hyperband.flows.cli import build_parser, given
+    from prefect_hyperband.flows.flags import build_parser, given
 
     args = build_parser().parse_args(["tune", "--seed", "4", "--no-register-model", "--space", '{"eta": {"type": "float", "low": 0.1, "high": 0.3}}'])
     assert given(args) == {"seed": "4", "register_model": False,

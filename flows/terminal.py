@@ -1,0 +1,110 @@
+"""What a CLI job shows on the terminal and keeps in its ``job.log``: the log plumbing of ``hyperband tune``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from prefect_hyperband.flows.groups import FLOW_NAME as GROUP_FLOW
+from prefect_hyperband.trainers.errors import InputError
+
+
+def live_display():
+    """The live progress display when stderr is a terminal (``HYPERBAND_NO_LIVE=1`` turns it off); else None."""
+    if not sys.stderr.isatty() or os.environ.get("HYPERBAND_NO_LIVE") == "1" or os.environ.get("TERM") == "dumb":
+        return None
+    from prefect_hyperband.flows.progress import LiveDisplay
+
+    return LiveDisplay(sys.stderr)
+
+
+def job_log_path(params) -> str:
+    """``<job folder>/job.log``: beside the job's state (the local folder when its storage is a URL)."""
+    from prefect_hyperband.flows.prepare import _job_root
+
+    return os.path.join(os.path.abspath(_job_root(params.job_dir, params.storage)), params.job_id, "job.log")
+
+
+#: libraries whose INFO lines are the job log's, not the terminal's (MLflow's database set-up, its registry's
+#: "Successfully registered model", alembic's migrations); warnings and errors still reach the terminal
+CHATTY = ("mlflow", "alembic")
+
+
+class JobLog:
+    """Every log line of the run (Prefect's, MLflow's, the job's) appended to the job's ``job.log``; MLflow's and
+    alembic's INFO lines kept off the terminal unless ``verbose``. Lines before the job's folder exists are held in
+    memory and written when it does (dropped if the input is refused)."""
+
+    def __init__(self, verbose: bool) -> None:
+        import logging
+        import logging.handlers
+
+        import mlflow  # noqa: F401  (configures its logger, whose handler is quieted here)
+        from prefect.logging.configuration import setup_logging
+
+        setup_logging()  # Prefect's console handler first: it leaves out the root logger once another handler is on it
+        self.path: str | None = None
+        self.held = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
+        self.held.setLevel(logging.INFO)
+        self.targets = [logging.getLogger(), *(logging.getLogger(name) for name in CHATTY)]
+        for logger in self.targets:
+            logger.addHandler(self.held)
+        if not verbose:
+            for name in CHATTY:
+                for handler in logging.getLogger(name).handlers:
+                    if handler is not self.held:
+                        handler.setLevel(logging.WARNING)
+
+    def open(self, path: str) -> None:
+        import logging
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        target = logging.FileHandler(path, encoding="utf-8")
+        target.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        target.setLevel(logging.INFO)
+        self.held.setTarget(target)
+        self.held.flush()
+        for logger in self.targets:
+            logger.removeHandler(self.held)
+            logger.addHandler(target)
+        self.held, self.path = target, path  # type: ignore[assignment]
+
+    def close(self) -> None:
+        for logger in self.targets:
+            logger.removeHandler(self.held)
+        self.held.close()
+
+
+class _TerminalFilter:
+    """The terminal shows the job's own lines; each task run's lines stay in the Prefect UI (``--verbose``: both).
+    Under the live display, only warnings and errors: the display shows the progress the info lines tell."""
+
+    def __init__(self, live: bool = False) -> None:
+        self.live = live
+
+    def filter(self, record) -> bool:
+        if record.name.startswith("prefect.task_runs") and record.levelno < 30:  # below WARNING
+            return False
+        if not record.name.startswith("prefect.flow_runs") and record.levelno < 30:  # Prefect's own (its server's)
+            return False
+        if self.live and record.name.startswith("prefect.flow_runs") and record.levelno < 30:
+            return False
+        if getattr(record, "flow_name", None) == GROUP_FLOW and record.levelno < 30:  # a group's begin/end lines
+            return False
+        if record.exc_info and isinstance(record.exc_info[1], InputError):  # the CLI says it in one line, exit 2
+            return False
+        return getattr(record, "hyperband_terminal", True)  # the summary: printed by the CLI itself
+
+
+def quiet_terminal(live: bool = False) -> None:
+    import logging
+
+    from prefect.logging.configuration import setup_logging
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    setup_logging()  # idempotent: Prefect's handlers exist before the filter goes on them
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler):
+            for old in [f for f in handler.filters if isinstance(f, _TerminalFilter)]:
+                handler.removeFilter(old)
+            handler.addFilter(_TerminalFilter(live))
