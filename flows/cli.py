@@ -9,7 +9,6 @@ import sys
 from typing import Any, Sequence
 
 from prefect_hyperband.flows.flags import EXIT_USAGE, build_parser, given, schedule_fields, study_model
-from prefect_hyperband.trainers.errors import InputError
 
 #: the job stopped on something outside it that may come back (its Dask scheduler): ``--resume`` later (EX_TEMPFAIL)
 EXIT_TEMPFAIL = 75

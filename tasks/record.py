@@ -10,7 +10,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_hyperband.hyperband.scheduler import TrialRecord
-from prefect_hyperband.tasks import datasets, tracking
+from prefect_hyperband.tasks import champion, datasets, tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers import factory, registry
 from prefect_hyperband.trainers.base import TrainResult
@@ -141,7 +141,7 @@ def register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str,
     trainer = factory.get(job.settings)
     model = registry.get(job.settings.model)
     validation = datasets.mlflow_datasets(job.settings.data)[1] if model.reads_data else None
-    version = tracking.log_champion(job.tracking_uri, run_id, model, trainer, checkpoint, job.experiment, metrics,
+    version = champion.log_champion(job.tracking_uri, run_id, model, trainer, checkpoint, job.experiment, metrics,
                                     validation, job.parent_run_id, resource)
     if version is None:
         return None

@@ -1,0 +1,85 @@
+"""The job's best model in MLflow: logged in its flavour on its trial's run, registered, aliased ``champion``."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator, Mapping
+
+from prefect_hyperband.tasks.tracking import client
+
+#: the registered model's alias for the best model of the newest job
+CHAMPION = "champion"
+
+
+def log_champion(uri: str, run_id: str, model: Any, trainer: Any, checkpoint: str, name: str,
+                 metrics: Mapping[str, float] | None = None, validation: Any = None,
+                 parent_run_id: str | None = None, step: int = 0) -> int | None:
+    """Log the best trial's model in its flavour on its run (the plug-in's ``log_model``), link ``metrics`` to it
+    (for the ``validation`` dataset: the run's own points at ``step``, the resource they were measured at, so its
+    history gains no point), list it among the parent run's outputs, register it as ``name`` and alias it
+    ``champion``; None when the plug-in had nothing to log. MLflow's own lines go to its logger, not the terminal."""
+    import mlflow
+    from mlflow.entities import LoggedModelOutput
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    with mlflow.start_run(run_id=run_id), _to_logger():
+        info = model.log_model(trainer, checkpoint)
+    if info is None:
+        return None
+    c = client(uri)
+    model_id = getattr(info, "model_id", None)
+    if model_id:
+        linked = {"dataset_name": validation.name, "dataset_digest": validation.digest} if validation is not None else {}
+        for key, value in (metrics or {}).items():
+            # the run's point at this step, as logged (same key, step, value and time: MLflow keeps one row)
+            same = [m for m in c.get_metric_history(run_id, key) if m.step == step]
+            point = same[-1] if same else None
+            c.log_metric(run_id, key, point.value if point else float(value), step=step, model_id=model_id,
+                         timestamp=point.timestamp if point else None, **linked)
+        if parent_run_id:
+            c.log_outputs(parent_run_id, [LoggedModelOutput(model_id, 0)])
+    with _to_logger():
+        version = int(mlflow.register_model(info.model_uri, name).version)
+    c.set_registered_model_alias(name, CHAMPION, str(version))
+    return version
+
+
+@contextlib.contextmanager
+def _to_logger() -> Iterator[None]:
+    """MLflow's prints to stderr ("Successfully registered model ...") as INFO lines of its ``mlflow`` logger, which
+    the CLI keeps in the job's log file (and shows with ``--verbose``). Only this thread's prints are moved."""
+    import logging
+    import sys
+
+    original = sys.stderr
+    logger = logging.getLogger("mlflow")
+    me = threading.get_ident()
+
+    class Lines:
+        inside = False  # MLflow's own handler writes to whatever sys.stderr is: that write goes to the terminal
+
+        def write(self, text: str) -> int:
+            if threading.get_ident() != me or self.inside:
+                return original.write(text)
+            self.inside = True
+            try:
+                for line in text.splitlines():
+                    if line.strip():
+                        logger.info(line.strip())
+            finally:
+                self.inside = False
+            return len(text)
+
+        def flush(self) -> None:
+            original.flush()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(original, name)
+
+    sys.stderr = Lines()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stderr = original
