@@ -21,9 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,100 +35,12 @@ import torch
 
 from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_json_atomic, write_sidecar
 from prefect_hyperband.trainers.data import DataSpec, Dataset, load, metric_direction, score
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.launch import failure_message, terminate
+from prefect_hyperband.trainers.torch_config import _as_float, _as_int, _check, check_metric, effective_lr, resolve_config
 from prefect_hyperband.trainers.torch_models import Predictor, build_model
 from prefect_hyperband.trainers.torch_pool import TorchPool, WarmPools
 
 ROOT = Path(__file__).resolve().parent.parent
-
-#: Trains digits (CNN, 2 workers, linear lr scaling) to >= 0.95 validation accuracy in well under 9 epochs.
-DEFAULT_CONFIG: dict[str, Any] = {
-    "lr": 0.05,
-    "batch_size": 32,
-    "weight_decay": 1e-4,
-    "width": 32,
-    "dropout": 0.1,
-    "momentum": 0.9,
-    "lr_scaling": "linear",
-    "warmup_epochs": 1,
-}
-#: Config keys ``train`` accepts (``seed`` overrides the trainer's seed for one trial).
-PARAMS = frozenset({*DEFAULT_CONFIG, "seed"})
-LR_SCALING = ("linear", "none")
-DEFAULT_SPACE: dict[str, dict[str, Any]] = {
-    "lr": {"type": "float", "low": 5e-3, "high": 0.2, "log": True},
-    "batch_size": {"type": "categorical", "choices": [16, 32, 64]},
-    "weight_decay": {"type": "float", "low": 1e-6, "high": 1e-3, "log": True},
-    "width": {"type": "int", "low": 16, "high": 64},
-    "dropout": {"type": "float", "low": 0.0, "high": 0.3},
-    "momentum": {"type": "float", "low": 0.5, "high": 0.95},
-}
-#: Seconds the launcher gets to stop its ranks after SIGTERM before everything is SIGKILLed.
-TERMINATE_GRACE = 5.0
-TAIL_LINES = 20
-
-
-# ---------------------------------------------------------------------------- config
-
-
-def _as_int(name: str, value: Any) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InputError(f"{name} must be an integer, got {value!r}")
-    if not float(value).is_integer():
-        raise InputError(f"{name} must be an integer, got {value!r}")
-    return int(value)
-
-
-def _as_float(name: str, value: Any) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InputError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(float(value)):
-        raise InputError(f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise InputError(message)
-
-
-def resolve_config(config: Mapping[str, Any], seed: int = 0) -> dict[str, Any]:
-    """``config`` over ``DEFAULT_CONFIG``, checked and coerced to plain types (InputError on a bad value)."""
-    unknown = sorted(str(k) for k in config if k not in PARAMS)
-    _check(not unknown, f"unknown torch hyperparameter(s) {', '.join(unknown)}; accepted: {', '.join(sorted(PARAMS))}")
-    merged = {**DEFAULT_CONFIG, "seed": seed, **config}
-    out: dict[str, Any] = {
-        "lr": _as_float("lr", merged["lr"]),
-        "batch_size": _as_int("batch_size", merged["batch_size"]),
-        "weight_decay": _as_float("weight_decay", merged["weight_decay"]),
-        "width": _as_int("width", merged["width"]),
-        "dropout": _as_float("dropout", merged["dropout"]),
-        "momentum": _as_float("momentum", merged["momentum"]),
-        "lr_scaling": str(merged["lr_scaling"]),
-        "warmup_epochs": _as_int("warmup_epochs", merged["warmup_epochs"]),
-        "seed": _as_int("seed", merged["seed"]),
-    }
-    _check(out["lr"] > 0, f"lr must be > 0, got {out['lr']}")
-    _check(out["batch_size"] >= 1, f"batch_size must be >= 1, got {out['batch_size']}")
-    _check(out["weight_decay"] >= 0, f"weight_decay must be >= 0, got {out['weight_decay']}")
-    _check(out["width"] >= 1, f"width must be >= 1, got {out['width']}")
-    _check(0 <= out["dropout"] < 1, f"dropout must be in [0, 1), got {out['dropout']}")
-    _check(0 <= out["momentum"] < 1, f"momentum must be in [0, 1), got {out['momentum']}")
-    _check(out["lr_scaling"] in LR_SCALING, f"lr_scaling must be one of {', '.join(LR_SCALING)}, got {out['lr_scaling']!r}")
-    _check(out["warmup_epochs"] >= 0, f"warmup_epochs must be >= 0, got {out['warmup_epochs']}")
-    return out
-
-
-def effective_lr(config: Mapping[str, Any], world_size: int) -> float:
-    """Goyal et al. (2017): with ``lr_scaling: linear`` the lr grows with the number of replicas."""
-    return float(config["lr"]) * (world_size if config["lr_scaling"] == "linear" else 1)
-
-
-def check_metric(metric: str, task: str) -> None:
-    metric_direction(metric)  # unknown names
-    allowed = {"regression": ("rmse",), "binary": ("auc", "accuracy", "logloss"), "multiclass": ("accuracy", "logloss")}
-    _check(metric in allowed[task], f"metric {metric!r} does not fit a {task} task; use one of {', '.join(allowed[task])}")
-
 
 # ---------------------------------------------------------------------------- checkpoints
 
@@ -171,83 +81,6 @@ def timed_predict(checkpoint: str, X: np.ndarray) -> tuple[np.ndarray, float]:
     with torch.no_grad():
         out = model(torch.as_tensor(np.asarray(X, dtype=np.float32)))
     return out.double().numpy(), time.perf_counter() - began
-
-
-# ---------------------------------------------------------------------------- processes
-
-
-def processes_with(marker: str) -> list[int]:
-    """Pids (other than ours) whose command line contains ``marker``; Linux /proc only."""
-    needle, pids = marker.encode(), []
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return pids
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
-
-
-def _signal(pid: int, sig: int, group: bool = False) -> None:
-    try:
-        (os.killpg if group else os.kill)(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def terminate(proc: subprocess.Popen, marker: str) -> None:
-    """Stop the launcher's process group (SIGTERM, then SIGKILL) and any rank left with ``marker``."""
-    if proc.poll() is None:
-        _signal(proc.pid, signal.SIGTERM, group=True)
-        try:
-            proc.wait(timeout=TERMINATE_GRACE)
-        except subprocess.TimeoutExpired:
-            _signal(proc.pid, signal.SIGKILL, group=True)
-            proc.wait()
-    # ranks run in sessions of their own (torch starts them with start_new_session=True)
-    deadline = time.monotonic() + TERMINATE_GRACE
-    while (left := processes_with(marker)) and time.monotonic() < deadline:
-        for pid in left:
-            _signal(pid, signal.SIGKILL)
-        time.sleep(0.05)
-
-
-def _tail(path: Path, lines: int = TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def root_cause(launcher_log: str) -> tuple[list[int], str]:
-    """Ranks named as the root cause in torch.distributed.run's failure report, and their exit codes."""
-    _, _, cause = launcher_log.partition("Root Cause")
-    ranks = sorted({int(r) for r in re.findall(r"rank\s*:\s*(\d+)", cause)})
-    codes = [" ".join(c.split()) for c in re.findall(r"exitcode\s*:\s*([^\n]*)", cause)]
-    return ranks, "; ".join(codes)
-
-
-def failure_message(workdir: Path, headline: str) -> str:
-    """``headline`` plus the stderr tail of the failed rank(s), else of every rank and the launcher."""
-    launcher = _tail(workdir / "launcher.log", 200)
-    ranks, codes = root_cause(launcher)
-    files = [workdir / f"rank{r}.stderr" for r in ranks] or sorted(workdir.glob("rank*.stderr"))
-    parts = [headline]
-    if ranks:
-        parts[0] += f" (failed rank{'s' if len(ranks) > 1 else ''}: {', '.join(map(str, ranks))}; exit code {codes})"
-    for path in files:
-        tail = _tail(path)
-        if tail:
-            parts.append(f"--- {path.stem} stderr ---\n{tail}")
-    if len(parts) == 1 or not ranks:
-        parts.append(f"--- launcher ---\n{_tail(workdir / 'launcher.log')}")
-    return "\n".join(parts)
 
 
 # ---------------------------------------------------------------------------- the trainer
@@ -524,13 +357,4 @@ class TorchTrainer:
         return TrainResult(out, resource, 0, time.perf_counter() - started, self.workers)
 
 
-__all__ = [
-    "DEFAULT_CONFIG",
-    "DEFAULT_SPACE",
-    "PARAMS",
-    "TorchTrainer",
-    "effective_lr",
-    "load_model",
-    "predict",
-    "resolve_config",
-]
+__all__ = ["TorchTrainer", "load_model", "predict"]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from prefect_hyperband.trainers.base import write_json_atomic
+from prefect_hyperband.trainers.launch import failure_message, terminate
 
 #: The trainer polls for the result file (and the launcher's exit) this often, in seconds: fast for
 #: the first BACKOFF_AFTER seconds (short trials), then slower so a waiting thread does not spin.
@@ -95,8 +96,6 @@ class TorchPool:
 
     def stop(self, graceful: bool = True) -> None:
         """Stop the ranks (a stop request, then SIGTERM/SIGKILL) and delete the pool's folder."""
-        from prefect_hyperband.trainers.torch_ddp import terminate
-
         proc, pool_dir = self.proc, self.dir
         self.proc = self.dir = None
         if proc is not None and pool_dir is not None:
@@ -119,8 +118,6 @@ class TorchPool:
         Raises RuntimeError (rank stderr quoted) when a rank fails or the call times out; the
         pool is then stopped, and the next call relaunches it.
         """
-        from prefect_hyperband.trainers.torch_ddp import failure_message, terminate
-
         with self._lock:
             for attempt in range(2):
                 warm = self.alive

@@ -8,7 +8,8 @@ import torch
 from dask_cluster import cluster  # tests/dask_cluster.py
 from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.trainers.errors import InputError
-from prefect_hyperband.trainers.torch_ddp import DEFAULT_CONFIG, TorchTrainer
+from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG
+from prefect_hyperband.trainers.torch_ddp import TorchTrainer
 
 DIGITS = DataSpec("digits")
 #: one worker on 127.0.0.1, two on 127.0.0.2, one on 127.0.0.3: groups of two, packed by host, span two hosts each

@@ -19,16 +19,9 @@ from faulty_torch import Fault, FaultyTorchTrainer
 from torch_helpers import max_difference, torch_descendants
 from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.trainers.errors import InputError
-from prefect_hyperband.trainers.torch_ddp import (
-    DEFAULT_CONFIG,
-    DEFAULT_SPACE,
-    PARAMS,
-    TorchTrainer,
-    load_model,
-    predict,
-    processes_with,
-    resolve_config,
-)
+from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG, DEFAULT_SPACE, PARAMS, resolve_config
+from prefect_hyperband.trainers.torch_ddp import TorchTrainer, load_model, predict
+from prefect_hyperband.trainers.launch import processes_with
 
 DIGITS = DataSpec("digits")
 #: plain SGD steps that two replicas can reproduce exactly: no dropout, no lr scaling or warm-up

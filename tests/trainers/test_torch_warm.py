@@ -18,7 +18,9 @@ from faulty_torch import Fault, FaultyTorchTrainer
 from torch_helpers import max_difference, torch_descendants
 from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.trainers.errors import InputError
-from prefect_hyperband.trainers.torch_ddp import DEFAULT_CONFIG, TorchTrainer, processes_with
+from prefect_hyperband.trainers.launch import processes_with
+from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG
+from prefect_hyperband.trainers.torch_ddp import TorchTrainer
 
 DIGITS = DataSpec("digits")
 ROWS = 512  # a short epoch: these tests are about processes and numbers, not accuracy

@@ -23,7 +23,7 @@ def build(settings: Any):
 
 
 def space():
-    from prefect_hyperband.trainers import torch_ddp as m
+    from prefect_hyperband.trainers import torch_config as m
 
     return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
 

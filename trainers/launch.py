@@ -1,0 +1,89 @@
+"""The processes of a trial: torch's launcher and its ranks, stopped as a group, and why they failed, in a few lines."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+#: Seconds the launcher gets to stop its ranks after SIGTERM before everything is SIGKILLed.
+TERMINATE_GRACE = 5.0
+#: lines of a rank's stderr a failure message quotes
+TAIL_LINES = 20
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids (other than ours) whose command line contains ``marker``; Linux /proc only."""
+    needle, pids = marker.encode(), []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return pids
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _signal(pid: int, sig: int, group: bool = False) -> None:
+    try:
+        (os.killpg if group else os.kill)(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def terminate(proc: subprocess.Popen, marker: str) -> None:
+    """Stop the launcher's process group (SIGTERM, then SIGKILL) and any rank left with ``marker``."""
+    if proc.poll() is None:
+        _signal(proc.pid, signal.SIGTERM, group=True)
+        try:
+            proc.wait(timeout=TERMINATE_GRACE)
+        except subprocess.TimeoutExpired:
+            _signal(proc.pid, signal.SIGKILL, group=True)
+            proc.wait()
+    # ranks run in sessions of their own (torch starts them with start_new_session=True)
+    deadline = time.monotonic() + TERMINATE_GRACE
+    while (left := processes_with(marker)) and time.monotonic() < deadline:
+        for pid in left:
+            _signal(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def _tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def root_cause(launcher_log: str) -> tuple[list[int], str]:
+    """Ranks named as the root cause in torch.distributed.run's failure report, and their exit codes."""
+    _, _, cause = launcher_log.partition("Root Cause")
+    ranks = sorted({int(r) for r in re.findall(r"rank\s*:\s*(\d+)", cause)})
+    codes = [" ".join(c.split()) for c in re.findall(r"exitcode\s*:\s*([^\n]*)", cause)]
+    return ranks, "; ".join(codes)
+
+
+def failure_message(workdir: Path, headline: str) -> str:
+    """``headline`` plus the stderr tail of the failed rank(s), else of every rank and the launcher."""
+    launcher = _tail(workdir / "launcher.log", 200)
+    ranks, codes = root_cause(launcher)
+    files = [workdir / f"rank{r}.stderr" for r in ranks] or sorted(workdir.glob("rank*.stderr"))
+    parts = [headline]
+    if ranks:
+        parts[0] += f" (failed rank{'s' if len(ranks) > 1 else ''}: {', '.join(map(str, ranks))}; exit code {codes})"
+    for path in files:
+        tail = _tail(path)
+        if tail:
+            parts.append(f"--- {path.stem} stderr ---\n{tail}")
+    if len(parts) == 1 or not ranks:
+        parts.append(f"--- launcher ---\n{_tail(workdir / 'launcher.log')}")
+    return "\n".join(parts)
