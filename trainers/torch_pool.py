@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator
 
 from prefect_hyperband.trainers.base import write_json_atomic
 from prefect_hyperband.trainers.launch import failure_message, terminate
+from prefect_hyperband.trainers.torch_requests import request_path
 
 #: The trainer polls for the result file (and the launcher's exit) this often, in seconds: fast for
 #: the first BACKOFF_AFTER seconds (short trials), then slower so a waiting thread does not spin.
@@ -100,7 +101,7 @@ class TorchPool:
         self.proc = self.dir = None
         if proc is not None and pool_dir is not None:
             if graceful and proc.poll() is None:
-                write_json_atomic(pool_dir / f"request-{self.jobs}.json", {"op": "stop"})
+                write_json_atomic(request_path(pool_dir, self.jobs), {"op": "stop"})
                 try:
                     proc.wait(timeout=STOP_GRACE)
                 except subprocess.TimeoutExpired:
@@ -155,7 +156,7 @@ class TorchPool:
             "launched_at": time.time() if warm else self.launched_at,
         }
         try:
-            write_json_atomic(pool_dir / f"request-{seq}.json", request)
+            write_json_atomic(request_path(pool_dir, seq), request)
         except OSError:  # the pool was closed under us
             return proc.poll() if proc.poll() is not None else -1
         started = time.monotonic()

@@ -18,10 +18,8 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import inspect
-import json
 import math
 import os
-import random
 import sys
 import time
 import traceback
@@ -36,6 +34,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 from prefect_hyperband.trainers.base import write_json_atomic
+from prefect_hyperband.trainers.torch_requests import next_request, read_job
+from prefect_hyperband.trainers.torch_rng import rng_state, seed_rank, set_rng_state
 from prefect_hyperband.trainers.torch_models import (
     build_model,
     fit_standardisation,
@@ -55,10 +55,6 @@ NO_BUFFER_SYNC = (
 
 
 # ---------------------------------------------------------------------------- job and data
-
-
-def read_job(path: str) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
 
 
 class Arrays:
@@ -89,47 +85,6 @@ def architecture(ds: Arrays, config: Mapping[str, Any]) -> dict[str, Any]:
         "image_shape": list(ds.image_shape) if ds.image_shape is not None else None,
         "task": ds.task,
     }
-
-
-# ---------------------------------------------------------------------------- RNG state
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states as tensors and plain types (loadable with weights_only=True)."""
-    np_state = np.random.get_state()
-    version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-        "python": [int(version), [int(v) for v in internal], gauss],
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: Mapping[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    npy = state["numpy"]
-    keys = npy["keys"].numpy().astype(np.uint32)
-    np.random.set_state(("MT19937", keys, npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def seed_rank(seed: int, rank: int, epoch: int) -> None:
-    """Per-rank seeds (dropout differs between replicas); ``epoch`` keeps a resumed-without-state run apart."""
-    value = seed + rank + 1_000_003 * epoch
-    torch.manual_seed(value)
-    np.random.seed(value % 2**32)
-    random.seed(value)
 
 
 # ---------------------------------------------------------------------------- training
@@ -357,14 +312,6 @@ def run(job: Mapping[str, Any], rank: int, world_size: int, local_rank: int) -> 
 
 # ---------------------------------------------------------------------------- warm pool
 
-#: Rank 0 polls for the next request this often (seconds): the dispatch latency of a warm call.
-#: After IDLE_BACKOFF seconds without a request it polls every IDLE_POLL_SECONDS instead, so an idle
-#: pool does not take CPU from the trials and the orchestrator it shares the machine with.
-POLL_SECONDS = 0.002
-IDLE_POLL_SECONDS = 0.02
-IDLE_BACKOFF = 0.2
-#: An idle rank 0 broadcasts a no-op this often, far inside the collectives' timeout.
-HEARTBEAT_SECONDS = 60.0
 #: The warm pool's collective timeout (a hung job is killed by the trainer well before).
 SERVE_PG_TIMEOUT = timedelta(hours=2)
 
@@ -380,40 +327,6 @@ def peer_failure(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return any(s in text for s in ("Connection reset by peer", "Connection closed by peer", "gloo/transport", "NCCL"))
-
-
-def request_path(pool_dir: Path, seq: int) -> Path:
-    return pool_dir / f"request-{seq}.json"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def next_request(pool_dir: Path, seq: int, owner: int, stop_at: float) -> dict[str, Any]:
-    """Rank 0: the next job; a ``ping`` when idle for a while; ``stop`` when the owner or the
-    folder is gone or the pool has been idle past ``stop_at`` (time.monotonic())."""
-    path = request_path(pool_dir, seq)
-    began = checked = time.monotonic()
-    while True:
-        if path.is_file():
-            job = read_job(str(path))
-            path.unlink(missing_ok=True)
-            return job
-        now = time.monotonic()
-        if now - checked >= 1.0:
-            checked = now
-            if not pool_dir.is_dir() or (owner > 0 and not _alive(owner)) or now >= stop_at:
-                return {"op": "stop"}
-        if now - began >= HEARTBEAT_SECONDS:
-            return {"op": "ping"}
-        time.sleep(POLL_SECONDS if now - began < IDLE_BACKOFF else IDLE_POLL_SECONDS)
 
 
 def serve(pool_dir: Path, rank: int, world_size: int, local_rank: int, owner: int) -> None:
