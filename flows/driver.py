@@ -21,7 +21,7 @@ from prefect_hyperband.flows.state import StateWriter
 from prefect_hyperband.flows.tracker import MlflowTracker
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.journal import Journaled
-from prefect_hyperband.hyperband.promotion import failed, first, sort_key
+from prefect_hyperband.hyperband.promotion import best_key, failed, first, sort_key
 from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, PRIOR_TRIAL, Decision, Scheduler, best_of
 from prefect_hyperband.tasks import report
 from prefect_hyperband.tasks.job import Job
@@ -127,8 +127,8 @@ class _Events:
             return False
         t, r = out.job.trial_id, out.job.resource
         if self.best is not None:
-            ours = sort_key(f"{t}@{r:06d}", out.score, self.job.direction)
-            held = sort_key(f"{self.best[0]}@{self.best[1]:06d}", self.best[2], self.job.direction)
+            ours = best_key(t, r, out.score, self.job.direction)
+            held = best_key(self.best[0], self.best[1], self.best[2], self.job.direction)
             if ours >= held:
                 return False
         self.best = (t, r, out.score)

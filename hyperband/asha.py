@@ -32,14 +32,13 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from prefect_hyperband.hyperband.promotion import (Directions, Score, as_direction, as_score, failed, promote, several,
                                                    sign, sort_key)
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import Status, TrialJob
 
-Status = Literal["running", "stopped", "failed", "completed"]
 
 
 

@@ -8,15 +8,15 @@ top ⌊n_i/η⌋ to the next rung.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import numpy as np
 
 from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, failed, promote
 from prefect_hyperband.hyperband.schedule import Bracket, Rung
 from prefect_hyperband.hyperband.space import Space
+from prefect_hyperband.hyperband.trial import Status
 
-Status = Literal["running", "stopped", "failed", "completed"]
 
 
 @dataclass

@@ -75,6 +75,12 @@ def sort_key(trial_id: Id, value: Score, direction: Directions) -> tuple[int, fl
     return (0, -sign(direction) * first(value), str(trial_id))  # type: ignore[operator]
 
 
+def best_key(trial_id: str, resource: int, value: Score, direction: Directions) -> tuple[int, float, str]:
+    """The one ranking of results across a job (the best so far, the champion, the leaderboard): ``sort_key`` on
+    ``trial@resource``, so ties go to the smaller trial id, then to the smaller resource."""
+    return sort_key(f"{trial_id}@{resource:06d}", value, direction)
+
+
 def rank(scores: Mapping[Id, Score], direction: Directions) -> list[Id]:
     """Trial ids best first, deterministic under ties and failures; by Pareto fronts with several objectives."""
     if several(direction):

@@ -22,12 +22,12 @@ from dataclasses import InitVar, dataclass, field
 from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
 
 from prefect_hyperband.hyperband.asha import AshaState
-from prefect_hyperband.hyperband.bracket import BracketState, Status
+from prefect_hyperband.hyperband.bracket import BracketState
 from prefect_hyperband.hyperband.priorband import first_rung
-from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, failed, sort_key
+from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, best_key, failed
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 from prefect_hyperband.hyperband.space import Space
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import Status, TrialJob
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def best_of(records: list[TrialRecord], direction: Directions) -> tuple[TrialRec
     seen = [(t, r, v) for t in records for r, v in t.scores.items() if v is not None]
     if not seen:
         return None
-    return min(seen, key=lambda c: sort_key(f"{c[0].trial_id}@{c[1]:06d}", c[2], direction))
+    return min(seen, key=lambda c: best_key(c[0].trial_id, c[1], c[2], direction))
 
 
 # --------------------------------------------------------------------------------- synchronous

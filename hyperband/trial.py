@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
+
+#: where a trial stands: training on, stopped at a rung (not promoted), failed, or completed (reached R)
+Status = Literal["running", "stopped", "failed", "completed"]
 
 
 @dataclass(frozen=True)

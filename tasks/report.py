@@ -26,7 +26,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_hyperband.hyperband.accounting import Summary, TrialRung, table
-from prefect_hyperband.hyperband.promotion import failed, sort_key
+from prefect_hyperband.hyperband.promotion import best_key, failed
 
 PROGRESS_KEY = "hyperband-progress"
 LEADERBOARD_KEY = "hyperband-leaderboard"
@@ -96,7 +96,7 @@ def leaderboard(
     """The ``top`` trials by their best evaluated score, ranked as the champion is (``promotion.sort_key`` on
     ``trial@resource``: ties by trial id, then the smaller resource); one pass over the rows and a heap of ``top``,
     once per job. ``runs`` (trial id -> MLflow child run) adds each trial's ``run_id``."""
-    key = lambda r: sort_key(f"{r.trial_id}@{r.resource:06d}", r.score, direction)  # noqa: E731  (best_of's key)
+    key = lambda r: best_key(r.trial_id, r.resource, r.score, direction)  # noqa: E731  (best_of's key)
     best: dict[str, TrialRung] = {}
     for r in _rows(rows):
         if failed(r.score):
