@@ -47,6 +47,9 @@ def tracking_uri(explicit: str | None = None) -> str:
 def client(uri: str):
     from mlflow import MlflowClient
 
+    # MLflow prints "View run ... at: URL" to stdout each time a run ends against a tracking server: a line per
+    # trial (thousands under ASHA) on the job's terminal; the CLI prints the parent run's link once, at the end
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     if uri.startswith("sqlite:") and uri not in _tuned:
         with _tuning:
             if uri not in _tuned:

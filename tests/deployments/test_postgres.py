@@ -85,6 +85,7 @@ def _scenario(s: Stack, tmp_path: Path) -> None:
                          "--rounds-per-unit", "2", "--tracking-uri", mlflow_url, "--experiment", EXPERIMENT,
                          "--job-dir", str(tmp_path / "jobs"), "--job-id", "pg-job", "--json"], timeout=600)
     result = json.loads(out.strip().splitlines()[-1])
+    assert "View run" not in out  # MLflow's line per ended run against a tracking server: off the terminal
     summary = result["summary"]
     assert summary["configs"] == 17 and summary["trial_rungs"] == 22 and summary["failed_trials"] == 0
     assert summary["resource_used"] == 69
