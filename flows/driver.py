@@ -4,6 +4,7 @@ results decided. It holds no loop of its own and no state between jobs."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections import Counter
@@ -20,6 +21,7 @@ from prefect_hyperband.flows.process import stop_on_signals
 from prefect_hyperband.flows.state import StateWriter
 from prefect_hyperband.flows.tracker import MlflowTracker
 from prefect_hyperband.hyperband import schedule
+from prefect_hyperband.hyperband.criteria import Criteria, Stopping
 from prefect_hyperband.hyperband.journal import Journaled
 from prefect_hyperband.hyperband.promotion import best_key, failed, first, sort_key
 from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, PRIOR_TRIAL, Decision, Scheduler, best_of
@@ -36,11 +38,13 @@ PROGRESS_INTERVAL = 2.0
 
 def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool,
           lost: float = 0.0, runs: dict[str, str] | None = None, progress: report.ProgressBar | None = None,
-          saved: dict[str, Any] | None = None, writer: Writer | None = None) -> Drive:
+          saved: dict[str, Any] | None = None, writer: Writer | None = None, criteria: Criteria | None = None,
+          clock=lambda: 0.0) -> Drive:
     """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every pass
     that settled results (a journal record; ``flows.state.StateWriter``). ``runs``: trial id -> child run, kept up
     to date here (saved ones, and those a killed run of the job created); ``saved``: the state it resumes;
-    ``writer``: the trials' MLflow writer (``tasks.writer``), shut down here.
+    ``writer``: the trials' MLflow writer (``tasks.writer``), shut down here; ``criteria``: when the job ends before
+    its schedule does (``hyperband.criteria``; ``clock``: the job's seconds across resumes, for a time budget).
 
     Ctrl-C or SIGTERM stops the job: no new trial-rung starts, those in flight get ``loop.STOP_GRACE`` seconds,
     the state is saved and ``JobStopped`` raised. A second signal exits at once."""
@@ -62,16 +66,38 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
         state = StateWriter(job, journaled, runs, int(saved.get("journal") or 0), len(rows), saved.get("writes"),
                             runs_lock=tracker.lock)
         state.start(rows, spent, lost)
-        loop = Loop(journaled, executor, tracker, RealClock(), token, events, save=state.save,
+        spent_ws = _WorkerSeconds(lambda: loop.rows, lambda: loop.lost)
+        goal = Stopping(journaled, criteria, job.direction, job.max_resource, cost=spent_ws, clock=clock, rows=rows,
+                        metric=job.metric_key) if criteria is not None and criteria.any() else None
+        loop = Loop(goal or journaled, executor, tracker, RealClock(), token, events, save=state.save,
                     concurrency=job.concurrency, workers=job.settings.workers,
                     trial_timeout=job.trial_timeout, rows=rows, spent=spent, lost=lost,
                     baseline=executor.call(functools.partial(_baseline, job)) if baseline else None)
         try:
-            return loop.run()
+            result = loop.run()
+            if goal is not None and goal.reason is not None:
+                logger.info("stopped: %s; --resume %s with a looser criterion goes on", goal.reason, job.job_id)
+                return dataclasses.replace(result, stopped_by=goal.reason)
+            return result
         finally:
             events.flush()
             groups.close()
             display.stop()
+
+
+class _WorkerSeconds:
+    """Worker-seconds spent so far (``hyperband.accounting``'s: trainings x workers, evaluations, lost ones), kept up
+    to date over the loop's rows as they grow: no scan of the job."""
+
+    def __init__(self, rows, lost) -> None:
+        self.rows, self.lost, self.n, self.total = rows, lost, 0, 0.0
+
+    def __call__(self) -> float:
+        rows = self.rows()
+        for r in rows[self.n:]:
+            self.total += r["train_seconds"] * r["workers"] + r["eval_seconds"]
+        self.n = len(rows)
+        return self.total + self.lost()
 
 
 def _baseline(job: Job) -> float | None:

@@ -158,6 +158,8 @@ class Drive:
     elapsed: float
     #: worker-seconds of trainings that left no result: failed, stopped, timed out, run again (measured)
     lost: float = 0.0
+    #: the criterion that ended the job before its schedule did (``hyperband.criteria``); None: it ran to its end
+    stopped_by: str | None = None
 
 
 @dataclass

@@ -62,8 +62,22 @@ class TuneParams(BaseModel):
         "range) straight to R before the brackets, as PriorBand did when published (NePS's sample_prior_first)."
     )
     max_trials: Optional[int] = Field(None, ge=1, description="asha: configs to start (default: as many as Hyperband).")
-    time_budget: Optional[float] = Field(None, gt=0, description="asha: seconds after which no new trial starts.",
-        json_schema_extra={"metavar": "SECONDS", "on_resume": "may change"})
+    time_budget: Optional[float] = Field(
+        None, gt=0, description="Seconds after which the job starts nothing new: hyperband, no trial-rung; asha, no "
+        "config (those started are promoted on).", json_schema_extra={"metavar": "SECONDS", "on_resume": "may change"})
+    target_score: Optional[float] = Field(
+        None, description="Stop once a result reaches this score (the metric; of several objectives, the first) at "
+        "target_resource or above: no new trial-rung, those in flight finish.",
+        json_schema_extra={"metavar": "VALUE", "on_resume": "may change"})
+    target_resource: Optional[int] = Field(
+        None, ge=1, description="The resource from which a result counts for target_score; default R.",
+        json_schema_extra={"metavar": "N", "on_resume": "may change"})
+    patience: Optional[int] = Field(
+        None, ge=1, description="Stop once this many results at R in a row bring no new best at R.",
+        json_schema_extra={"metavar": "N", "on_resume": "may change"})
+    max_cost: Optional[float] = Field(
+        None, gt=0, description="Stop once this many worker-seconds are spent (trainings and evaluations, lost ones "
+        "included).", json_schema_extra={"metavar": "SECONDS", "on_resume": "may change"})
     data: str = Field(
         "bank-marketing",
         description="bank-marketing (bundled), digits, breast-cancer, or a CSV path (comma/semicolon, optionally .gz).",
@@ -165,6 +179,8 @@ class TuneParams(BaseModel):
             raise ValueError(f"min_resource must be <= max_resource, got {self.min_resource} > {self.max_resource}")
         if self.resume and not self.job_id:
             raise ValueError("resume needs the job_id of the job to continue")
+        if self.target_resource is not None and self.target_resource > self.max_resource:
+            raise ValueError(f"target_resource must be <= max_resource, got {self.target_resource} > {self.max_resource}")
         given = {f: m for f, m in registry.user_code_fields().items() if getattr(self, f, None)}
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} together: give one, a function (--trainer) or a script (--script)")

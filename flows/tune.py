@@ -21,6 +21,7 @@ from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.state import job_lock, load_state, make_scheduler, save_job_record
 from prefect_hyperband.hyperband import front, schedule
 from prefect_hyperband.hyperband.accounting import Summary, TrialRung, summarise, table
+from prefect_hyperband.hyperband.criteria import Criteria
 from prefect_hyperband.hyperband.promotion import Score, first
 from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
 from prefect_hyperband.tasks import report, tracking
@@ -115,10 +116,13 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
         factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
         run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config), lost=lost,
-                    runs=runs, progress=progress, saved=saved, writer=writer)
+                    runs=runs, progress=progress, saved=saved, writer=writer, criteria=_criteria(job, params),
+                    clock=clock)
     except JobStopped as stop:
         return _stopped(job, scheduler, runs, stop, logger)
     records = scheduler.records()
+    if run.stopped_by:
+        _pause_open_runs(job, records, runs, run.stopped_by)
     points = front.points(records, job.directions) if job.objectives else []  # several objectives: the front, once
     summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed, run.lost, runs, points)
     version = _champion(params, job, best, logger)
@@ -133,6 +137,8 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
     text = table(summary)
     if job.mode == "asha":
         text += "\n" + _asha_line(len(records), max_trials, params.time_budget, run.elapsed)
+    if run.stopped_by:
+        text += f"\nstopped before the schedule's end: {run.stopped_by} (--resume {job.job_id} with a looser criterion goes on)"
     if job.objectives:  # the front under the summary
         names = [name for name, _ in job.objectives]
         text += "\n" + front.table(points, names, job.directions, best["trial_id"] if best else None)
@@ -148,7 +154,23 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
         "table": text,
         "best": best,
         "champion_version": version,
+        "stopped_by": run.stopped_by,
     }
+
+
+def _criteria(job: Job, params: TuneParams) -> Criteria:
+    """When the job ends before its schedule does; ASHA keeps its own time budget (no new config; promotions go on)."""
+    return Criteria(target_score=params.target_score, target_resource=params.target_resource, patience=params.patience,
+                    max_cost=params.max_cost, time_budget=None if job.mode == "asha" else params.time_budget)
+
+
+def _pause_open_runs(job: Job, records, runs: dict[str, str], reason: str) -> None:
+    """A criterion ended the job: the runs of trials still waiting in a rung end (a resume goes on with them)."""
+    tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.stopped_by": reason})
+    for t in records:
+        if t.status == "running" and t.trial_id in runs:
+            tracking.set_tags(job.tracking_uri, runs[t.trial_id], {"hyperband.status": "paused"})
+            tracking.end_run(job.tracking_uri, runs[t.trial_id], "FINISHED")
 
 
 def _start(params: TuneParams, job: Job, plan: dict[str, Any], max_trials: int, logger) -> Job:

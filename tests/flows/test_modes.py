@@ -287,3 +287,37 @@ def test_trial_rung_metrics_are_written_by_the_mlflow_writer_before_the_result_e
     assert len(pids) == 1 and pids[0] != os.getpid()
     state = json.loads((Path(result["job_dir"]) / "state.json").read_text())
     assert {(r["trial_id"], r["resource"]) for r in state["rows"]} == checked
+
+
+def test_a_job_ends_when_its_goal_is_met_and_a_resume_with_a_looser_goal_finishes_it(tracking_uri, tmp_path):
+    """--patience: no new trial-rung once N results at R in a row bring no new best; those in flight finish, the
+    summary and the parent run say why, the runs of trials waiting in a rung end paused; --resume with a looser
+    criterion goes on with them, each trial-rung once."""
+    from prefect_hyperband.flows.tune import tune
+
+    base = dict(model="synthetic", max_resource=9, eta=3, concurrency=1, job_dir=str(tmp_path), experiment="goal",
+                baseline=False, job_id="goal")
+    first = tune(TuneParams(**base, patience=1))
+    assert first["stopped_by"].startswith("patience: 1 results at R=9 in a row brought no new best")
+    assert "stopped before the schedule's end: patience" in first["table"]
+    done = first["summary"]["trial_rungs"]
+    assert done < 22  # (1, 9, 3) is 22 trial-rungs
+    client, parent, runs = runs_of(tracking_uri, "goal", first["parent_run_id"])
+    assert parent.data.tags["hyperband.stopped_by"] == first["stopped_by"]
+    assert all(r.info.status == "FINISHED" for r in runs)  # decided, or paused in a rung
+    again = tune(TuneParams(**{**base, "resume": True}, patience=100))
+    assert again["stopped_by"] is None and again["summary"]["trial_rungs"] == 22
+    rows = saved_rows(str(tmp_path / "goal"))
+    assert len({(r["trial_id"], r["resource"]) for r in rows}) == len(rows) == 22
+    _, _, runs = runs_of(tracking_uri, "goal", first["parent_run_id"])
+    assert {r.data.tags["hyperband.status"] for r in runs} <= {"completed", "stopped"}
+    assert len(runs) == 17  # one child run per config, across the stop
+
+
+def test_a_target_resource_above_r_is_one_line_and_exit_2(capsys):
+    from prefect_hyperband.flows.cli import main
+
+    assert main(["tune", "--model", "synthetic", "--max-resource", "9", "--target-score", "0.1",
+                 "--target-resource", "27"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "hyperband: error: target_resource must be <= max_resource, got 27 > 9"
