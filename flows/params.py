@@ -78,6 +78,10 @@ class TuneParams(BaseModel):
     max_cost: Optional[float] = Field(
         None, gt=0, description="Stop once this many worker-seconds are spent (trainings and evaluations, lost ones "
         "included).", json_schema_extra={"metavar": "SECONDS", "on_resume": "may change"})
+    importance: Literal["ped-anova", "fanova", "none"] = Field(
+        "ped-anova", description="Which hyperparameters mattered, after the job: Optuna's PED-ANOVA or fANOVA on the "
+        "results of the highest rung with enough of them (on the parent run, the flow run and in the summary).",
+        json_schema_extra={"on_resume": "may change"})
     data: str = Field(
         "bank-marketing",
         description="bank-marketing (bundled), digits, breast-cancer, or a CSV path (comma/semicolon, optionally .gz).",

@@ -20,11 +20,13 @@ from prefect_hyperband.flows.prepare import prepare, resolve
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.state import job_lock, load_state, make_scheduler, save_job_record
 from prefect_hyperband.hyperband import front, schedule
+from prefect_hyperband.hyperband import space as spaces
 from prefect_hyperband.hyperband.accounting import Summary, TrialRung, summarise, table
 from prefect_hyperband.hyperband.criteria import Criteria
+from prefect_hyperband.hyperband.importance import MIN_RESULTS, Importance, importance
 from prefect_hyperband.hyperband.promotion import Score, first
 from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
-from prefect_hyperband.tasks import report, tracking
+from prefect_hyperband.tasks import importance_report, report, tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.front_report import log_front
 from prefect_hyperband.tasks.record import (
@@ -126,6 +128,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
     points = front.points(records, job.directions) if job.objectives else []  # several objectives: the front, once
     summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed, run.lost, runs, points)
     version = _champion(params, job, best, logger)
+    mattered = _importance(job, records, params.importance, logger)
     progress.finish()
     report.report_results(
         [TrialRung(**r) for r in run.rows], {t.trial_id: t.config for t in records}, summary, job.metric_key,
@@ -134,14 +137,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
     )
     if job.objectives:
         log_front(job, records, run.rows, runs, best["trial_id"] if best else None, points)
-    text = table(summary)
-    if job.mode == "asha":
-        text += "\n" + _asha_line(len(records), max_trials, params.time_budget, run.elapsed)
-    if run.stopped_by:
-        text += f"\nstopped before the schedule's end: {run.stopped_by} (--resume {job.job_id} with a looser criterion goes on)"
-    if job.objectives:  # the front under the summary
-        names = [name for name, _ in job.objectives]
-        text += "\n" + front.table(points, names, job.directions, best["trial_id"] if best else None)
+    text = _summary_text(job, summary, run, len(records), max_trials, params.time_budget, mattered, points, best)
     finish_job_run(job, _job_metrics(job, summary, run.elapsed), _best_config(job, best), summary.to_json(), text)
     logger.info("summary\n%s", text, extra={"hyperband_terminal": False})  # the CLI prints it once
     return {
@@ -156,6 +152,41 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
         "champion_version": version,
         "stopped_by": run.stopped_by,
     }
+
+
+def _summary_text(job: Job, summary: Summary, run, configs: int, max_trials: int, time_budget: float | None,
+                  mattered: Importance | None, points: list[front.Point], best: dict[str, Any] | None) -> str:
+    """The summary the CLI prints and the parent run keeps: the cost/gain table, then what else the job tells."""
+    text = table(summary)
+    if job.mode == "asha":
+        text += "\n" + _asha_line(configs, max_trials, time_budget, run.elapsed)
+    if mattered is not None:
+        text += "\n" + mattered.line()
+    if run.stopped_by:
+        text += f"\nstopped before the schedule's end: {run.stopped_by} (--resume {job.job_id} with a looser criterion goes on)"
+    if job.objectives:  # the front under the summary
+        names = [name for name, _ in job.objectives]
+        text += "\n" + front.table(points, names, job.directions, best["trial_id"] if best else None)
+    return text
+
+
+def _importance(job: Job, records: list[TrialRecord], method: str, logger) -> Importance | None:
+    """Which hyperparameters mattered (Optuna's evaluators, ``hyperband.importance``), published on the parent run
+    and the flow run; None when switched off, or no rung has enough results (said in the log)."""
+    if method == "none":
+        return None
+    names = [name for name, _ in job.objectives] or [job.metric_key]
+    results = [(t.config, r, v) for t in records for r, v in t.scores.items()]
+    try:
+        found = importance(spaces.parse(job.space), results, job.directions, names, method, job.seed)
+    except Exception as exc:  # noqa: BLE001  (the job's results stand without it)
+        logger.warning("importance (%s) failed: %s: %s", method, type(exc).__name__, exc)
+        return None
+    if found is None:
+        logger.info("importance: no rung has %d finished results yet", MIN_RESULTS)
+        return None
+    importance_report.publish(found, job.tracking_uri, job.parent_run_id)
+    return found
 
 
 def _criteria(job: Job, params: TuneParams) -> Criteria:

@@ -40,6 +40,13 @@ def test_asha_runs_to_max_trials_and_records_every_trial(tracking_uri, tmp_path)
     reached = sum(t["resource"] for t in state["scheduler"]["state"]["trials"].values())
     assert summary["resource_used"] == reached
     assert result["best"]["score"] < 0.2
+    # which hyperparameters mattered: on the parent run (metrics, table, chart) and in the summary
+    client, parent, _ = runs_of(tracking_uri, "asha", result["parent_run_id"])
+    shares = {k: v for k, v in parent.data.metrics.items() if k.startswith("importance.")}
+    assert set(shares) == {"importance.x", "importance.y"} and sum(shares.values()) == pytest.approx(1.0)
+    assert {"importance.json", "plots"} <= {f.path for f in client.list_artifacts(parent.info.run_id)}
+    assert "which hyperparameters mattered (PED-ANOVA, " in result["table"]
+    assert parent.data.tags["hyperband.importance"].startswith("ped-anova, ")
 
 
 def test_tpe_sync_runs_brackets_in_turn(tracking_uri, tmp_path):
