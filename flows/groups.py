@@ -148,11 +148,12 @@ class Groups:
         group.done.set()
 
     def _start(self, group: _Group) -> None:
-        def body(title: str) -> int:
+        def body(title: str) -> None:
             group.context = contextvars.copy_context()  # this subflow run's: its trial-rungs' tasks land under it
             group.ready.set()
             group.done.wait()
-            return group.dealt
+            # nothing returned: Prefect links a later task's input to a run whose result is the same object (by
+            # id), and a small int is one object everywhere: the UI then failed on the job's Task Runs tab
 
         subflow = flow(name=FLOW_NAME, flow_run_name="{title}", log_prints=False, validate_parameters=False,
                        persist_result=False)(body)

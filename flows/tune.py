@@ -65,13 +65,14 @@ def tune(params: TuneParams) -> dict[str, Any]:
 class _TaskRunInfo(logging.Filter):
     """Off the Prefect API: each task run's INFO lines ("Finished in state Completed()", two per trial-rung), which
     buried the job's own lines in the flow run's Logs tab (2,723 task runs at 1,359 trial-rungs); their warnings and
-    errors stay, and every line stays in the job's ``job.log``. The task runs' states are in the UI either way."""
+    errors stay, and every line stays in the job's ``job.log``. The task runs' states are in the UI either way.
+    Prefect's flow-run and task-run loggers share one API handler: the flow run's own INFO lines (the job's) pass."""
 
     users = 0
     lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING
+        return record.levelno >= logging.WARNING or not record.name.startswith("prefect.task_runs")
 
 
 _TASK_RUN_INFO = _TaskRunInfo()

@@ -100,3 +100,44 @@ def test_an_asha_job_runs_in_subflow_runs_per_rung_and_per_count(tracking_uri, t
         parts.sort()
         assert [p[0] for p in parts] == [1 + 4 * i for i in range(len(parts))], (level, parts)
         assert all(n == 4 for _, n in parts[:-1]) and 1 <= parts[-1][1] <= 4, (level, parts)
+
+
+def test_the_job_s_own_lines_reach_the_prefect_ui_and_its_task_runs_info_lines_do_not():
+    """Prefect's flow-run and task-run loggers share one API handler: the filter keeps the flow run's INFO lines."""
+    import logging
+
+    from prefect_hyperband.flows.tune import _TASK_RUN_INFO
+
+    def record(name: str, level: int) -> logging.LogRecord:
+        return logging.LogRecord(name, level, __file__, 1, "line", None, None)
+
+    assert _TASK_RUN_INFO.filter(record("prefect.flow_runs", logging.INFO))  # "asha: ... results, best ..."
+    assert not _TASK_RUN_INFO.filter(record("prefect.task_runs", logging.INFO))  # "Finished in state Completed()"
+    assert _TASK_RUN_INFO.filter(record("prefect.task_runs", logging.WARNING))
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_job_s_logs_in_the_api_are_its_own_lines_and_its_task_runs_tab_reads(tracking_uri, tmp_path):
+    """Read back from the API: the job's lines are its flow run's logs, no task run's INFO line is; every task
+    run's inputs are other task runs' results or parameters (a group subflow returns nothing to link to)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+
+    from prefect_hyperband.flows.tune import tune
+
+    state = tune(TuneParams(model="synthetic", max_resource=9, eta=3, concurrency=2, job_dir=str(tmp_path),
+                            experiment="logs", baseline=False), return_state=True)
+    job_run = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        deadline, lines = time.monotonic() + 60, []
+        while time.monotonic() < deadline:
+            lines = [log.message for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[job_run])))]
+            if any(m.startswith("bracket s=0 rung 1/1") for m in lines):
+                break
+            time.sleep(0.5)
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[job_run])))
+    assert any(m.startswith("job ") for m in lines) and any(m.startswith("bracket s=2 rung 1/3") for m in lines)
+    assert not [m for m in lines if m.startswith("Finished in state Completed()") and "task" in m.lower()]
+    for t in tasks:
+        for inputs in t.task_inputs.values():
+            assert all(i.input_type in ("task_run", "parameter", "constant") for i in inputs), (t.name, inputs)
