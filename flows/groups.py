@@ -7,12 +7,16 @@ hidden by default"). So trial-rungs run inside ``hyperband-group`` subflow runs,
 - **Hyperband** (synchronous brackets): one subflow run per bracket, ``bracket s=2``, holding its trial-rungs'
   ``train`` → ``evaluate`` task runs and its rungs' ``promote`` tasks; it ends when its last rung closes. A bracket
   above ``GROUP_SIZE`` trial-rungs is split in parts (``bracket s=4 · part 2``).
-- **ASHA** (no bracket ever closes): one subflow run per rung (a resource level) and per ``GROUP_SIZE`` trial-rungs
-  dealt to it, ``r=3 · trial-rungs 501-1000``; it ends once all of them have reported. Rungs are how ASHA is
-  read (how many reached r, who got promoted), and a fixed count keeps every group's graph drawable.
+- **ASHA** (no bracket ever closes): one subflow run per rung (a resource level), ``r=3 · trial-rungs``, open
+  until the job ends. Rungs are how ASHA is read (how many reached r, who got promoted). A rung above
+  ``GROUP_SIZE`` trial-rungs draws its graph on request (Prefect's "Display graph"), the job's graph always.
+  Measured: splitting a rung by count (a new subflow run every 500 of its trial-rungs) halved the job's results
+  per second from the second subflow of a rung on (1,500 configs, 8 slots: 50.4 then 23.2 results/s; one
+  subflow run per rung: 44.5 and 52.4; no groups: 48.1 and 53.2), for a reason not found yet, so ASHA's
+  rungs are not split.
 
-``GROUP_SIZE`` = 500 trial-rungs is 1,000 task runs per group graph, half of what Prefect draws by default; the
-job's own graph holds one node per group (20 to 30 for a 10,000-trial-rung job). A group's subflow run is
+``GROUP_SIZE`` = 500 trial-rungs is 1,000 task runs per bracket part, half of what Prefect draws by default; the
+job's own graph holds one node per group (3 for an ASHA job with R=9, eta=3, at any size). A group's subflow run is
 started on its first trial-rung from a thread of its own, which waits in the subflow until the group ends; the
 trial-rungs' threads run in a copy of its context, so their task runs (and, with ``--trial-pool``, their flow
 runs) land under it. The priors' mode (trained first) and the default config's baseline stay in the job's own
@@ -22,6 +26,7 @@ run. Should a group's subflow run not start (the API, say), its trial-rungs run 
 from __future__ import annotations
 
 import contextvars
+import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -50,7 +55,6 @@ class _Group:
     context: contextvars.Context | None = None
     dealt: int = 0
     active: int = 0
-    full: bool = False
     thread: threading.Thread | None = None
 
 
@@ -58,7 +62,7 @@ class Groups:
     """Which group a trial-rung runs in, and the groups' subflow runs; made inside the job's flow run."""
 
     def __init__(self, mode: str, size: int | None = None, warn: Callable[[str], None] = lambda m: None) -> None:
-        self.mode, self.size, self.warn = mode, size or GROUP_SIZE, warn
+        self.mode, self.size, self.warn = mode, size or int(os.environ.get("HYPERBAND_GROUP_SIZE") or GROUP_SIZE), warn
         self.base = contextvars.copy_context()  # the job flow run's: a group's subflow run is its child
         self.lock = threading.Lock()
         self.open: dict[tuple[Any, ...], _Group] = {}
@@ -118,9 +122,8 @@ class Groups:
         part = n // self.size
         if level[0] == "bracket":
             title = f"bracket s={todo.bracket}" + (f" · part {part + 1}" if part else "")
-        else:
-            title = f"r={todo.resource} · trial-rungs {part * self.size + 1}-{(part + 1) * self.size}"
-        return (*level, part), title, todo.bracket
+            return (*level, part), title, todo.bracket
+        return (*level, 0), f"r={todo.resource} · trial-rungs", todo.bracket  # one per rung: see the module's notes
 
     def _take(self, todo: TrialJob) -> _Group | None:
         with self.lock:
@@ -134,18 +137,11 @@ class Groups:
                 self._start(group)
             group.dealt += 1
             group.active += 1
-            group.full = key[0] == "r" and group.dealt >= self.size  # ASHA's: ends once its last one reports
             return group
 
     def _release(self, group: _Group) -> None:
         with self.lock:
             group.active -= 1
-            if not (group.full and group.active == 0):
-                return
-            for key, g in list(self.open.items()):
-                if g is group:
-                    del self.open[key]
-        group.done.set()
 
     def _start(self, group: _Group) -> None:
         def body(title: str) -> None:
