@@ -26,7 +26,6 @@ run. Should a group's subflow run not start (the API, say), its trial-rungs run 
 from __future__ import annotations
 
 import contextvars
-import os
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -62,7 +61,7 @@ class Groups:
     """Which group a trial-rung runs in, and the groups' subflow runs; made inside the job's flow run."""
 
     def __init__(self, mode: str, size: int | None = None, warn: Callable[[str], None] = lambda m: None) -> None:
-        self.mode, self.size, self.warn = mode, size or int(os.environ.get("HYPERBAND_GROUP_SIZE") or GROUP_SIZE), warn
+        self.mode, self.size, self.warn = mode, size or GROUP_SIZE, warn
         self.base = contextvars.copy_context()  # the job flow run's: a group's subflow run is its child
         self.lock = threading.Lock()
         self.open: dict[tuple[Any, ...], _Group] = {}
