@@ -297,22 +297,23 @@ def test_trial_rung_metrics_are_written_by_the_mlflow_writer_before_the_result_e
 
 
 def test_a_job_ends_when_its_goal_is_met_and_a_resume_with_a_looser_goal_finishes_it(tracking_uri, tmp_path):
-    """--patience: no new trial-rung once N results at R in a row bring no new best; those in flight finish, the
-    summary and the parent run say why, the runs of trials waiting in a rung end paused; --resume with a looser
-    criterion goes on with them, each trial-rung once."""
+    """--target-score: no new trial-rung once a result at R reaches it; those in flight finish, the summary and the
+    parent run say why, the runs of trials waiting in a rung end; --resume with a looser criterion goes on with
+    them, each trial-rung once. (Patience's counting is tested on fakes: tests/hyperband/test_criteria.py.)"""
     from prefect_hyperband.flows.tune import tune
 
     base = dict(model="synthetic", max_resource=9, eta=3, concurrency=1, job_dir=str(tmp_path), experiment="goal",
                 baseline=False, job_id="goal")
-    first = tune(TuneParams(**base, patience=1))
-    assert first["stopped_by"].startswith("patience: 1 results at R=9 in a row brought no new best")
-    assert "stopped before the schedule's end: patience" in first["table"]
+    first = tune(TuneParams(**base, target_score=1.0))  # val_loss <= 1.0: the first result at R=9 meets it
+    assert first["stopped_by"].startswith("target score 1 reached: val_loss ")
+    assert first["stopped_by"].endswith("at r=9")
+    assert "stopped before the schedule's end: target score 1 reached" in first["table"]
     done = first["summary"]["trial_rungs"]
-    assert done < 22  # (1, 9, 3) is 22 trial-rungs
+    assert done < 22  # (1, 9, 3) is 22 trial-rungs; bracket s=2 reaches R at its 13th, and stops there
     client, parent, runs = runs_of(tracking_uri, "goal", first["parent_run_id"])
     assert parent.data.tags["hyperband.stopped_by"] == first["stopped_by"]
     assert all(r.info.status == "FINISHED" for r in runs)  # decided, or paused in a rung
-    again = tune(TuneParams(**{**base, "resume": True}, patience=100))
+    again = tune(TuneParams(**{**base, "resume": True}, target_score=0.0))  # nothing reaches 0: never met
     assert again["stopped_by"] is None and again["summary"]["trial_rungs"] == 22
     rows = saved_rows(str(tmp_path / "goal"))
     assert len({(r["trial_id"], r["resource"]) for r in rows}) == len(rows) == 22
