@@ -30,6 +30,10 @@ def train_trial(job: Job, trial_id: str, config: dict[str, Any], resource: int, 
                                  rebuilt.resource_trained, rebuilt.seconds)
         local = rebuilt.checkpoint
     trained = trainer.train(config, resource, local, job.checkpoint_path(trial_id, resource))
+    if "exit_race_rank" in trained.info:
+        get_run_logger().warning("trial %s: rank %d aborted at exit (SIGABRT: torch's gloo race at exit) after rank 0 "
+                                 "reported r=%d and exited; the result is kept", trial_id,
+                                 int(trained.info["exit_race_rank"]), resource)
     if rebuilt is not None:  # the units and seconds spent rebuilding are this call's: counted, not hidden
         trained = replace(trained, resource_trained=trained.resource_trained + rebuilt.resource_trained,
                           seconds=trained.seconds + rebuilt.seconds,

@@ -11,7 +11,10 @@ holds), ``HYPERBAND_CHECKPOINT`` (a directory to resume from; unset when fresh) 
 The script reports with ``prefect_hyperband.report(step, **metrics)``; only rank 0's reports count
 (they are appended to ``HYPERBAND_REPORT_FILE``). The trial-rung's score is the job's metric as
 reported at step ``HYPERBAND_RESOURCE``. A non-zero exit, a missing report or a NaN fails the trial
-with the last lines of the script's output; a run past ``timeout`` seconds is killed. Every rank runs
+with the last lines of the script's output; a run past ``timeout`` seconds is killed. One non-zero exit is
+not a failure: torch's gloo race at exit (a rank other than 0 aborted with SIGABRT while Python shut down),
+once rank 0 has reported the rung's last unit and exited on its own, its checkpoint written; the result is
+kept and the call's ``info`` names the rank (``exit_race_rank``). Every rank runs
 in the launcher's own process group, which is killed as a whole: nothing is left behind.
 """
 
@@ -104,8 +107,13 @@ class ScriptTrainer:
                         warm_start=ran.warm)
             seconds = time.perf_counter() - began - ran.lost_worker_seconds / self.workers
         else:
-            self._launch(config, tuner, previous, directory, reports, log, began)
+            code = self._launch(config, tuner, previous, directory, reports, log, began)
             seconds = time.perf_counter() - began
+            if code != 0:
+                race = exit_race(log)
+                if race is None or not _reported(reports, self.metric, resource):
+                    raise ScriptFailed(_failure(code, log))
+                info["exit_race_rank"] = float(race)
         history = _read_reports(reports)
         at_end = [row for row in history if row["step"] == resource and self.metric in row]
         if not at_end:
@@ -118,8 +126,8 @@ class ScriptTrainer:
         return TrainResult(str(out), resource, resource - start, seconds, self.workers, history=history, info=info)
 
     def _launch(self, config: Mapping[str, Any], tuner: Mapping[str, str], previous: Path | None, directory: Path,
-                reports: Path, log: Path, began: float) -> None:
-        """The trial-rung on this machine: torch's launcher with ``workers`` ranks."""
+                reports: Path, log: Path, began: float) -> int:
+        """The trial-rung on this machine: torch's launcher with ``workers`` ranks; its exit code."""
         env = script_env(tuner, previous, directory, reports)
         with open(log, "wb") as sink:
             proc = subprocess.Popen(self.command(config), stdout=sink, stderr=subprocess.STDOUT, env=env,
@@ -138,8 +146,7 @@ class ScriptTrainer:
                 with self._lock:
                     self._running.discard(proc)
                 _kill_group(proc)  # ranks the launcher left (it exits when rank 0 does)
-        if code != 0:
-            raise ScriptFailed(_failure(code, log))
+        return code
 
     def evaluate(self, checkpoint: str) -> float:
         return self.measure(checkpoint)[0]
@@ -244,6 +251,30 @@ _SHUTDOWN_ABORT = "terminate called without an active exception"
 SHUTDOWN_HINT = ("(if that abort came after the script's work was done, it is torch's gloo race at exit: end the "
                  "script with sys.stdout.flush(); os._exit(0) after dist.destroy_process_group(), as "
                  "examples/ddp_digits.py does)")
+
+
+#: a failed rank in the launcher's summary: ``rank : 1 (local_rank: 1)`` then ``exitcode : -6 (pid: ...)``
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
+
+
+def exit_race(log: Path) -> int | None:
+    """The rank that torch's gloo race at exit aborted, when that is all that went wrong; None otherwise.
+
+    The launcher's summary lists every rank that failed. The race is: the abort's line in the output, every
+    failed rank ended by SIGABRT (-6), and rank 0 not among them. Rank 0 then exited on its own (the launcher
+    signals the ranks still running when one fails, and lists them with -15), so what it wrote is whole."""
+    try:
+        text = log.read_bytes()[-200_000:].decode("utf-8", "replace")
+    except OSError:
+        return None
+    failed = {int(rank): int(code) for rank, code in _SUMMARY_RANK.findall(text)}
+    if _SHUTDOWN_ABORT not in text or not failed or 0 in failed or set(failed.values()) != {-6}:
+        return None
+    return min(failed)
+
+
+def _reported(reports: Path, metric: str, resource: int) -> bool:
+    return any(row["step"] == resource and metric in row for row in _read_reports(reports))
 
 
 def _tail(text: str, lines: int = TAIL_LINES) -> str:

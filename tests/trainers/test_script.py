@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from prefect_hyperband.trainers.script import SHUTDOWN_HINT, _failure
 
 LAUNCHER = ("E1125 12:36:25.039000 2639 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) "
@@ -31,3 +33,124 @@ def test_a_script_with_no_launcher_report_gives_the_launchers_code(tmp_path: Pat
     log.write_text("")
     assert _failure(3, log) == "exited with code 3; last output:\n(no output)"
     assert _failure(3, tmp_path / "missing.log") == "exited with code 3; last output:\n(no output)"
+
+
+# -- torch's gloo race at exit: a rank aborts after the work is done (issue 40, item 5) ---------------------------
+
+SUMMARY = """terminate called without an active exception
+E1126 06:41:03.338000 12007 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 1 (pid: 12014) of binary: /usr/bin/python
+======================================================
+train.py FAILED
+------------------------------------------------------
+Failures:
+{others}
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-26_06:41:03
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 12014)  (SIGABRT)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 12014
+======================================================
+"""
+RANK0_TERMINATED = """[1]:
+  time      : 2026-11-26_06:41:07
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 12032)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 12032"""
+
+#: a stand-in for torch's launcher: rank 0's reports (or none), the launcher's summary as printed, exit 1
+FAKE_LAUNCHER = """
+import json, os, sys
+resource = int(os.environ["HYPERBAND_RESOURCE"])
+if sys.argv[1] == "after":
+    with open(os.environ["HYPERBAND_REPORT_FILE"], "a") as fh:
+        for step in range(1, resource + 1):
+            fh.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\\n")
+    open(os.path.join(os.environ["HYPERBAND_CHECKPOINT_DIR"], "state.pt"), "w").write("whole")
+sys.stdout.write(sys.argv[2])
+sys.exit(1)
+"""
+
+
+def fake_trainer(tmp_path: Path, when: str, others: str = "  <NO_OTHER_FAILURES>"):
+    import sys
+
+    from prefect_hyperband.trainers.script import ScriptTrainer
+
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(FAKE_LAUNCHER)
+    user = tmp_path / "train.py"
+    user.write_text("")
+    trainer = ScriptTrainer(str(user), "loss", workers=2, timeout=60)
+    trainer.command = lambda config: [sys.executable, str(launcher), when, SUMMARY.format(others=others)]
+    return trainer
+
+
+def test_a_rank_aborted_by_the_exit_race_after_rank_0_reported_and_exited_keeps_the_result(tmp_path: Path):
+    trained = fake_trainer(tmp_path, "after").train({"x": 1}, 3, None, str(tmp_path / "t0" / "r3.json"))
+    assert trained.resource == 3 and trained.info["exit_race_rank"] == 1.0
+    assert [row["step"] for row in trained.history] == [1, 2, 3]
+    assert (tmp_path / "t0" / "r3" / "state.pt").read_text() == "whole"
+
+
+def test_an_abort_before_rank_0_reported_the_last_unit_fails_the_trial(tmp_path: Path):
+    from prefect_hyperband.trainers.script import ScriptFailed
+
+    with pytest.raises(ScriptFailed, match=r"exited with code -6 \(local rank 1\)") as failed:
+        fake_trainer(tmp_path, "before").train({"x": 1}, 3, None, str(tmp_path / "t0" / "r3.json"))
+    assert SHUTDOWN_HINT in str(failed.value)
+
+
+def test_an_abort_while_rank_0_was_still_running_fails_the_trial_even_with_its_report(tmp_path: Path):
+    """The launcher ended rank 0 (-15): what it was writing may be torn, so its report does not make a result."""
+    from prefect_hyperband.trainers.script import ScriptFailed, exit_race
+
+    trainer = fake_trainer(tmp_path, "after", others=RANK0_TERMINATED)
+    with pytest.raises(ScriptFailed, match=r"exited with code -6"):
+        trainer.train({"x": 1}, 3, None, str(tmp_path / "t0" / "r3.json"))
+    log = tmp_path / "summary.log"
+    log.write_text(SUMMARY.format(others="  <NO_OTHER_FAILURES>").replace("-6 (pid", "1 (pid"))
+    assert exit_race(log) is None  # a rank that exited 1 is the script's failure, not the race
+
+
+#: a real two-rank script under torch's launcher; rank 1 aborts as gloo's race does, after or before the work
+RACE_SCRIPT = """
+import os, sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+import prefect_hyperband as hb
+dist.init_process_group("gloo")
+rank, resource = dist.get_rank(), int(os.environ["HYPERBAND_RESOURCE"])
+if sys.argv[-1] == "before" and rank == 1:
+    sys.stderr.write("terminate called without an active exception\\n"); sys.stderr.flush(); os.abort()
+dist.barrier()
+if rank == 0:
+    for step in range(1, resource + 1):
+        hb.report(step, loss=1.0 / step)
+    (Path(os.environ["HYPERBAND_CHECKPOINT_DIR"]) / "state.pt").write_text("whole")
+dist.barrier()
+dist.destroy_process_group()
+if rank == 1:
+    import time; time.sleep(0.5)  # rank 0 has exited
+    sys.stderr.write("terminate called without an active exception\\n"); sys.stderr.flush(); os.abort()
+"""
+
+
+@pytest.mark.slow  # torch's launcher and two gloo ranks, twice
+def test_torchs_launcher_with_a_rank_aborting_at_exit_keeps_the_result_and_before_the_work_fails(tmp_path: Path):
+    from prefect_hyperband.trainers.script import ScriptFailed, ScriptTrainer
+
+    user = tmp_path / "race.py"
+    user.write_text(RACE_SCRIPT)
+    trainer = ScriptTrainer(str(user), "loss", workers=2, threads=2, timeout=120)
+    trained = trainer.train({"when": "after"}, 3, None, str(tmp_path / "t0" / "r3.json"))
+    assert trained.info["exit_race_rank"] == 1.0 and trained.history[-1] == {"step": 3.0, "loss": 1.0 / 3}
+    with pytest.raises(ScriptFailed, match=r"exited with code -6 \(local rank 1\)"):
+        trainer.train({"when": "before"}, 3, None, str(tmp_path / "t1" / "r3.json"))
