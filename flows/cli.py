@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Any, Sequence
 
 from prefect_hyperband.flows.flags import EXIT_USAGE, build_parser, given, schedule_fields, study_model
@@ -115,6 +116,8 @@ def _env() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     # the client retries an API call the server answers 503 (a busy SQLite) a few more times than its default
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
+    # ... and 500: a Prefect server whose PostgreSQL restarts answers 500 until it is back (each job died of it)
+    os.environ.setdefault("PREFECT_CLIENT_RETRY_EXTRA_CODES", "500")
 
 
 def job_params(flags: dict[str, Any]):
@@ -245,7 +248,9 @@ def _run(params, args: argparse.Namespace) -> int:
         progress.attach(live)
     _temporary_server()  # stopped at exit, after Prefect's services have sent what they hold
     try:
-        state = tune(params, return_state=True)
+        state = _started(tune, params)
+        if isinstance(state, int):
+            return state
     except KeyboardInterrupt:  # Ctrl-C before or after the trials (the driver handles it during them)
         print(f"hyperband: interrupted; resume with {_resume_flags(params)}", file=sys.stderr)
         return 130
@@ -254,6 +259,53 @@ def _run(params, args: argparse.Namespace) -> int:
             live.stop()
             progress.detach(live)
     return _ended(state, params, args)
+
+
+def _started(tune, params):
+    """The job's flow run, its final state; while Prefect's API cannot start it (its server or database restarting:
+    a 5xx or no connection, past the client's own retries), one warning line, then tried again until
+    ``service_wait`` seconds; past that, one line and exit 75. Once the flow's body began, its errors are its own."""
+    from prefect_hyperband.flows.tune import bodies_begun
+
+    deadline, warned = time.monotonic() + params.service_wait, False
+    while True:
+        try:
+            return tune(params, return_state=True)
+        except Exception as exc:  # noqa: BLE001  (sorted below: an unavailable API, or not ours to handle)
+            if params.job_id in bodies_begun or not _unavailable(exc):
+                raise
+            why = _one_line_of(exc)
+            if time.monotonic() >= deadline:
+                print(f"hyperband: error: the Prefect API could not start job {params.job_id} for "
+                      f"{params.service_wait:g} s (--service-wait): {why}; nothing ran, run the same command again",
+                      file=sys.stderr)
+                return _exit(EXIT_TEMPFAIL)
+            if not warned:
+                print(f"hyperband: warning: the Prefect API cannot start the job's flow run ({why}); waiting up to "
+                      f"{params.service_wait:g} s (--service-wait)", file=sys.stderr)
+                warned = True
+            time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """A server error (5xx), a timeout or no connection from the API, anywhere in the exception's chain."""
+    import httpx
+
+    while exc is not None:
+        if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500:
+            return True
+        if isinstance(exc, (httpx.TransportError, ConnectionError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _one_line_of(exc: BaseException) -> str:
+    import httpx
+
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"{exc.response.status_code} {exc.response.reason_phrase} for {exc.request.method} {exc.request.url}"
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def _ended(state, params, args: argparse.Namespace) -> int:

@@ -122,6 +122,11 @@ class TuneParams(BaseModel):
         None, gt=0, description="Seconds a trial-rung may take before its trial fails; default: 20x its measured pace, at least 300.",
         json_schema_extra={"metavar": "SECONDS", "on_resume": "may change"}
     )
+    service_wait: float = Field(
+        300.0, gt=0, description="Seconds to wait for the Prefect API while it cannot start the job's flow run (its "
+        "server or database restarting); past it, one line and exit 75.",
+        json_schema_extra={"metavar": "SECONDS", "on_resume": "may change"}
+    )
     validation_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of rows held out for validation.",
         json_schema_extra={"metavar": "FRACTION"})
     job_dir: str = Field("hyperband-jobs", description="Local folder of the job (its lock, its report files; "

@@ -54,22 +54,30 @@ def check_free(job_dir: str | Path, job_id: str) -> None:
 
 
 @contextmanager
-def job_lock(job_dir: str | Path, job_id: str) -> Iterator[None]:
-    """One process per job: held while the job runs; a stale lock of a dead process on this host is taken over."""
+def job_lock(job_dir: str | Path, job_id: str, **about: str) -> Iterator[dict[str, Any] | None]:
+    """One process per job: held while the job runs; a stale lock of a dead process on this host is taken over.
+
+    The lock records this process's host and pid and ``about`` (the job's flow run); it yields what a dead holder
+    recorded (its flow run, left running when its machine or process was lost), None when the lock was free."""
     path = lock_path(job_dir)
-    me = {"host": socket.gethostname(), "pid": os.getpid()}
+    me = {"host": socket.gethostname(), "pid": os.getpid(), **about}
+    stale: dict[str, Any] | None = None
     while True:
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             check_free(job_dir, job_id)
+            try:
+                stale = json.loads(path.read_text())
+            except (OSError, ValueError):
+                pass
             path.unlink(missing_ok=True)  # stale: its process is gone
             continue
         with os.fdopen(fd, "w") as fh:
             json.dump(me, fh)
         break
     try:
-        yield
+        yield stale
     finally:
         path.unlink(missing_ok=True)
 

@@ -81,8 +81,17 @@ class _TerminalFilter:
 
     def __init__(self, live: bool = False) -> None:
         self.live = live
+        self.stream_dropped = False
 
     def filter(self, record) -> bool:
+        if record.name.startswith("websockets"):  # Prefect's event stream, its server restarting: a traceback
+            self._stream_dropped(record)
+            return False
+        if record.name == "prefect._internal.concurrency" and "'EventsWorker' failed" in record.getMessage():
+            if " 0 pending" not in record.getMessage():  # events not sent: task runs missing in the UI
+                return True
+            self._stream_dropped(record)  # at exit, after the stream dropped: nothing was left to send
+            return False
         if record.name.startswith("prefect.task_runs") and record.levelno < 30:  # below WARNING
             return False
         if not record.name.startswith("prefect.flow_runs") and record.levelno < 30:  # Prefect's own (its server's)
@@ -94,6 +103,19 @@ class _TerminalFilter:
         if record.exc_info and isinstance(record.exc_info[1], InputError):  # the CLI says it in one line, exit 2
             return False
         return getattr(record, "hyperband_terminal", True)  # the summary: printed by the CLI itself
+
+
+    def _stream_dropped(self, record) -> None:
+        """One line, once, for the event stream's errors (each with a traceback; job.log keeps them)."""
+        import logging
+
+        if self.stream_dropped or record.levelno < 30:
+            return
+        self.stream_dropped = True
+        exc = record.exc_info[1] if record.exc_info else None
+        why = f"{type(exc).__name__}: {exc}" if exc is not None else record.getMessage()
+        logging.getLogger("prefect_hyperband").warning(
+            "the Prefect API's event stream dropped (%s); Prefect's client reconnects and sends its events again", why)
 
 
 def quiet_terminal(live: bool = False) -> None:

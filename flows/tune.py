@@ -16,6 +16,7 @@ from prefect.states import Cancelled, State
 
 from prefect_hyperband.flows import objectives
 from prefect_hyperband.flows.driver import JobStopped, close_decided, drive
+from prefect_hyperband.flows.lost import end_lost_flow_run, end_orphan_runs
 from prefect_hyperband.flows.prepare import prepare, resolve
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.state import job_lock, load_state, make_scheduler, save_job_record
@@ -47,14 +48,23 @@ def _run_name() -> str:
     return f"hyperband {params.model} on {params.data}"
 
 
+#: job ids whose flow run began in this process (the CLI retries a job only while Prefect could not start it)
+bodies_begun: set[str] = set()
+
+
 @flow(name="hyperband-tune", flow_run_name=_run_name)
 def tune(params: TuneParams) -> dict[str, Any]:
     """Hyperband (Li et al., JMLR 2018) or ASHA (Li et al., MLSys 2020) over ``params``, tracked in MLflow."""
+    if params.job_id:
+        bodies_begun.add(params.job_id)
     logger = get_run_logger()
     began = time.perf_counter()
     params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
     job = prepare(params)
-    with job_lock(job.job_dir, job.job_id), factory.scope(), _job_lines_in_ui():  # one process per job
+    with job_lock(job.job_dir, job.job_id, flow_run_id=str(flow_run.id)) as lost, factory.scope(), \
+            _job_lines_in_ui():  # one process per job
+        if lost and lost.get("flow_run_id") not in (None, str(flow_run.id)):
+            end_lost_flow_run(lost, str(flow_run.id), logger)
         writer = make_writer(writer_for(job.concurrency, job.mode, params.max_trials, params.time_budget))
         try:
             return _run_job(params, job, logger, began, writer)
@@ -126,6 +136,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
     records = scheduler.records()
     if run.stopped_by:
         _pause_open_runs(job, records, runs, run.stopped_by)
+    end_orphan_runs(job, records, runs, logger)
     points = front.points(records, job.directions) if job.objectives else []  # several objectives: the front, once
     summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed, run.lost, runs, points)
     version = _champion(params, job, best, logger)

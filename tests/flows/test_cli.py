@@ -215,3 +215,81 @@ def test_tune_printed_to_a_file_is_short_no_task_run_lines_one_summary(tmp_path)
     logged = log.read_text()
     assert "Creating initial MLflow database tables" in logged and "Starting temporary server" in logged
     assert "bracket s=2 rung 1/3" in logged  # the job's own lines too
+
+
+class _Clock:
+    """``time`` for the CLI's wait: sleeping moves the clock, nothing waits."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _api_down(status: int = 500):
+    import httpx
+
+    request = httpx.Request("POST", "http://127.0.0.1:4200/api/flow_runs/")
+    response = httpx.Response(status, request=request)
+    return httpx.HTTPStatusError(f"Server error '{status}'", request=request, response=response)
+
+
+def test_a_flow_run_the_api_cannot_start_is_waited_for_with_one_warning_line(monkeypatch, capsys):
+    """PostgreSQL restarting under the Prefect server: the job's flow run is created once it is back."""
+    from prefect_hyperband.flows import cli
+    from prefect_hyperband.flows.params import TuneParams
+
+    monkeypatch.setattr(cli, "time", _Clock())
+    answers = [_api_down(), _api_down(503), "the final state"]
+
+    def tune(params, return_state):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert cli._started(tune, TuneParams(job_id="j1", service_wait=60)) == "the final state"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["hyperband: warning: the Prefect API cannot start the job's flow run (500 Internal Server Error "
+                   "for POST http://127.0.0.1:4200/api/flow_runs/); waiting up to 60 s (--service-wait)"]
+
+
+def test_past_the_service_wait_the_job_stops_in_one_line_exit_75(monkeypatch, capsys):
+    from prefect_hyperband.flows import cli
+    from prefect_hyperband.flows.params import TuneParams
+
+    clock = _Clock()
+    monkeypatch.setattr(cli, "time", clock)
+    monkeypatch.setattr(cli, "_exit", lambda code: code)
+
+    def tune(params, return_state):
+        raise _api_down()
+
+    assert cli._started(tune, TuneParams(job_id="j2", service_wait=30)) == 75
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[0].startswith("hyperband: warning: ")
+    assert err[1].startswith("hyperband: error: the Prefect API could not start job j2 for 30 s (--service-wait)")
+    assert 30 <= clock.now <= 35
+
+
+def test_an_error_once_the_job_began_or_not_from_the_api_is_not_retried(monkeypatch):
+    from prefect_hyperband.flows import cli, tune as tune_module
+    from prefect_hyperband.flows.params import TuneParams
+
+    monkeypatch.setattr(cli, "time", _Clock())
+    calls = []
+
+    def tune(params, return_state):
+        calls.append(params.job_id)
+        raise _api_down() if params.job_id == "began" else ValueError("a bug")
+
+    monkeypatch.setattr(tune_module, "bodies_begun", {"began"})
+    with pytest.raises(Exception, match="Server error"):
+        cli._started(tune, TuneParams(job_id="began"))
+    with pytest.raises(ValueError):
+        cli._started(tune, TuneParams(job_id="other"))
+    assert calls == ["began", "other"]
