@@ -38,7 +38,7 @@ class Stack:
 
     def start(self, name: str, argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
         log = self.tmp / f"{name}.log"
-        out = log.open("wb")
+        out = log.open("ab")  # a restarted server's log goes on
         proc = subprocess.Popen(argv, cwd=cwd or self.tmp, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         out.close()
@@ -53,6 +53,16 @@ class Stack:
         if proc.returncode != 0:
             raise AssertionError(f"{name} failed (exit {proc.returncode}):\n{_tail(proc.stdout + proc.stderr, 60)}")
         return proc.stdout
+
+    def halt(self, name: str, sig: int = signal.SIGTERM, timeout: float = 60) -> list[str]:
+        """Stop one background process (its group) with ``sig`` and forget it; its argv and cwd, to start it again."""
+        for i, (n, proc, _) in enumerate(self.procs):
+            if n == name:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=timeout)
+                del self.procs[i]
+                return proc.args
+        raise KeyError(name)
 
     def check_alive(self) -> None:
         for name, proc, _ in self.procs:
