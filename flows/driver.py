@@ -64,7 +64,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
         journaled = Journaled(scheduler)
         saved = saved or {}
         state = StateWriter(job, journaled, runs, int(saved.get("journal") or 0), len(rows), saved.get("writes"),
-                            runs_lock=tracker.lock)
+                            runs_lock=tracker.lock, on_full=lambda reason: token.request(reason=reason))
         state.start(rows, spent, lost)
         spent_ws = _WorkerSeconds(lambda: loop.rows, lambda: loop.lost)
         goal = Stopping(journaled, criteria, job.direction, job.max_resource, cost=spent_ws, clock=clock, rows=rows,

@@ -23,6 +23,7 @@ from prefect_hyperband.hyperband.promotion import first
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, ended
 from prefect_hyperband.hyperband.trial import TrialJob
 from prefect_hyperband.trainers.base import Evaluation, TrainResult
+from prefect_hyperband.trainers.errors import first_line, no_space
 
 #: a trial-rung whose orchestration (not its trainer) failed is run again this many times
 ORCHESTRATION_RETRIES = 2
@@ -94,6 +95,7 @@ class Clock(Protocol):
 
 class Stop(Protocol):
     def requested(self) -> bool: ...
+    def request(self, signum: int = 0, reason: str | None = None) -> None: ...
     @property
     def signum(self) -> int: ...
     @property
@@ -313,7 +315,12 @@ class Loop:
 
     def _orchestration_failed(self, todo: TrialJob, exc: Exception) -> None:
         """The orchestration failed, not the trainer (the Prefect API, the tracking store past its retries): the
-        trial-rung runs again, or, past its retries, the trial fails (recorded when the tracker answers)."""
+        trial-rung runs again, or, past its retries, the trial fails (recorded when the tracker answers). A full disk
+        (the tracking store's, the job folder's) stops the job instead: --resume trains the trial-rung again."""
+        if no_space(exc):
+            if not self.stop.requested():
+                self.stop.request(reason=f"no space left on device ({type(exc).__name__}: {first_line(exc)})")
+            return
         key = (todo.trial_id, todo.resource)
         self.attempts[key] += 1
         if self.attempts[key] <= ORCHESTRATION_RETRIES:

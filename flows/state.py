@@ -21,7 +21,7 @@ from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandSchedu
 from prefect_hyperband.hyperband.space import Space, parse
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.storage import PREVIOUS, Storage, is_local, join
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.errors import InputError, full_disk, no_space
 
 def lock_path(job_dir: str | Path) -> Path:
     return Path(job_dir) / "lock"
@@ -138,8 +138,11 @@ class StateWriter:
 
     def __init__(self, job: Job, scheduler: Journaled, runs: dict[str, str], generation: int = 0, rows_saved: int = 0,
                  written: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic,
-                 runs_lock: threading.Lock | None = None) -> None:
+                 runs_lock: threading.Lock | None = None, on_full: Callable[[str], None] | None = None) -> None:
         self.store, self.scheduler, self.runs, self.clock = job.store(), scheduler, runs, clock
+        # a full disk: the writer stops (what it took from the scheduler is in no record: nothing may follow it) and
+        # ``on_full`` stops the job; the resume replays the journal up to the last whole record
+        self.on_full, self.full = on_full, None
         # ``runs`` grows on the MLflow writer's thread as child runs are made (``flows.tracker``): read under its lock
         self.runs_lock = runs_lock or threading.Lock()
         self.generation = generation  # the newest journal on the storage (0: none); ``start`` snapshots past it
@@ -152,7 +155,7 @@ class StateWriter:
     def start(self, rows: list[dict[str, Any]], elapsed: float, lost: float) -> None:
         """Before the job's first call: a snapshot of where it starts (a resume: the state it loaded, its journal
         replayed), so that the previous snapshot and the journals after it always lead to the newest one."""
-        self.snapshot(rows, elapsed, lost)
+        self._unless_full(self.snapshot, rows, elapsed, lost)
 
     def save(self, rows: list[dict[str, Any]], elapsed: float, lost: float, final: bool = False) -> None:
         """What the loop settled since the last save as one journal record; then, at the end (``final``) or once
@@ -160,9 +163,24 @@ class StateWriter:
         if self.generation == 0:
             self.start(rows, elapsed, lost)
             return
+        self._unless_full(self._save, rows, elapsed, lost, final)
+
+    def _save(self, rows: list[dict[str, Any]], elapsed: float, lost: float, final: bool) -> None:
         self._record(rows, elapsed, lost)
         if final or self.journal_bytes >= max(self.snapshot_bytes, COMPACT_MIN_BYTES):
             self.snapshot(rows, elapsed, lost)
+
+    def _unless_full(self, write: Callable[..., None], *args: Any) -> None:
+        """``write``, unless the disk filled: then no write follows (said once, through ``on_full``)."""
+        if self.full is not None:
+            return
+        try:
+            write(*args)
+        except OSError as exc:
+            if not no_space(exc) or self.on_full is None:
+                raise
+            self.full = full_disk(getattr(exc, "filename", None) or self.store.root)
+            self.on_full(self.full)
 
     def _record(self, rows: list[dict[str, Any]], elapsed: float, lost: float) -> None:
         new_runs = list(self._runs().items())[self.runs_saved:]  # insertion order: the new ones are last

@@ -59,7 +59,7 @@ class JobLog:
         import logging
 
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        target = logging.FileHandler(path, encoding="utf-8")
+        target = _JobLogFile(path, encoding="utf-8")
         target.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         target.setLevel(logging.INFO)
         self.held.setTarget(target)
@@ -73,6 +73,27 @@ class JobLog:
         for logger in self.targets:
             logger.removeHandler(self.held)
         self.held.close()
+
+
+def _job_log_file():
+    import logging
+
+    from prefect_hyperband.trainers.errors import no_space
+
+    class JobLogFile(logging.FileHandler):
+        """``job.log``; on a full disk its lines are dropped, not each printed with a traceback (the job stops and
+        says why in one line)."""
+
+        def handleError(self, record) -> None:
+            if no_space(sys.exc_info()[1]):
+                return
+            super().handleError(record)
+
+    return JobLogFile
+
+
+def _JobLogFile(path: str, encoding: str):
+    return _job_log_file()(path, encoding=encoding)
 
 
 class _TerminalFilter:
@@ -91,6 +112,8 @@ class _TerminalFilter:
             if " 0 pending" not in record.getMessage():  # events not sent: task runs missing in the UI
                 return True
             self._stream_dropped(record)  # at exit, after the stream dropped: nothing was left to send
+            return False
+        if record.name.startswith("prefect.task_runs") and _stopped(record):  # the job's stop line says why
             return False
         if record.name.startswith("prefect.task_runs") and record.levelno < 30:  # below WARNING
             return False
@@ -116,6 +139,12 @@ class _TerminalFilter:
         why = f"{type(exc).__name__}: {exc}" if exc is not None else record.getMessage()
         logging.getLogger("prefect_hyperband").warning(
             "the Prefect API's event stream dropped (%s); Prefect's client reconnects and sends its events again", why)
+
+
+def _stopped(record) -> bool:
+    """A task run that ended because the job is stopping (its ``Stopped``, with a traceback): not an error."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return type(exc).__name__ == "Stopped" or "encountered an exception Stopped:" in record.getMessage()
 
 
 def quiet_terminal(live: bool = False) -> None:

@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Iterator
 
 from prefect import flow, get_run_logger
@@ -288,9 +289,20 @@ def _stopped(job: Job, scheduler, runs: dict[str, str], stop: JobStopped, logger
             logger.warning("MLflow: could not end run %s: %s", run_id, exc)
     if job.parent_run_id:
         tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.stopped": str(stop)})
-    message = f"job {job.job_id} {stop}; resume with --resume {job.job_id}"
+    message = f"job {job.job_id} {stop}{_space_needed(job, scheduler, stop)}; resume with --resume {job.job_id}"
     logger.warning("%s (%d MLflow runs ended KILLED)", message, len(open_runs) + 1)
     return Cancelled(message=message, data={"job_id": job.job_id, "signal": stop.signum})
+
+
+def _space_needed(job: Job, scheduler, stop: JobStopped) -> str:
+    """After a full disk: what the job's folder holds per trial-rung so far (measured), the space each needs."""
+    if not (stop.reason or "").startswith("no space left"):
+        return ""
+    done = sum(len(t.scores) for t in scheduler.records())
+    size = sum(f.stat().st_blocks * 512 for f in Path(job.job_dir).rglob("*") if f.is_file())  # as allocated
+    if not done:
+        return ""
+    return f"; the job folder holds {size / 2**20:,.2f} MiB for {done} trial-rungs (about {size / done / 2**10:,.1f} KiB each)"
 
 
 def _adopt_runs(job: Job, runs: dict[str, str]) -> None:

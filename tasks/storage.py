@@ -77,8 +77,14 @@ class Storage:
         if not self.local:
             raise ValueError(f"{self.root} is an object store: it cannot append to {key}")
         fd = os.open(self.url(key), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
         try:
-            os.write(fd, data)
+            view = memoryview(data)
+            while view:  # a short write (a filling disk) writes the rest or raises
+                view = view[os.write(fd, view):]
+        except BaseException:
+            os.ftruncate(fd, size)  # no part of the record stays to be read as one (a full disk, a signal)
+            raise
         finally:
             os.close(fd)
 
@@ -90,8 +96,12 @@ class Storage:
             path = Path(self.url(key))
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-            Path(tmp).write_bytes(data)
-            os.replace(tmp, path)
+            try:
+                Path(tmp).write_bytes(data)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)  # a full disk: the part written goes, the old file stays whole
+                raise
         else:
             self.fs.pipe_file(self.url(key), data)
 

@@ -11,8 +11,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.trainers import factory, registry
+from prefect_hyperband.trainers import factory, registry, stopping
 from prefect_hyperband.trainers.base import Evaluation, TrainResult, checkpoint_damage, measure, size_of
+from prefect_hyperband.trainers.errors import full_disk, no_space
 
 
 @task(name="train", task_run_name="train {trial_id} to r={resource}", cache_policy=NO_CACHE)
@@ -29,7 +30,13 @@ def train_trial(job: Job, trial_id: str, config: dict[str, Any], resource: int, 
                                  trial_id, checkpoint, why, rebuilt.info.get("rebuilt_from", "scratch"),
                                  rebuilt.resource_trained, rebuilt.seconds)
         local = rebuilt.checkpoint
-    trained = trainer.train(config, resource, local, job.checkpoint_path(trial_id, resource))
+    out = job.checkpoint_path(trial_id, resource)
+    try:
+        trained = trainer.train(config, resource, local, out)
+    except Exception as exc:
+        if no_space(exc):  # not the trial's failure: the job stops, --resume trains it once space is freed
+            raise _stop_full(getattr(exc, "filename", None) or out) from exc
+        raise
     if "exit_race_rank" in trained.info:
         get_run_logger().warning("trial %s: rank %d aborted at exit (SIGABRT: torch's gloo race at exit) after rank 0 "
                                  "reported r=%d and exited; the result is kept", trial_id,
@@ -39,6 +46,15 @@ def train_trial(job: Job, trial_id: str, config: dict[str, Any], resource: int, 
                           seconds=trained.seconds + rebuilt.seconds,
                           info={**trained.info, "rebuilt_units": float(rebuilt.resource_trained)})
     return replace(trained, checkpoint=store.publish(trained.checkpoint))
+
+
+def _stop_full(path: str) -> stopping.Stopped:
+    """The job stops (its state saved) because the disk is full; this trial-rung is trained again by --resume."""
+    reason = full_disk(path)
+    token = stopping.current()
+    if token is not None:
+        token.request(reason=reason)
+    return stopping.Stopped(reason)
 
 
 def rebuild(job: Job, trainer: Any, trial_id: str, config: dict[str, Any], resource: int) -> TrainResult:

@@ -11,3 +11,37 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     """An exception's message cut to its first line (at most ``limit`` characters): for a one-line error."""
     text = str(exc).strip()
     return text.splitlines()[0][:limit] if text else ""
+
+
+#: what libraries say instead of raising ``OSError(ENOSPC)``: SQLite, XGBoost and torch's writers, C++ streams
+_FULL_WORDS = ("no space left on device", "database or disk is full", "disk quota exceeded")
+
+
+def no_space(exc: BaseException | None) -> bool:
+    """The error, or one it came from, is a full disk (``ENOSPC``, ``EDQUOT``, or a library's words for it)."""
+    import errno
+
+    seen = 0
+    while exc is not None and seen < 20:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(words in str(exc).lower() for words in _FULL_WORDS):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def full_disk(path: str) -> str:
+    """The reason a job stops on a full disk: the path it could not write and the space its filesystem has."""
+    import os
+    import shutil
+
+    where = os.path.abspath(path)
+    while where and not os.path.exists(where):
+        where = os.path.dirname(where)
+    try:
+        usage = shutil.disk_usage(where or "/")
+        space = f"{usage.free / 2**20:,.1f} MiB free of {usage.total / 2**20:,.1f} MiB"
+    except OSError:
+        space = "its free space unknown"
+    return f"no space left on device writing {path} ({space})"

@@ -242,6 +242,23 @@ def test_a_stop_for_a_reason_names_it():
         make(hyperband(9, seed=1), sim, stop=stop).run()
 
 
+def test_a_full_disk_under_the_tracking_store_stops_the_job_instead_of_failing_trials():
+    """SQLite's "database or disk is full" from the tracker: not the trial's failure nor a retry; the job stops
+    and names it, the trial-rung is not a row (--resume trains it)."""
+    import sqlite3
+
+    def behave(todo, attempt):
+        if todo.trial_id == "s2-002":
+            return 1.0, sqlite3.OperationalError("database or disk is full")
+        return 1.0, trained(todo, 1.0)
+
+    sim, tracker, sched = Sim(behave), Tracker(), hyperband()
+    with pytest.raises(JobStopped, match=r"^stopped: no space left on device \(OperationalError: database or disk"):
+        make(sched, sim, tracker, concurrency=1).run()
+    assert [t for t in sim.submitted if t.trial_id == "s2-002"] and not tracker.failures
+    assert "failed" not in {t.status for t in sched.records()}
+
+
 def test_a_stop_gives_the_trainings_in_flight_their_grace_then_abandons_them():
     def behave(todo, attempt):
         return (HANG, None) if todo.trial_id == "s1-000" else (1.0, trained(todo, 1.0))

@@ -196,3 +196,74 @@ def test_a_save_reads_the_runs_under_the_lock_the_mlflow_writer_adds_them_under(
     assert done.is_set()
     saved = json.loads(json.dumps(job.writer._runs()))
     assert saved["late"] == "run-late"
+
+
+def test_a_full_disk_mid_append_leaves_no_part_of_the_record_and_stops_the_writer(tmp_path, monkeypatch):
+    """ENOSPC part-way through a journal record: the file is cut back to its last whole record, the job is told
+    once (``on_full``), no record follows (the calls it took are in none), and a resume finds the state before."""
+    import errno
+    import os
+
+    store = Storage(str(tmp_path), str(tmp_path))
+    job = Job(store)
+    full: list[str] = []
+    job.writer.on_full = full.append
+    job.passes(20)
+    before, rows = job.expected(), list(job.rows)
+    journal = tmp_path / journal_key(store, 1)
+    whole = journal.read_bytes()
+    real_write, calls = os.write, {"n": 0}
+
+    def filling(fd, data):  # the disk takes 10 bytes, then is full
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_write(fd, bytes(data[:10]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", filling)
+    job.passes(1)
+    monkeypatch.setattr(os, "write", real_write)
+    job.passes(3)  # the loop goes on until it stops: nothing more is written
+    assert journal.read_bytes() == whole
+    assert len(full) == 1 and full[0].startswith("no space left on device writing ") and "MiB free of" in full[0]
+    said: list[str] = []
+    saved, scheduler = loaded(store, said, monkeypatch)
+    assert said == [] and saved["rows"] == rows
+    same(scheduler, before)
+
+
+def test_a_full_disk_during_an_atomic_write_keeps_the_old_file_and_leaves_no_part(tmp_path, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    store = Storage(str(tmp_path), str(tmp_path))
+    store.write_bytes("state.json", b'{"old": true}')
+
+    def full(self, data):
+        Path.write_text(self, "part")  # what a filling disk leaves of the new file
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with pytest.raises(OSError):
+        store.write_bytes("state.json", b'{"new": true}')
+    monkeypatch.undo()
+    assert (tmp_path / "state.json").read_bytes() == b'{"old": true}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_a_full_disk_is_known_by_errno_and_by_the_words_libraries_raise():
+    import errno
+    import sqlite3
+
+    from prefect_hyperband.trainers.errors import no_space
+
+    assert no_space(OSError(errno.ENOSPC, "No space left on device"))
+    assert no_space(sqlite3.OperationalError("database or disk is full"))
+    try:
+        try:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        except OSError as exc:
+            raise RuntimeError("XGBoost: could not save the model") from exc
+    except RuntimeError as chained:
+        assert no_space(chained)
+    assert not no_space(OSError(errno.EACCES, "Permission denied")) and not no_space(None)
