@@ -23,7 +23,7 @@ from prefect_hyperband.hyperband.promotion import first
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, ended
 from prefect_hyperband.hyperband.trial import TrialJob
 from prefect_hyperband.trainers.base import Evaluation, TrainResult
-from prefect_hyperband.trainers.errors import first_line, no_space
+from prefect_hyperband.trainers.errors import first_line, no_space, unavailable
 
 #: a trial-rung whose orchestration (not its trainer) failed is run again this many times
 ORCHESTRATION_RETRIES = 2
@@ -316,10 +316,9 @@ class Loop:
     def _orchestration_failed(self, todo: TrialJob, exc: Exception) -> None:
         """The orchestration failed, not the trainer (the Prefect API, the tracking store past its retries): the
         trial-rung runs again, or, past its retries, the trial fails (recorded when the tracker answers). A full disk
-        (the tracking store's, the job folder's) stops the job instead: --resume trains the trial-rung again."""
-        if no_space(exc):
-            if not self.stop.requested():
-                self.stop.request(reason=f"no space left on device ({type(exc).__name__}: {first_line(exc)})")
+        or a tracking store that does not answer stops the job instead: --resume trains the trial-rung again."""
+        if no_space(exc) or unavailable(exc):
+            self._service_down(exc)
             return
         key = (todo.trial_id, todo.resource)
         self.attempts[key] += 1
@@ -329,6 +328,13 @@ class Loop:
             return
         out = Outcome(todo, None, None, f"{type(exc).__name__}: {exc}")
         self._settle(todo, self.tracker.record_failure(out))
+
+    def _service_down(self, exc: Exception) -> None:
+        """A full disk, or a server that did not answer past its client's retries (MLflow's: about 4 minutes; then
+        the writer's 1, 5, 15 s): the job stops (exit 75), not the trial; --resume trains the trial-rung again."""
+        if not self.stop.requested():
+            what = "no space left on device" if no_space(exc) else "a server did not answer past its retries"
+            self.stop.request(reason=f"{what} ({type(exc).__name__}: {first_line(exc)})")
 
     def _give_up_overdue(self) -> None:
         """Trial-rungs past their timeout: the trial fails, its training stops at its next unit."""

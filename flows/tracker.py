@@ -33,6 +33,7 @@ class MlflowTracker:
         self.creating: dict[str, Future[str]] = {}
         self.lock = threading.Lock()  # ``runs`` grows on the writer's thread; the state's saves read it under this
         self.writer = writer or make_writer(writer_for(job.concurrency, job.mode, None, None))
+        self.waiting = _Waiting(job.tracking_uri, warn)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Before the first trial-rung: the writer answers (a process imports MLflow first). Results recorded late
@@ -51,7 +52,7 @@ class MlflowTracker:
         t = todo.trial_id
         if t in self.runs or t in self.creating:
             return
-        self.creating[t] = self.writer.submit("start", self.job, t, todo.bracket, time.time())
+        self.creating[t] = self.waiting.watch(self.writer.submit("start", self.job, t, todo.bracket, time.time()))
 
     def record(self, out: Outcome) -> Future[Outcome]:
         """The trial-rung's metrics, to the trial's run (made then if its creation failed); its future ends once
@@ -64,8 +65,8 @@ class MlflowTracker:
             if out.error is None or params is not None:
                 rung = (tj.resource, out.trained if out.error is None else None, out.metric, params,
                         out.evaluated.metrics if out.evaluated is not None else None)
-        written = self.writer.submit("record", self.job, tj.trial_id, tj.bracket, out.started or time.time(),
-                                     self.runs.get(tj.trial_id), rung)
+        written = self.waiting.watch(self.writer.submit("record", self.job, tj.trial_id, tj.bracket,
+                                                        out.started or time.time(), self.runs.get(tj.trial_id), rung))
         done: Future[Outcome] = Future()
 
         def settle(f: Future) -> None:
@@ -91,7 +92,8 @@ class MlflowTracker:
 
     def close(self, trial_ids: list[str]) -> None:
         records = self.records(trial_ids)
-        closing = self.writer.submit("close", self.job, records, {t: self.runs[t] for t in trial_ids if t in self.runs})
+        closing = self.waiting.watch(
+            self.writer.submit("close", self.job, records, {t: self.runs[t] for t in trial_ids if t in self.runs}))
 
         def said(f: Future) -> None:
             if f.exception() is not None:  # the results stand in the job's state; a resume closes them again
@@ -103,6 +105,7 @@ class MlflowTracker:
     def drain(self) -> None:
         """Every write done; runs created for trials that left no result yet are kept (``runs``) for --resume."""
         self.writer.shutdown()
+        self.waiting.close()
         for trial_id, future in list(self.creating.items()):
             try:
                 run_id = future.result(timeout=0)
@@ -111,3 +114,50 @@ class MlflowTracker:
             with self.lock:
                 self.runs.setdefault(trial_id, run_id)
         self.creating.clear()
+
+
+class _Waiting:
+    """One warning line when a write has waited ``WARN_AFTER`` seconds (MLflow's server answering 503, or gone:
+    its client retries for about 4 minutes, silently), and one when writes go through again."""
+
+    WARN_AFTER = 10.0
+    POLL = 1.0
+
+    def __init__(self, uri: str, warn: Callable[[str], None]) -> None:
+        self.uri, self.warn = uri, warn
+        self.pending: dict[int, float] = {}
+        self.lock, self.done = threading.Lock(), threading.Event()
+        self.since: float | None = None  # when the waiting that was said began
+        self.thread = threading.Thread(target=self._watch, name="mlflow-waiting", daemon=True)
+        self.thread.start()
+
+    def watch(self, future: Future) -> Future:
+        key = id(future)
+        with self.lock:
+            self.pending[key] = time.monotonic()
+        future.add_done_callback(lambda f: self._answered(key, f.exception() is None))
+        return future
+
+    def _answered(self, key: int, ok: bool) -> None:
+        with self.lock:
+            self.pending.pop(key, None)
+            since = self.since
+            if ok:
+                self.since = None
+        if since is not None and ok:
+            self.warn(f"MLflow at {self.uri} answers again after {time.monotonic() - since:.0f} s")
+
+    def _watch(self) -> None:
+        while not self.done.wait(self.POLL):
+            with self.lock:
+                oldest = min(self.pending.values(), default=None)
+                late = self.since is None and oldest is not None and time.monotonic() - oldest >= self.WARN_AFTER
+                if late:
+                    self.since = oldest
+            if late:
+                self.warn(f"MLflow at {self.uri} has not answered for {self.WARN_AFTER:.0f} s; the job waits for it "
+                          "(its client retries a server error or a lost connection for about 4 minutes, then the job "
+                          "stops; --resume goes on)")
+
+    def close(self) -> None:
+        self.done.set()

@@ -45,3 +45,19 @@ def full_disk(path: str) -> str:
     except OSError:
         space = "its free space unknown"
     return f"no space left on device writing {path} ({space})"
+
+
+#: a service that did not answer: a connection refused or lost, a timeout, 5xx past the client's own retries
+_UNAVAILABLE_TYPES = {"ConnectionError", "MaxRetryError", "ConnectError", "ConnectTimeout", "ReadTimeout",
+                      "RemoteDisconnected", "NewConnectionError", "ConnectionRefusedError"}
+_UNAVAILABLE_WORDS = ("max retries exceeded", "error responses", "connection refused", "service unavailable")
+
+
+def unavailable(exc: BaseException | None) -> bool:
+    """The error, or one it came from, says a server (MLflow's, Prefect's) did not answer or answered 5xx."""
+    seen = 0
+    while exc is not None and seen < 20:
+        if type(exc).__name__ in _UNAVAILABLE_TYPES or any(w in str(exc).lower() for w in _UNAVAILABLE_WORDS):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False

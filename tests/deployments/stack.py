@@ -173,3 +173,78 @@ def _wait_log(stack: Stack, name: str, pattern: str, count: int, timeout: float 
             return
         time.sleep(0.5)
     raise AssertionError(f"{name}: {pattern!r} not seen {count}x within {timeout:.0f}s")
+
+
+class FlakyProxy:
+    """An HTTP proxy in front of a server (MLflow's) that answers 503 while told to: every request for a window
+    (``down_for``), or the artifact uploads (``PUT .../mlflow-artifacts/...``) for a window from the first one
+    (``artifacts_down_for``). Counts the 503s it gave."""
+
+    def __init__(self, upstream: str) -> None:
+        import http.server
+        import threading
+
+        self.upstream, self.until, self.artifacts_for, self.artifacts_until = upstream, 0.0, 0.0, None
+        self.refused = {"all": 0, "artifacts": 0}
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _forward(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                kind = proxy.refusing(self.command, self.path)
+                if kind:
+                    proxy.refused[kind] += 1
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection", "content-length")}
+                request = urllib.request.Request(proxy.upstream + self.path, data=body if body else None,
+                                                 method=self.command, headers=headers)
+                try:
+                    with urllib.request.urlopen(request, timeout=120) as response:
+                        status, data, got = response.status, response.read(), response.headers
+                except urllib.error.HTTPError as err:
+                    status, data, got = err.code, err.read(), err.headers
+                except OSError:
+                    status, data, got = 502, b"", {}
+                self.send_response(status)
+                for k, v in got.items():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def down_for(self, seconds: float) -> None:
+        self.until = time.monotonic() + seconds
+
+    def artifacts_down_for(self, seconds: float) -> None:
+        self.artifacts_for = seconds
+
+    def refusing(self, method: str, path: str) -> str | None:
+        now = time.monotonic()
+        if now < self.until:
+            return "all"
+        if method == "PUT" and "mlflow-artifacts" in path and self.artifacts_for:
+            if self.artifacts_until is None:
+                self.artifacts_until = now + self.artifacts_for
+            if now < self.artifacts_until:
+                return "artifacts"
+        return None
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -304,19 +304,18 @@ def test_an_orchestration_error_runs_the_trial_rung_again_and_past_its_retries_f
     assert sum(1 for t in sim.submitted if t.trial_id == "s1-000") == ORCHESTRATION_RETRIES + 1
 
 
-def test_a_tracking_store_down_past_its_retries_is_an_orchestration_failure_not_a_lost_result():
-    downs = {"n": 0}
-
+def test_a_tracking_store_down_past_its_retries_stops_the_job_not_the_trial():
+    """Its client retried for minutes (MLflow's), then the writer (1, 5, 15 s): the job stops and names it (exit 75,
+    --resume goes on); the trial-rung is not a row and no trial failed."""
     def fail_record(out, n):
-        if out.job.trial_id == "s2-003" and downs["n"] < 1:
-            downs["n"] += 1
-            return True
-        return False
+        return out.job.trial_id == "s2-003"
 
     sim, tracker, sched = Sim(), Tracker(fail_record), hyperband()
-    drive = make(sched, sim, tracker).run()
-    assert len(drive.rows) == 22 and not tracker.failures
-    assert sum(1 for t in sim.submitted if (t.trial_id, t.resource) == ("s2-003", 1)) == 2
+    with pytest.raises(JobStopped, match=r"^stopped: a server did not answer past its retries \(ConnectionError: "
+                                         r"simulated: the tracking store is down\)$"):
+        make(sched, sim, tracker).run()
+    assert not tracker.failures and "failed" not in {t.status for t in sched.records()}
+    assert sum(1 for t in sim.submitted if (t.trial_id, t.resource) == ("s2-003", 1)) == 1
 
 
 def test_a_trainer_error_fails_its_trial_which_is_closed_and_never_promoted():
@@ -347,3 +346,33 @@ def test_the_same_seed_gives_the_same_rows_whatever_the_concurrency():
     many = make(hyperband(27, seed=5), Sim(), concurrency=7).run()
     key = lambda r: (r["trial_id"], r["resource"], r["score"])  # noqa: E731
     assert sorted(map(key, one.rows)) == sorted(map(key, many.rows))
+
+
+def test_a_write_that_waits_is_said_once_and_its_answer_once(monkeypatch):
+    """MLflow answering 503 (its client retries silently for minutes): one line when a write has waited, one when
+    writes go through again; the writes themselves are not touched."""
+    import threading
+    from concurrent.futures import Future
+
+    from prefect_hyperband.flows.tracker import _Waiting
+
+    monkeypatch.setattr(_Waiting, "WARN_AFTER", 0.05)
+    monkeypatch.setattr(_Waiting, "POLL", 0.01)
+    said, heard = [], threading.Event()
+
+    def warn(line):
+        said.append(line)
+        heard.set()
+
+    waiting = _Waiting("http://mlflow:5000", warn)
+    try:
+        slow, slower = waiting.watch(Future()), waiting.watch(Future())
+        assert heard.wait(5)
+        heard.clear()
+        assert not heard.wait(0.1)  # said once, however long it waits, however many writes wait
+        slow.set_result("run-1")
+        slower.set_result("run-2")
+    finally:
+        waiting.close()
+    assert said[0].startswith("MLflow at http://mlflow:5000 has not answered for 0 s; the job waits for it")
+    assert len(said) == 2 and said[1].startswith("MLflow at http://mlflow:5000 answers again after ")
