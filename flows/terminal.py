@@ -154,8 +154,10 @@ def quiet_terminal(live: bool = False) -> None:
     from prefect.logging.handlers import PrefectConsoleHandler
 
     setup_logging()  # idempotent: Prefect's handlers exist before the filter goes on them
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, PrefectConsoleHandler):
+    # the root's console handler, and prefect._internal's own (it does not propagate: its services' errors at exit)
+    handlers = [*logging.getLogger().handlers, *logging.getLogger("prefect._internal").handlers]
+    for handler in handlers:
+        if isinstance(handler, (PrefectConsoleHandler, logging.StreamHandler)) and not isinstance(handler, logging.FileHandler):
             for old in [f for f in handler.filters if isinstance(f, _TerminalFilter)]:
                 handler.removeFilter(old)
             handler.addFilter(_TerminalFilter(live))

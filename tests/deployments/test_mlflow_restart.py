@@ -27,7 +27,9 @@ def test_a_job_outlives_its_tracking_server_restarting(tmp_path: Path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    # MLflow's client backs off 2, 4, 8, ... s between retries; 1, 2, 4, ... here, so that a retry lands soon after
+    # each window ends (the windows are the 30 s; the waits after them are the client's, not the job's)
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1", MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1")
     stack = Stack(tmp_path, env)
     server = [_exe("mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
               "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",

@@ -60,7 +60,8 @@ def test_ten_jobs_on_postgresql_outlive_its_restart_and_the_prefect_servers_then
         postgres_stack, tmp_path):
     s = postgres_stack
     mlflow_url = _servers(s, tmp_path)
-    jobs = [_job(s, tmp_path, f"load-{i}", mlflow_url) for i in range(10)]
+    # nine synthetic jobs and the default one (XGBoost on bank-marketing, (1, 9, 3)), whose champion is registered
+    jobs = [_job(s, tmp_path, f"load-{i}", mlflow_url, xgboost=i == 0) for i in range(10)]
     time.sleep(15)  # the ten are still starting (imports, their flow runs) on 2 cores
     postgres = s.halt("postgres", signal.SIGINT)  # a fast shutdown: every connection dropped
     time.sleep(6)
@@ -76,7 +77,8 @@ def test_ten_jobs_on_postgresql_outlive_its_restart_and_the_prefect_servers_then
     said = [line for _, _, out in jobs for line in out.read_text(errors="replace").splitlines() if "warning" in line.lower()]
     print(f"{len(said)} warning lines from the ten jobs:", *said[:20], sep="\n")
     for (name, _, _), result in zip(jobs, results):
-        _check_experiment(mlflow_url, name, result)
+        _check_experiment(mlflow_url, name, result, configs=17 if name == "load-0" else 49)
+    _check_champion(mlflow_url, "load-0", results[0])
     flow_runs = _flow_runs(s)
     assert {fr["state"]["type"] for fr in flow_runs} == {"COMPLETED"}
     assert len([fr for fr in flow_runs if fr["parent_task_run_id"] is None]) == 10
@@ -88,7 +90,7 @@ def test_ten_jobs_on_postgresql_outlive_its_restart_and_the_prefect_servers_then
         time.sleep(1)
 
     # the controller's machine lost: three jobs SIGKILLed at once, mid-job, then each resumed
-    lost = [_job(s, tmp_path, f"lost-{i}", mlflow_url, unit_seconds="0.2") for i in range(3)]
+    lost = [_job(s, tmp_path, f"lost-{i}", mlflow_url, unit_seconds="0.1") for i in range(3)]
     holders = [_holder_once_training(tmp_path / "jobs" / name) for name, _, _ in lost]
     for _, proc, _ in lost:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -132,12 +134,14 @@ def _servers(s: Stack, tmp_path: Path) -> str:
 
 
 def _job(s: Stack, tmp_path: Path, name: str, mlflow_url: str, unit_seconds: str = "0.05",
-         resume: bool = False) -> tuple[str, subprocess.Popen, Path]:
-    """``hyperband tune`` of a synthetic (1, 27, 3) job in its own process and experiment."""
+         resume: bool = False, xgboost: bool = False) -> tuple[str, subprocess.Popen, Path]:
+    """``hyperband tune`` of a synthetic (1, 27, 3) job (or the default XGBoost one at (1, 9, 3)) in its own
+    process and experiment."""
     out = tmp_path / f"{name}{'-resume' if resume else ''}.out"
-    which = ["--resume", name] if resume else [
-        "--model", "synthetic", "--max-resource", "27", "--eta", "3", "--unit-seconds", unit_seconds,
-        "--concurrency", "2", "--experiment", name, "--job-id", name]
+    model = ["--max-resource", "9", "--rounds-per-unit", "2"] if xgboost else [
+        "--model", "synthetic", "--max-resource", "27", "--unit-seconds", unit_seconds]
+    which = ["--resume", name] if resume else [*model, "--eta", "3", "--concurrency", "2", "--experiment", name,
+                                               "--job-id", name]
     argv = [_exe("hyperband"), "tune", *which, "--tracking-uri", mlflow_url, "--job-dir", str(tmp_path / "jobs"), "--json"]
     with open(out, "wb") as sink:
         proc = subprocess.Popen(argv, env=s.env, cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT,
@@ -150,12 +154,14 @@ def _ended(job: tuple[str, subprocess.Popen, Path]) -> dict:
     code = proc.wait(timeout=600)
     text = out.read_text(errors="replace")
     assert code == 0 and "Traceback" not in text, f"{name} exited {code}:\n{text[-3000:]}"
+    assert "View run" not in text  # MLflow's line per ended run against a tracking server: off the terminal
     return json.loads(text.strip().splitlines()[-1])
 
 
-def _check_experiment(mlflow_url: str, name: str, result: dict) -> None:
-    """The job's experiment: its parent FINISHED, 49 child runs FINISHED with distinct trial ids, none open."""
-    assert result["summary"]["configs"] == 49 and result["summary"]["failed_trials"] == 0, result["summary"]
+def _check_experiment(mlflow_url: str, name: str, result: dict, configs: int = 49) -> None:
+    """The job's experiment: its parent FINISHED, a child run per config FINISHED with distinct trial ids, none
+    open, the best trial's metric at every unit it trained."""
+    assert result["summary"]["configs"] == configs and result["summary"]["failed_trials"] == 0, result["summary"]
     api = f"{mlflow_url}/api/2.0/mlflow"
     experiment = _http("GET", f"{api}/experiments/get-by-name?experiment_name={name}")["experiment"]
     runs = _http("POST", f"{api}/runs/search", {"experiment_ids": [experiment["experiment_id"]], "max_results": 1000})["runs"]
@@ -169,10 +175,21 @@ def _check_experiment(mlflow_url: str, name: str, result: dict) -> None:
     children = [r for r in runs if tags(r).get("mlflow.parentRunId") == result["parent_run_id"]]
     assert len(children) == len(runs) - 1  # nothing of another job
     finished = [r for r in children if r["info"]["status"] == "FINISHED"]
-    assert len(finished) == 49 and len({tags(r)["hyperband.trial_id"] for r in finished}) == 49, name
+    assert len(finished) == configs and len({tags(r)["hyperband.trial_id"] for r in finished}) == configs, name
     left = [(tags(r)["hyperband.trial_id"], r["info"]["status"], tags(r).get("hyperband.status")) for r in children
             if r["info"]["status"] != "FINISHED"]
     assert all(status == "KILLED" and why == "abandoned" for _, status, why in left), left
+    winner = next(r for r in finished if tags(r)["hyperband.trial_id"] == result["best"]["trial_id"])
+    metric = result["summary"]["metric"]
+    history = _http("GET", f"{api}/metrics/get-history?run_id={winner['info']['run_id']}&metric_key={metric}")["metrics"]
+    assert sorted(m["step"] for m in history)[-1] == result["best"]["resource"]
+
+
+def _check_champion(mlflow_url: str, name: str, result: dict) -> None:
+    """The best model registered on the PostgreSQL-backed registry, alias ``champion`` on the best trial's run."""
+    api = f"{mlflow_url}/api/2.0/mlflow"
+    alias = _http("GET", f"{api}/registered-models/alias?name={name}&alias=champion")["model_version"]
+    assert alias["run_id"] == result["best"]["run_id"]
 
 
 def _flow_runs(s: Stack) -> list[dict]:

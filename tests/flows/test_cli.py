@@ -293,3 +293,35 @@ def test_an_error_once_the_job_began_or_not_from_the_api_is_not_retried(monkeypa
     with pytest.raises(ValueError):
         cli._started(tune, TuneParams(job_id="other"))
     assert calls == ["began", "other"]
+
+
+def test_a_prefect_server_restart_is_one_warning_line_on_the_terminal_not_tracebacks():
+    """Prefect's event stream dropping (websockets' keepalive error, with a traceback) and its EventsWorker failing
+    at exit with nothing pending (on prefect._internal's own handler): one warning line, once."""
+    import logging
+
+    from prefect_hyperband.flows.terminal import _TerminalFilter
+
+    said: list[str] = []
+    hyperband = logging.getLogger("prefect_hyperband")
+    catch = logging.Handler()
+    catch.emit = lambda record: said.append(record.getMessage())
+    hyperband.addHandler(catch)
+    try:
+        terminal = _TerminalFilter()
+        try:
+            raise ConnectionError("no close frame received or sent")
+        except ConnectionError:
+            import sys
+
+            dropped = logging.LogRecord("websockets.client", logging.ERROR, "", 0, "keepalive ping failed", (),
+                                        sys.exc_info())
+        worker = logging.LogRecord("prefect._internal.concurrency", logging.ERROR, "", 0,
+                                   "Service 'EventsWorker' failed with 0 pending items.", (), None)
+        lost = logging.LogRecord("prefect._internal.concurrency", logging.ERROR, "", 0,
+                                 "Service 'EventsWorker' failed with 3 pending items.", (), None)
+        assert [terminal.filter(r) for r in (dropped, dropped, worker, lost)] == [False, False, False, True]
+    finally:
+        hyperband.removeHandler(catch)
+    assert said == ["the Prefect API's event stream dropped (ConnectionError: no close frame received or sent); "
+                    "Prefect's client reconnects and sends its events again"]
