@@ -280,7 +280,12 @@ def _best_config(job: Job, best: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _stopped(job: Job, scheduler, runs: dict[str, str], stop: JobStopped, logger) -> State:
-    """The job stopped on request: open runs end KILLED, the flow run ends Cancelled; ``--resume`` finishes it."""
+    """The job stopped on request: open runs end KILLED, the flow run ends Cancelled; ``--resume`` finishes it. A job
+    stopped because a server did not answer leaves its MLflow runs open (each write would wait minutes more)."""
+    message = f"job {job.job_id} {stop}{_space_needed(job, scheduler, stop)}; resume with --resume {job.job_id}"
+    if (stop.reason or "").startswith("a server did not answer"):
+        logger.warning("%s (MLflow runs left open: --resume ends them)", message)
+        return Cancelled(message=message, data={"job_id": job.job_id, "signal": stop.signum})
     open_runs = [runs[t.trial_id] for t in scheduler.records() if t.status == "running" and t.trial_id in runs]
     for run_id in [*open_runs, job.parent_run_id]:
         try:
@@ -288,8 +293,10 @@ def _stopped(job: Job, scheduler, runs: dict[str, str], stop: JobStopped, logger
         except Exception as exc:  # a resume ends them again
             logger.warning("MLflow: could not end run %s: %s", run_id, exc)
     if job.parent_run_id:
-        tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.stopped": str(stop)})
-    message = f"job {job.job_id} {stop}{_space_needed(job, scheduler, stop)}; resume with --resume {job.job_id}"
+        try:
+            tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.stopped": str(stop)})
+        except Exception as exc:  # noqa: BLE001  (a full disk under the store: the stop line says why)
+            logger.warning("MLflow: could not tag run %s: %s", job.parent_run_id, exc)
     logger.warning("%s (%d MLflow runs ended KILLED)", message, len(open_runs) + 1)
     return Cancelled(message=message, data={"job_id": job.job_id, "signal": stop.signum})
 

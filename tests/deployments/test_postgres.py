@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from prefect_hyperband.flows.state import saved_rows
+
 from stack import Stack, running, _exe, _free_port, _http, _wait_http, _wait_log, server_env  # noqa: E402  (tests/deployments)
 
 pytestmark = pytest.mark.slow
@@ -60,8 +62,10 @@ def test_ten_jobs_on_postgresql_outlive_its_restart_and_the_prefect_servers_then
         postgres_stack, tmp_path):
     s = postgres_stack
     mlflow_url = _servers(s, tmp_path)
-    # nine synthetic jobs and the default one (XGBoost on bank-marketing, (1, 9, 3)), whose champion is registered
-    jobs = [_job(s, tmp_path, f"load-{i}", mlflow_url, xgboost=i == 0) for i in range(10)]
+    # eight synthetic (1, 27, 3) jobs, one synthetic (1, 9, 3) job (the lost jobs' reference, below) and the default
+    # one (XGBoost on bank-marketing, (1, 9, 3)), whose champion is registered
+    jobs = [_job(s, tmp_path, f"load-{i}", mlflow_url, xgboost=i == 0, max_resource="9" if i == 9 else "27")
+            for i in range(10)]
     time.sleep(15)  # the ten are still starting (imports, their flow runs) on 2 cores
     postgres = s.halt("postgres", signal.SIGINT)  # a fast shutdown: every connection dropped
     time.sleep(6)
@@ -77,7 +81,7 @@ def test_ten_jobs_on_postgresql_outlive_its_restart_and_the_prefect_servers_then
     said = [line for _, _, out in jobs for line in out.read_text(errors="replace").splitlines() if "warning" in line.lower()]
     print(f"{len(said)} warning lines from the ten jobs:", *said[:20], sep="\n")
     for (name, _, _), result in zip(jobs, results):
-        _check_experiment(mlflow_url, name, result, configs=17 if name == "load-0" else 49)
+        _check_experiment(mlflow_url, name, result, configs=17 if name in ("load-0", "load-9") else 49)
     _check_champion(mlflow_url, "load-0", results[0])
     flow_runs = _flow_runs(s)
     assert {fr["state"]["type"] for fr in flow_runs} == {"COMPLETED"}
@@ -90,16 +94,23 @@ def test_ten_jobs_on_postgresql_outlive_its_restart_and_the_prefect_servers_then
         time.sleep(1)
 
     # the controller's machine lost: three jobs SIGKILLed at once, mid-job, then each resumed
-    lost = [_job(s, tmp_path, f"lost-{i}", mlflow_url, unit_seconds="0.1") for i in range(3)]
+    lost = [_job(s, tmp_path, f"lost-{i}", mlflow_url, unit_seconds="0.3", max_resource="9") for i in range(3)]
     holders = [_holder_once_training(tmp_path / "jobs" / name) for name, _, _ in lost]
     for _, proc, _ in lost:
         os.killpg(proc.pid, signal.SIGKILL)
-    for _, proc, _ in lost:
+    for name, proc, _ in lost:
         proc.wait(timeout=30)
+        assert len(saved_rows(tmp_path / "jobs" / name)) < 22, f"{name} ended before it was killed"
     resumed = [_job(s, tmp_path, name, mlflow_url, resume=True) for name, _, _ in lost]
+    uninterrupted = results[9]  # load-9: the same synthetic (1, 9, 3) job (seed 0), never killed
     for (name, _, _), job, holder in zip(lost, resumed, holders):
         result = _ended(job)
-        _check_experiment(mlflow_url, name, result)
+        _check_experiment(mlflow_url, name, result, configs=17)
+        # nothing trained twice, nothing lost: the uninterrupted job's trial-rungs, units and best, exactly
+        for key in ("trial_rungs", "resource_used"):
+            assert result["summary"][key] == uninterrupted["summary"][key] == {"trial_rungs": 22, "resource_used": 69}[key]
+        assert (result["best"]["trial_id"], result["best"]["score"]) == (uninterrupted["best"]["trial_id"],
+                                                                         uninterrupted["best"]["score"])
         old = _http("GET", f"http://127.0.0.1:{s.prefect_port}/api/flow_runs/{holder['flow_run_id']}")
         assert old["state"]["type"] == "CRASHED" and f"pid {holder['pid']}" in old["state"]["message"], old["state"]
     flow_runs = _flow_runs(s)
@@ -133,13 +144,13 @@ def _servers(s: Stack, tmp_path: Path) -> str:
     return mlflow_url
 
 
-def _job(s: Stack, tmp_path: Path, name: str, mlflow_url: str, unit_seconds: str = "0.05",
-         resume: bool = False, xgboost: bool = False) -> tuple[str, subprocess.Popen, Path]:
-    """``hyperband tune`` of a synthetic (1, 27, 3) job (or the default XGBoost one at (1, 9, 3)) in its own
-    process and experiment."""
+def _job(s: Stack, tmp_path: Path, name: str, mlflow_url: str, unit_seconds: str = "0.05", resume: bool = False,
+         xgboost: bool = False, max_resource: str = "27") -> tuple[str, subprocess.Popen, Path]:
+    """``hyperband tune`` of a synthetic (1, R, 3) job (or the default XGBoost one at (1, 9, 3)) in its own process
+    and experiment."""
     out = tmp_path / f"{name}{'-resume' if resume else ''}.out"
     model = ["--max-resource", "9", "--rounds-per-unit", "2"] if xgboost else [
-        "--model", "synthetic", "--max-resource", "27", "--unit-seconds", unit_seconds]
+        "--model", "synthetic", "--max-resource", max_resource, "--unit-seconds", unit_seconds]
     which = ["--resume", name] if resume else [*model, "--eta", "3", "--concurrency", "2", "--experiment", name,
                                                "--job-id", name]
     argv = [_exe("hyperband"), "tune", *which, "--tracking-uri", mlflow_url, "--job-dir", str(tmp_path / "jobs"), "--json"]
@@ -201,11 +212,10 @@ def _flow_runs(s: Stack) -> list[dict]:
 
 
 def _holder_once_training(job_dir: Path, timeout: float = 180) -> dict:
-    """The job's lock (its pid and flow run) once its state holds results: a job mid-way."""
+    """The job's lock (its pid and flow run) once its state holds some of its 22 results: a job mid-way."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        journals = list(job_dir.glob("journal*"))
-        if (job_dir / "lock").exists() and journals and sum(j.stat().st_size for j in journals) > 2000:
+        if (job_dir / "lock").exists() and len(saved_rows(job_dir)) >= 6:
             return json.loads((job_dir / "lock").read_text())
         time.sleep(0.5)
     raise AssertionError(f"{job_dir.name} wrote no results within {timeout:.0f}s")

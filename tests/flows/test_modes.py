@@ -85,11 +85,10 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("search", [
-    ["--concurrency", "2"],
+@pytest.mark.parametrize("search", [  # synchronous brackets: three jobs SIGKILLed at once in test_postgres.py
     ["--mode", "asha", "--concurrency", "1"],  # ASHA at 1: its promotions do not depend on timing
     ["--sampler", "tpe", "--concurrency", "2"],
-], ids=["sync", "asha", "tpe"])
+], ids=["asha", "tpe"])
 def test_killed_job_resumes_without_retraining_or_duplicate_runs(search, tmp_path):
     """Kill a job mid-way (SIGKILL); --resume finishes it with the result of an uninterrupted job of the same seed."""
     from prefect.settings import PREFECT_API_URL
@@ -124,8 +123,6 @@ def test_killed_job_resumes_without_retraining_or_duplicate_runs(search, tmp_pat
     assert result["parent_run_id"] is not None
     assert result["summary"]["trial_rungs"] == uninterrupted["summary"]["trial_rungs"]  # none trained twice
     assert result["summary"]["resource_used"] == uninterrupted["summary"]["resource_used"]
-    if "--mode" not in search:
-        assert result["summary"]["trial_rungs"] == 22 and result["summary"]["resource_used"] == 69
     assert result["best"]["trial_id"] == uninterrupted["best"]["trial_id"]
     assert result["best"]["score"] == pytest.approx(uninterrupted["best"]["score"])
     configs = uninterrupted["summary"]["configs"]
