@@ -38,6 +38,29 @@ from prefect_hyperband.flows.server import batch_server_writes  # noqa: E402
 batch_server_writes()  # the temporary server's event consumers write in batches, as the CLI's does
 
 
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for a server a benchmark starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, what: str = "the server", timeout: float = 120) -> None:
+    """Until ``url`` answers; past ``timeout`` seconds the benchmark ends naming ``what``."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"{what} did not answer at {url} within {timeout:.0f} s")
+
+
 def quiet() -> None:
     """Keep the benchmark's own table readable: Prefect/MLflow chatter to warnings only."""
     for name in ("prefect", "mlflow", "alembic", "distributed", "httpx", "urllib3"):

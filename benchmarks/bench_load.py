@@ -27,7 +27,6 @@ import glob
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,17 +40,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import header, table  # noqa: E402
+from benchmarks._common import free_port, header, table, wait_http  # noqa: E402
 
 BIN = Path(sys.executable).parent
 #: the plan of one job: (1, 27, 3) has 69 trial-rungs, each a train and an evaluate task run
 TRIAL_RUNGS = 69
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _as_postgres(argv: list[str]) -> list[str]:
@@ -66,17 +59,6 @@ def _http(method: str, url: str, body: dict | None = None, timeout: float = 30) 
     return json.loads(text) if text else {}
 
 
-def _wait(url: str, what: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit(f"{what} did not answer at {url} within {timeout:.0f} s")
-
-
 class Servers:
     """PostgreSQL, a Prefect server and an MLflow server on it, in a scratch folder; stopped on exit."""
 
@@ -85,7 +67,7 @@ class Servers:
         if not found:
             raise SystemExit("PostgreSQL is not installed: apt-get install postgresql")
         self.pg_bin, self.tmp = Path(found[-1]).parent, tmp
-        self.pg, self.prefect, self.mlflow = _port(), _port(), _port()
+        self.pg, self.prefect, self.mlflow = free_port(), free_port(), free_port()
         self.procs: list[subprocess.Popen] = []
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
         self.env.update(PATH=f"{BIN}{os.pathsep}{self.env.get('PATH', '')}", PREFECT_HOME=str(tmp / "prefect-home"),
@@ -119,8 +101,8 @@ class Servers:
                                "--workers", "1", "--backend-store-uri",
                                f"postgresql://hyperband@127.0.0.1:{self.pg}/mlflow",
                                "--artifacts-destination", str(self.tmp / "mlartifacts")])
-        _wait(f"http://127.0.0.1:{self.prefect}/api/health", "prefect server")
-        _wait(f"http://127.0.0.1:{self.mlflow}/health", "mlflow server")
+        wait_http(f"http://127.0.0.1:{self.prefect}/api/health", "prefect server", timeout=180)
+        wait_http(f"http://127.0.0.1:{self.mlflow}/health", "mlflow server", timeout=180)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -21,12 +21,10 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -34,23 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
 
 BIN = Path(sys.executable).parent
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit(f"no answer from {url}")
 
 
 def _tune(env: dict[str, str], cwd: Path, flags: list[str]) -> tuple[dict, float]:
@@ -67,7 +48,7 @@ def _tune(env: dict[str, str], cwd: Path, flags: list[str]) -> tuple[dict, float
 def work_pool(tmp: Path, workers: int) -> Iterator[dict[str, str]]:
     """A Prefect server of its own (SQLite in ``tmp``, loopback), a process work pool ``bench-pool`` and ``workers``
     process workers, each in its own folder (a machine); yields the environment of a CLI that uses them."""
-    port = _port()
+    port = common.free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env.update(PREFECT_HOME=str(tmp / "home"), PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
                PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
@@ -77,7 +58,7 @@ def work_pool(tmp: Path, workers: int) -> Iterator[dict[str, str]]:
         procs.append(subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                                       env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                       start_new_session=True))
-        _wait(f"http://127.0.0.1:{port}/api/health")
+        common.wait_http(f"http://127.0.0.1:{port}/api/health", "prefect server")
         subprocess.run([str(BIN / "prefect"), "work-pool", "create", "bench-pool", "--type", "process"], env=env,
                        check=True, capture_output=True)
         for i in range(workers):
