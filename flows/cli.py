@@ -291,13 +291,10 @@ def _unavailable(exc: BaseException) -> bool:
     """A server error (5xx), a timeout or no connection from the API, anywhere in the exception's chain."""
     import httpx
 
-    while exc is not None:
-        if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500:
-            return True
-        if isinstance(exc, (httpx.TransportError, ConnectionError)):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    from prefect_hyperband.trainers.errors import causes
+
+    return any(isinstance(e, httpx.HTTPStatusError) and e.response.status_code >= 500
+               or isinstance(e, (httpx.TransportError, ConnectionError)) for e in causes(exc))
 
 
 def _one_line_of(exc: BaseException) -> str:

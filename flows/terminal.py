@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -75,25 +76,16 @@ class JobLog:
         self.held.close()
 
 
-def _job_log_file():
-    import logging
+class _JobLogFile(logging.FileHandler):
+    """``job.log``; on a full disk its lines are dropped, not each printed with a traceback (the job stops and says
+    why in one line)."""
 
-    from prefect_hyperband.trainers.errors import no_space
+    def handleError(self, record) -> None:
+        from prefect_hyperband.trainers.errors import no_space
 
-    class JobLogFile(logging.FileHandler):
-        """``job.log``; on a full disk its lines are dropped, not each printed with a traceback (the job stops and
-        says why in one line)."""
-
-        def handleError(self, record) -> None:
-            if no_space(sys.exc_info()[1]):
-                return
-            super().handleError(record)
-
-    return JobLogFile
-
-
-def _JobLogFile(path: str, encoding: str):
-    return _job_log_file()(path, encoding=encoding)
+        if no_space(sys.exc_info()[1]):
+            return
+        super().handleError(record)
 
 
 class _TerminalFilter:

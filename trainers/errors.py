@@ -17,18 +17,19 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
 _FULL_WORDS = ("no space left on device", "database or disk is full", "disk quota exceeded")
 
 
+def causes(exc: BaseException | None, limit: int = 20):
+    """The error, then each one it came from (``__cause__``, else ``__context__``), at most ``limit``."""
+    while exc is not None and limit > 0:
+        yield exc
+        exc, limit = exc.__cause__ or exc.__context__, limit - 1
+
+
 def no_space(exc: BaseException | None) -> bool:
     """The error, or one it came from, is a full disk (``ENOSPC``, ``EDQUOT``, or a library's words for it)."""
     import errno
 
-    seen = 0
-    while exc is not None and seen < 20:
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if any(words in str(exc).lower() for words in _FULL_WORDS):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+    return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+               or any(words in str(e).lower() for words in _FULL_WORDS) for e in causes(exc))
 
 
 def full_disk(path: str) -> str:
@@ -55,9 +56,5 @@ _UNAVAILABLE_WORDS = ("max retries exceeded", "error responses", "connection ref
 
 def unavailable(exc: BaseException | None) -> bool:
     """The error, or one it came from, says a server (MLflow's, Prefect's) did not answer or answered 5xx."""
-    seen = 0
-    while exc is not None and seen < 20:
-        if type(exc).__name__ in _UNAVAILABLE_TYPES or any(w in str(exc).lower() for w in _UNAVAILABLE_WORDS):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+    return any(type(e).__name__ in _UNAVAILABLE_TYPES or any(w in str(e).lower() for w in _UNAVAILABLE_WORDS)
+               for e in causes(exc))
