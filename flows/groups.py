@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
@@ -65,6 +66,7 @@ class Groups:
         self.base = contextvars.copy_context()  # the job flow run's: a group's subflow run is its child
         self.lock = threading.Lock()
         self.open: dict[tuple[Any, ...], _Group] = {}
+        self.ended: list[_Group] = []  # groups ended while the job ran: their runs may still be finishing
         self.dealt: Counter[tuple[Any, ...]] = Counter()  # trial-rungs dealt per bracket (hyperband) or resource
         self.warned = False
 
@@ -96,18 +98,23 @@ class Groups:
                 with self.lock:
                     ended = [k for k, g in self.open.items() if k[0] == "bracket" and g.bracket == d.bracket]
                     groups = [self.open.pop(k) for k in ended]
+                    self.ended += groups
                 for g in groups:
                     g.done.set()
 
     def close(self, timeout: float = 10.0) -> None:
-        """End every group still open (the job is over: finished, stopped or failed) and wait for their runs."""
+        """End every group still open (the job is over: finished, stopped or failed) and wait for every group's run,
+        those ended earlier too: a subflow run that logs its end after the process began to exit printed a
+        "Logging error" traceback under the job's summary."""
         with self.lock:
             groups, self.open = list(self.open.values()), {}
+            ended, self.ended = self.ended, []
         for g in groups:
             g.done.set()
-        for g in groups:
+        deadline = time.monotonic() + timeout
+        for g in [*ended, *groups]:
             if g.thread is not None:
-                g.thread.join(timeout)
+                g.thread.join(max(0.0, deadline - time.monotonic()))
 
     # -- inside
 

@@ -48,6 +48,13 @@ def test_a_bracket_is_one_group_that_ends_with_its_last_rung_and_holds_its_promo
     assert not any(g.done.is_set() for g in taken)
     groups.settled([Decision("rung_closed", 2, 2, 9, None, 3)])
     assert all(g.done.is_set() for g in taken) and here == ["promote"] and not groups.open
+    # a group ended while the job ran is still waited for at the job's end: its run's last log line comes first
+    finishing = threading.Event()
+    taken[0].thread = threading.Thread(target=finishing.wait)
+    taken[0].thread.start()
+    threading.Timer(0.05, finishing.set).start()
+    groups.close()
+    assert not taken[0].thread.is_alive()
 
 
 def test_a_group_whose_subflow_run_does_not_start_runs_its_trial_rungs_in_the_job_run(monkeypatch):
