@@ -25,7 +25,7 @@ from prefect_hyperband.hyperband.criteria import Criteria, Stopping
 from prefect_hyperband.hyperband.journal import Journaled
 from prefect_hyperband.hyperband.promotion import best_key, failed, first, sort_key
 from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, PRIOR_TRIAL, Decision, Scheduler, best_of
-from prefect_hyperband.tasks import report
+from prefect_hyperband.tasks import importance_report, report
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import close_trial_runs
 from prefect_hyperband.tasks.writer import Writer
@@ -39,12 +39,13 @@ PROGRESS_INTERVAL = 2.0
 def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool,
           lost: float = 0.0, runs: dict[str, str] | None = None, progress: report.ProgressBar | None = None,
           saved: dict[str, Any] | None = None, writer: Writer | None = None, criteria: Criteria | None = None,
-          clock=lambda: 0.0) -> Drive:
+          clock=lambda: 0.0, importance: str = "none") -> Drive:
     """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every pass
     that settled results (a journal record; ``flows.state.StateWriter``). ``runs``: trial id -> child run, kept up
     to date here (saved ones, and those a killed run of the job created); ``saved``: the state it resumes;
     ``writer``: the trials' MLflow writer (``tasks.writer``), shut down here; ``criteria``: when the job ends before
-    its schedule does (``hyperband.criteria``; ``clock``: the job's seconds across resumes, for a time budget).
+    its schedule does (``hyperband.criteria``; ``clock``: the job's seconds across resumes, for a time budget);
+    ``importance``: under ASHA, the method of the importances published while results arrive (``none``: none).
 
     Ctrl-C or SIGTERM stops the job: no new trial-rung starts, those in flight get ``loop.STOP_GRACE`` seconds,
     the state is saved and ``JobStopped`` raised. A second signal exits at once."""
@@ -59,7 +60,8 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
                                   token, interrupt=lambda: trainers.interrupt(job.settings))
         tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning, writer)
         tracker.wait_ready()
-        events = _Events(job, scheduler, logger, progress or report.ProgressBar(None, 0), groups)
+        events = _Events(job, scheduler, logger, progress or report.ProgressBar(None, 0), groups,
+                         _live_importance(job, importance))
         _show_start(job, rows, scheduler)
         journaled = Journaled(scheduler)
         saved = saved or {}
@@ -81,6 +83,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
             return result
         finally:
             events.flush()
+            events.close()
             groups.close()
             display.stop()
 
@@ -120,8 +123,8 @@ class _Events:
     artifact (moved at most every ``PROGRESS_INTERVAL`` seconds) and the live display."""
 
     def __init__(self, job: Job, scheduler: Scheduler, logger, progress: report.ProgressBar,
-                 groups: Groups | None = None) -> None:
-        self.job, self.scheduler, self.logger, self.progress = job, scheduler, logger, progress
+                 groups: Groups | None = None, live: importance_report.Live | None = None) -> None:
+        self.job, self.scheduler, self.logger, self.progress, self.live = job, scheduler, logger, progress, live
         self.groups = groups or Groups(job.mode)
         self.pending, self.last, self.results = 0, time.monotonic(), 0
         found = best_of(scheduler.records(), job.direction)  # once; then kept up to date result by result
@@ -145,6 +148,8 @@ class _Events:
                 self._rung(d, decisions)
         if self.job.mode == "asha":
             _log_asha(self.logger, self.job, out, self.results, self.best, improved)
+        if self.live is not None:
+            self.live.offer(self.scheduler.records)
         self.groups.settled(decisions)
 
     def _improves(self, out: Outcome) -> bool:
@@ -173,10 +178,25 @@ class _Events:
         if time.monotonic() - self.last >= PROGRESS_INTERVAL:
             self.flush()
 
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.close()
+            if self.live.failed:
+                self.logger.warning("importance while results arrived failed: %s", self.live.failed)
+
     def flush(self) -> None:
         if self.pending:
             self.progress.advance(self.pending)
             self.pending, self.last = 0, time.monotonic()
+
+
+def _live_importance(job: Job, method: str) -> importance_report.Live | None:
+    """ASHA's importances while results arrive (``tasks.importance_report.Live``); Hyperband's come at its end."""
+    if job.mode != "asha" or method == "none":
+        return None
+    return importance_report.Live(
+        lambda records: importance_report.compute(job, records, method),
+        lambda found, step: importance_report.publish(found, job.tracking_uri, job.parent_run_id, step))
 
 
 def _show_start(job: Job, rows: list[dict[str, Any]], scheduler: Scheduler) -> None:

@@ -78,6 +78,11 @@ class TuneParams(BaseModel):
     max_cost: Optional[float] = Field(
         None, gt=0, description="Stop once this many worker-seconds are spent (trainings and evaluations, lost ones "
         "included).", json_schema_extra={"metavar": "SECONDS", "on_resume": "may change"})
+    warm_start: Optional[list[str]] = Field(
+        None, max_length=5, description="Earlier jobs of this job_dir (or storage) to start from, at most 5: on the "
+        "same data, model and space their results teach TPE or PriorBand (random: their best configs go first); "
+        "otherwise their best configs, clipped to the space, go first (PriorBand: they become the priors).",
+        json_schema_extra={"metavar": "JOB"})
     importance: Literal["ped-anova", "fanova", "none"] = Field(
         "ped-anova", description="Which hyperparameters mattered, after the job: Optuna's PED-ANOVA or fANOVA on the "
         "results of the highest rung with enough of them (on the parent run, the flow run and in the summary).",

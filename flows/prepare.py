@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect_hyperband.flows import objectives
+from prefect_hyperband.flows import objectives, warm
 from prefect_hyperband.flows.params import TuneParams, may_change_on_resume
 from prefect_hyperband.flows.state import check_free, job_store, load_job_record
 from prefect_hyperband.hyperband import priors, schedule, space as spaces
@@ -103,8 +103,8 @@ def prepare(params: TuneParams) -> Job:
     uri = tracking_uri(params.tracking_uri)
     check_reachable(uri)
     job_id = params.job_id or new_job_id()
-    job_dir, store, parent_run_id = _place(params, job_id)
-    return Job(
+    job_dir, store, record = _place(params, job_id)
+    job = Job(
         job_id=job_id,
         job_dir=str(job_dir),
         settings=settings,
@@ -124,11 +124,12 @@ def prepare(params: TuneParams) -> Job:
         mode=params.mode,
         sampler=params.sampler,
         prior_first=params.prior_first,
-        parent_run_id=parent_run_id,
+        parent_run_id=(record or {}).get("parent_run_id"),
         trial_timeout=params.trial_timeout,
         storage=None if store.local else store.root,
         trial_pool=params.trial_pool,
     )
+    return warm.plan(job, params, record)  # --warm-start: the earlier jobs checked, what they give decided
 
 
 def _settings(params: TuneParams, model, spec: datasets.DataSpec, metric: str, threads: int) -> TrainerSettings:
@@ -200,22 +201,21 @@ def _concurrency(params: TuneParams) -> int:
     return params.trial_concurrency(size)  # too few workers: one line, before any training
 
 
-def _place(params: TuneParams, job_id: str) -> tuple[Path, Any, str | None]:
-    """The job's folder (made, and checked free), its store, and the parent run a resume continues."""
+def _place(params: TuneParams, job_id: str) -> tuple[Path, Any, dict[str, Any] | None]:
+    """The job's folder (made, and checked free), its store, and the record of the job a resume continues."""
     if params.storage:
         storages.check(params.storage)
     job_dir = Path(_job_root(params.job_dir, params.storage)).resolve() / job_id
     store = job_store(job_dir, job_id, params.storage)
-    parent_run_id = None
+    record = None
     if params.resume:
         record = load_job_record(store)
         if record is None:
             raise InputError(f"no job {job_id!r} to resume under {store.root}")
-        parent_run_id = record.get("parent_run_id")
     elif load_job_record(store) is not None:
         raise InputError(f"job {job_id!r} already exists under {params.job_dir}; continue it with --resume {job_id} "
                          "or choose another --job-id")
     if job_dir.is_dir():
         check_free(job_dir, job_id)
     job_dir.mkdir(parents=True, exist_ok=True)
-    return job_dir, store, parent_run_id
+    return job_dir, store, record

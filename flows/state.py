@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, PriorFirst, Sampler, Scheduler
 from prefect_hyperband.hyperband.space import Space, parse
+from prefect_hyperband.hyperband.warm import WarmSampler, draw_seed
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.storage import PREVIOUS, Storage, is_local, join
 from prefect_hyperband.trainers.errors import InputError, full_disk, no_space
@@ -88,9 +90,11 @@ def job_store(job_dir: str | Path, job_id: str, storage: str | None = None) -> S
     return Storage(remote or str(job_dir), str(job_dir))
 
 
-def save_job_record(job: Job, params: dict[str, Any]) -> None:
-    """``job.json``, and the same record as its previous version: a resume reads either."""
-    record = {"job_id": job.job_id, "params": params, "parent_run_id": job.parent_run_id}
+def save_job_record(job: Job, params: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
+    """``job.json``, and the same record as its previous version: a resume reads either. ``facts``: what a later
+    job's ``--warm-start`` compares (``flows.warm.facts``); ``warm``: the job's own warm start, kept for its resume."""
+    record = {"job_id": job.job_id, "params": params, "parent_run_id": job.parent_run_id, "facts": facts,
+              "warm": job.warm}
     store = job.store()
     store.write_json("job.json" + PREVIOUS, record)
     store.write_json("job.json", record)
@@ -353,6 +357,14 @@ def _say(text: str) -> None:
 
 
 def make_sampler(job: Job, saved: dict[str, Any] | None = None) -> Sampler:
+    """The job's sampler, as saved or new (a new one warm with ``--warm-start``: ``flows.warm.sampler_for``)."""
+    if saved and saved.get("kind") == "warm":
+        return WarmSampler.from_json(saved, make_sampler(job, saved["inner"]))
+    if not saved and job.warm:  # its own draws: a parent of the same seed would draw the same configs again
+        from prefect_hyperband.flows.warm import sampler_for
+
+        cold = dataclasses.replace(job, warm=None, seed=draw_seed(job.seed, job.warm["parents"]))
+        return sampler_for(job, make_sampler(cold))
     space = parse(job.space)
     if job.sampler == "tpe":
         return TPESampler.from_json(space, saved) if saved else TPESampler(space, job.seed, job.directions)
@@ -382,12 +394,13 @@ def _schedule(job: Job, space: Space, max_trials: int, time_budget: float | None
     if job.mode == "asha":
         if saved:
             return AshaScheduler(AshaState.from_json(saved["state"]), make_sampler(job, saved["sampler"]),
-                                 saved["max_trials"], saved["time_budget"], clock, requeued=False)
+                                 saved["max_trials"], time_budget, clock, requeued=False)
         state = AshaState.create(job.min_resource, job.max_resource, job.eta, job.directions)
         return AshaScheduler(state, make_sampler(job), max_trials, time_budget, clock)
     tpe = job.sampler in ("tpe", "priorband")
     if saved:
         sampler = make_sampler(job, saved["sampler"]) if saved.get("sampler") else None
         return HyperbandScheduler.from_json(saved, space, sampler, requeue=False)
+    narrow_first = tpe and bool(job.warm) and job.warm["kind"] == "identical"  # the model knows the cheap rungs
     return HyperbandScheduler(job.min_resource, job.max_resource, job.eta, job.directions, space, job.seed,
-                              make_sampler(job) if tpe else None, sequential=tpe)
+                              make_sampler(job) if tpe or job.warm else None, sequential=tpe, narrow_first=narrow_first)

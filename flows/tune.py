@@ -15,17 +15,16 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
-from prefect_hyperband.flows import objectives
+from prefect_hyperband.flows import objectives, warm
 from prefect_hyperband.flows.driver import JobStopped, close_decided, drive
 from prefect_hyperband.flows.lost import end_lost_flow_run, end_orphan_runs
 from prefect_hyperband.flows.prepare import prepare, resolve
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.state import job_lock, load_state, make_scheduler, save_job_record
 from prefect_hyperband.hyperband import front, schedule
-from prefect_hyperband.hyperband import space as spaces
 from prefect_hyperband.hyperband.accounting import Summary, TrialRung, summarise, table
 from prefect_hyperband.hyperband.criteria import Criteria
-from prefect_hyperband.hyperband.importance import MIN_RESULTS, Importance, importance
+from prefect_hyperband.hyperband.importance import MIN_RESULTS, Importance
 from prefect_hyperband.hyperband.promotion import Score, first
 from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
 from prefect_hyperband.tasks import importance_report, report, tracking
@@ -131,7 +130,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
     try:
         run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config), lost=lost,
                     runs=runs, progress=progress, saved=saved, writer=writer, criteria=_criteria(job, params),
-                    clock=clock)
+                    clock=clock, importance=params.importance)
     except JobStopped as stop:
         return _stopped(job, scheduler, runs, stop, logger)
     records = scheduler.records()
@@ -164,6 +163,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
         "best": best,
         "champion_version": version,
         "stopped_by": run.stopped_by,
+        "warm_start": {k: job.warm[k] for k in ("parents", "kind", "note")} if job.warm else None,
     }
 
 
@@ -173,6 +173,8 @@ def _summary_text(job: Job, summary: Summary, run, configs: int, max_trials: int
     text = table(summary)
     if job.mode == "asha":
         text += "\n" + _asha_line(configs, max_trials, time_budget, run.elapsed)
+    if job.warm:
+        text += "\n" + job.warm["note"]
     if mattered is not None:
         text += "\n" + mattered.line()
     if run.stopped_by:
@@ -188,22 +190,21 @@ def _importance(job: Job, records: list[TrialRecord], method: str, logger) -> Im
     and the flow run; None when switched off, or no rung has enough results (said in the log)."""
     if method == "none":
         return None
-    names = [name for name, _ in job.objectives] or [job.metric_key]
-    results = [(t.config, r, v) for t in records for r, v in t.scores.items()]
     try:
-        found = importance(spaces.parse(job.space), results, job.directions, names, method, job.seed)
+        found = importance_report.compute(job, records, method)
     except Exception as exc:  # noqa: BLE001  (the job's results stand without it)
         logger.warning("importance (%s) failed: %s: %s", method, type(exc).__name__, exc)
         return None
     if found is None:
         logger.info("importance: no rung has %d finished results yet", MIN_RESULTS)
         return None
-    importance_report.publish(found, job.tracking_uri, job.parent_run_id)
+    importance_report.publish(found, job.tracking_uri, job.parent_run_id, importance_report.results_in(records))
     return found
 
 
 def _criteria(job: Job, params: TuneParams) -> Criteria:
-    """When the job ends before its schedule does; ASHA keeps its own time budget (no new config; promotions go on)."""
+    """When the job ends before its schedule does; ASHA applies its time budget itself (no new config; promotions go
+    on), the one it is resumed with."""
     return Criteria(target_score=params.target_score, target_resource=params.target_resource, patience=params.patience,
                     max_cost=params.max_cost, time_budget=None if job.mode == "asha" else params.time_budget)
 
@@ -230,9 +231,15 @@ def _start(params: TuneParams, job: Job, plan: dict[str, Any], max_trials: int, 
         if not params.storage:
             logger.warning("no --storage: checkpoints stay in %s, which every worker of pool %s must see at that "
                            "path (a shared folder); give --storage s3://... otherwise", job.job_dir, job.trial_pool)
+    if job.warm:
+        logger.info("%s", job.warm["note"])
     if job.parent_run_id is None:
         job = job.with_parent(start_job_run(job, _run_params(job, params), params.nest_under))
-    save_job_record(job, params.model_dump(mode="json"))
+        if job.warm:  # the jobs it started from, and the data compared
+            tracking.set_tags(job.tracking_uri, job.parent_run_id, {
+                "hyperband.warm_start": ",".join(job.warm["parents"]), "hyperband.warm_start.kind": job.warm["kind"],
+                "hyperband.warm_start.data": job.warm["data"]})
+    save_job_record(job, params.model_dump(mode="json"), warm.facts(job, params))
     return job
 
 
@@ -409,4 +416,5 @@ def _run_params(job: Job, params: TuneParams) -> dict[str, Any]:
         "trial_pool": job.trial_pool or "",
         "storage": job.store().root,
         "space": job.space,
+        "warm_start": ",".join(job.warm["parents"]) if job.warm else "",
     }

@@ -112,10 +112,15 @@ class HyperbandScheduler:
     sequential: bool = False
     states: dict[int, BracketState] = field(default_factory=dict)
     in_flight: set[str] = field(default_factory=set)
+    #: in turn, the narrowest bracket first (s = 0: configs straight to R): a warm start's, whose sampler learnt
+    #: the cheap rungs from the jobs it started from
+    narrow_first: bool = False
     _plan: list[Bracket] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._plan = list(schedule_brackets(self.min_resource, self.max_resource, self.eta))
+        if self.narrow_first:
+            self._plan.reverse()
         if not self.states and not self.sequential:
             for b in self._plan:
                 self._start(b)
@@ -125,8 +130,8 @@ class HyperbandScheduler:
         self.in_flight = set()
 
     def _start(self, b: Bracket) -> BracketState:
-        ask = None
-        if self.sampler is not None and self.sequential:
+        ask = None  # a sampler draws every bracket's configs (a warm start's first ones too; in turn: BOHB)
+        if self.sampler is not None:
             ask = _asker(self.sampler, first_rung(self.min_resource, self.max_resource, self.eta, b.s))
         state = BracketState.start(b, self.eta, self.space, self.seed, self.direction, ask)
         self.states[b.s] = state
@@ -194,6 +199,7 @@ class HyperbandScheduler:
             "kind": "hyperband",
             "min_resource": self.min_resource, "max_resource": self.max_resource, "eta": self.eta,
             "direction": self.direction, "seed": self.seed, "sequential": self.sequential,
+            "narrow_first": self.narrow_first,
             "brackets": {str(s): st.to_json() for s, st in self.states.items()},
             "sampler": self.sampler.to_json() if self.sampler is not None else None,
             "in_flight": sorted(self.in_flight),
@@ -206,7 +212,8 @@ class HyperbandScheduler:
         for them follow, ``journal.replay``)."""
         states = {int(s): BracketState.from_json(st) for s, st in raw["brackets"].items()}
         loaded = cls(raw["min_resource"], raw["max_resource"], raw["eta"], as_direction(raw["direction"]), space,
-                     raw["seed"], sampler, raw["sequential"], states, set(raw.get("in_flight", ())))
+                     raw["seed"], sampler, raw["sequential"], states, set(raw.get("in_flight", ())),
+                     raw.get("narrow_first", False))
         if requeue:
             loaded.requeue()
         return loaded

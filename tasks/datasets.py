@@ -34,6 +34,20 @@ def digest(*arrays: Any) -> str:
 
 
 @functools.lru_cache(maxsize=8)
+def content_digest(spec: DataSpec) -> str:
+    """The data's digest whatever its split (seed, validation fraction): every row, features and target, in a
+    sorted order. Two jobs on the same data have the same one (``--warm-start`` compares them)."""
+    import numpy as np
+
+    ds = datasets.load(spec)
+    X = np.concatenate([ds.X_train, ds.X_val])
+    y = np.concatenate([ds.y_train, ds.y_val])
+    rows = np.column_stack([X.reshape(len(X), -1), y.reshape(len(y), -1)]).astype(float)
+    order = np.lexsort(rows.T[::-1])
+    return digest(np.ascontiguousarray(X[order]), np.ascontiguousarray(y[order]))
+
+
+@functools.lru_cache(maxsize=8)
 def mlflow_datasets(spec: DataSpec) -> tuple[Any, Any]:
     """(training, validation) as MLflow pandas datasets: the encoded features and the target, as the trainers see
     them (cached per process: the digest reads every row once)."""
@@ -84,4 +98,4 @@ def _entities(spec: DataSpec) -> tuple[Any, ...]:
         return tuple(d._to_mlflow_entity() for d in mlflow_datasets(spec))
 
 
-__all__ = ["CONTEXTS", "digest", "inputs", "mlflow_datasets"]
+__all__ = ["CONTEXTS", "content_digest", "digest", "inputs", "mlflow_datasets"]

@@ -2,21 +2,39 @@
 
 On the parent run: a metric ``importance.<param>`` per hyperparameter (``importance.<objective>.<param>`` with several
 objectives), the table ``importance.json`` and the bar chart ``plots/importance.png``; its tags say the method, the
-rung and how many results. On the Prefect flow run: the same table as the ``hyperband-importance`` artifact.
+rung and how many results. On the Prefect flow run: the same table as the ``hyperband-importance`` artifact. Under
+ASHA they are computed while results arrive too (``Live``), the metrics a curve over the job's results.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextvars
+import threading
+import time
+from typing import Any, Callable
 
-from prefect_hyperband.hyperband.importance import Importance
+from prefect_hyperband.hyperband import space as spaces
+from prefect_hyperband.hyperband.importance import Importance, importance
 from prefect_hyperband.tasks import tracking
 from prefect_hyperband.tasks.record import retrying
 from prefect_hyperband.tasks.report import _warn, figure
 
 IMPORTANCE_KEY = "hyperband-importance"
+#: ASHA: seconds between the importances computed while results arrive (``Live``)
+LIVE_INTERVAL = 10.0
 IMPORTANCE_FILE = "importance.json"
 IMPORTANCE_PLOT = "plots/importance.png"
+
+
+def compute(job: Any, records: list[Any], method: str) -> Importance | None:
+    """The importances of a job's results (its scheduler's ``records()``) by ``method``; None: too few results."""
+    names = [name for name, _ in job.objectives] or [job.metric_key]
+    results = [(t.config, r, v) for t in records for r, v in t.scores.items()]
+    return importance(spaces.parse(job.space), results, job.directions, names, method, job.seed)
+
+
+def results_in(records: list[Any]) -> int:
+    return sum(len(t.scores) for t in records)
 
 
 def metrics(found: Importance) -> dict[str, float]:
@@ -40,8 +58,9 @@ def plot(found: Importance):
     return fig
 
 
-def publish(found: Importance, tracking_uri: str | None, run_id: str | None) -> dict[str, Any]:
-    """Best effort: a failure here is one warning line, never the job's."""
+def publish(found: Importance, tracking_uri: str | None, run_id: str | None, step: int = 0) -> dict[str, Any]:
+    """Best effort: a failure here is one warning line, never the job's. ``step``: the job's results so far (the
+    metrics' step, so a job's importances over time are a curve in MLflow)."""
     out: dict[str, Any] = {"artifact": None, "mlflow": False}
     table = found.table()
     try:
@@ -54,7 +73,7 @@ def publish(found: Importance, tracking_uri: str | None, run_id: str | None) -> 
         _warn("importance artifact", exc)
     if tracking_uri and run_id:
         try:
-            retrying(tracking.log_metrics, tracking_uri, run_id, metrics(found))
+            retrying(tracking.log_metrics, tracking_uri, run_id, metrics(found), step)
             retrying(tracking.log_table, tracking_uri, run_id, table, IMPORTANCE_FILE)
             retrying(tracking.log_figure, tracking_uri, run_id, plot(found), IMPORTANCE_PLOT)
             retrying(tracking.set_tags, tracking_uri, run_id, {
@@ -63,3 +82,42 @@ def publish(found: Importance, tracking_uri: str | None, run_id: str | None) -> 
         except Exception as exc:  # noqa: BLE001
             _warn("MLflow importance", exc)
     return out
+
+
+class Live:
+    """The importances while results arrive (ASHA, whose job has no end in sight): at most every ``interval``
+    seconds, computed and published on a thread of their own, one at a time, so the loop never waits for them.
+    ``compute(results)`` gives an ``Importance`` or None (too few results); ``publish(found, step)`` writes it."""
+
+    def __init__(self, compute: Callable[[list[Any]], Importance | None], publish: Callable[[Importance, int], Any],
+                 interval: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 count: Callable[[list[Any]], int] = results_in) -> None:
+        self.compute, self.publish, self.clock, self.count = compute, publish, clock, count
+        self.interval = LIVE_INTERVAL if interval is None else interval
+        self.last, self.thread, self.published, self.failed = clock(), None, 0, None
+
+    def offer(self, results: Callable[[], list[Any]]) -> None:
+        """After a result: when due and none is being computed, the job's ``results()`` (read here, on the loop's
+        thread) go to a new computation."""
+        if self.clock() - self.last < self.interval or (self.thread is not None and self.thread.is_alive()):
+            return
+        self.last = self.clock()
+        snapshot = results()
+        context = contextvars.copy_context()  # the flow run's: the Prefect artifact belongs to the job's run
+        self.thread = threading.Thread(target=context.run, args=(self._run, snapshot, self.count(snapshot)),
+                                       daemon=True, name="hyperband-importance")
+        self.thread.start()
+
+    def _run(self, snapshot: list[Any], step: int) -> None:
+        try:
+            found = self.compute(snapshot)
+            if found is not None:
+                self.publish(found, step)
+                self.published += 1
+        except Exception as exc:  # noqa: BLE001  (the final importances, after the job, are computed again)
+            self.failed = f"{type(exc).__name__}: {exc}"
+
+    def close(self) -> None:
+        """Wait for the computation in flight (the final one is published after it, not overwritten by it)."""
+        if self.thread is not None:
+            self.thread.join()

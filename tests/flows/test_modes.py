@@ -23,8 +23,11 @@ def children(uri: str, experiment: str, parent_run_id: str):
     return runs_of(uri, experiment, parent_run_id)[2]
 
 
-def test_asha_runs_to_max_trials_and_records_every_trial(tracking_uri, tmp_path):
+def test_asha_runs_to_max_trials_and_records_every_trial(tracking_uri, tmp_path, monkeypatch):
     from prefect_hyperband.flows.tune import tune
+    from prefect_hyperband.tasks import importance_report
+
+    monkeypatch.setattr(importance_report, "LIVE_INTERVAL", 0.0)  # importances while results arrive: at each chance
 
     result = tune(TuneParams(model="synthetic", mode="asha", max_resource=27, eta=3, max_trials=30, concurrency=2,
                              job_dir=str(tmp_path), experiment="asha", baseline=False))
@@ -47,6 +50,9 @@ def test_asha_runs_to_max_trials_and_records_every_trial(tracking_uri, tmp_path)
     assert {"importance.json", "plots"} <= {f.path for f in client.list_artifacts(parent.info.run_id)}
     assert "which hyperparameters mattered (PED-ANOVA, " in result["table"]
     assert parent.data.tags["hyperband.importance"].startswith("ped-anova, ")
+    # while results arrived, too: a curve over the job's results, its last point the job's final one
+    steps = [m.step for m in client.get_metric_history(parent.info.run_id, "importance.x")]
+    assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] == summary["trial_rungs"] > steps[0]
 
 
 def test_tpe_sync_runs_brackets_in_turn(tracking_uri, tmp_path):

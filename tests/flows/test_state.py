@@ -267,3 +267,13 @@ def test_a_full_disk_is_known_by_errno_and_by_the_words_libraries_raise():
     except RuntimeError as chained:
         assert no_space(chained)
     assert not no_space(OSError(errno.EACCES, "Permission denied")) and not no_space(None)
+
+
+def test_a_resumed_asha_job_takes_the_time_budget_it_is_resumed_with():
+    """``--time-budget`` may change on resume: ASHA's saved budget does not hold the job to the old one."""
+    job = SimpleNamespace(space=SPACE.to_dict(), prior_first=False, mode="asha", sampler="random", warm=None, seed=3)
+    ran_out = AshaScheduler(AshaState.create(1, 27, 3, "min"), RandomSampler(SPACE, 3), 400, 1.0, lambda: 5.0)
+    assert ran_out.next_job() is None  # 5 s in, a budget of 1 s: no new config
+    saved = json.loads(json.dumps(ran_out.to_json()))
+    looser = state_mod.make_scheduler(job, 400, 60.0, lambda: 5.0, saved)
+    assert looser.time_budget == 60.0 and looser.next_job() is not None

@@ -1,0 +1,192 @@
+"""Warm start (``--warm-start``): worker-seconds a second job needs to reach a target, cold and warm, paired by seed.
+
+Each row runs the job's own scheduler inline (synchronous Hyperband (1, R, 3), brackets in turn with TPE), one
+trial-rung at a time, no Prefect and no MLflow (as ``bench_priors.py``), so what differs is only what the second
+job was given:
+
+* ``same data``: a first job (sampler seed s) on the data; then a second job (sampler seed s + 100, the same
+  split) cold, and warm-started from the first as ``--warm-start`` does on the same data, model and space (the
+  first job's results told to TPE, ``hyperband.warm.WarmSampler``; the brackets narrowest first). Target: the
+  first job's best. Goal: warm at most 0.5x cold.
+* ``other data``: a first job on other data of the same model (breast-cancer for digits; a resampled half of
+  bank-marketing for bank-marketing); the second job warm-started from it as ``--warm-start`` does across data:
+  the first job's η best configs first, clipped to the space. Target: the top-10 % of reference configs trained to
+  R on the seed's split (``bench_priors.top_tenth``; the first job's best is on other data). Goal: warm at most 1.0x
+  cold.
+
+A seed that never reaches its target counts its whole job (marked ``>=``). Beside each ratio: the 90 % paired
+bootstrap interval over the seeds (``bench_priors.ratio_interval``) and on how many seeds warm got there first.
+Run from the repository root::
+
+    python benchmarks/bench_transfer.py                       # both data sets, 5 seeds, R=27 (~20 min on 2 cores)
+    python benchmarks/bench_transfer.py --max-resource 9 --seeds 0,1   # a quick look
+    python benchmarks/bench_transfer.py --parts same --best-at-r       # only models trained to R count
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as common  # noqa: E402
+from bench_priors import ratio_interval, top_tenth  # noqa: E402
+
+#: (data, metric, direction) of each problem, and of the other data its transfer job starts from
+PROBLEMS = {
+    "bank-marketing": (("bank-marketing", "auc", "max"), ("bank-marketing-half", "auc", "max")),
+    "digits": (("digits", "logloss", "min"), ("breast-cancer", "logloss", "min")),
+}
+
+
+def half_of_bank_marketing(folder: str) -> str:
+    """A resampled bank-marketing: half of its rows (a generator of its own), as a CSV the job reads."""
+    import pandas as pd
+
+    from prefect_hyperband.trainers import data as datasets
+
+    source = Path(datasets.__file__).resolve().parent.parent / "data" / Path(*datasets.BANK_MARKETING)
+    with gzip.open(source, "rt") as f:
+        frame = pd.read_csv(f, sep=";")
+    path = Path(folder) / "bank-half.csv"
+    frame.sample(frac=0.5, random_state=7).drop(columns=["duration"]).to_csv(path, index=False, sep=";")
+    return str(path)
+
+
+def trainer_for(data: str, metric: str, seed: int, half: str):
+    from prefect_hyperband.trainers import data as datasets
+    from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+
+    spec = (datasets.DataSpec(data=half, target="y", seed=seed) if data == "bank-marketing-half"
+            else datasets.DataSpec(data=data, seed=seed))
+    return XGBoostTrainer(spec, workers=1, metric=metric, seed=seed, nthread=1)
+
+
+#: only results at R count toward the best-so-far (``--best-at-r``: models trained to the end)
+AT_R = {"on": False}
+
+
+def job(trainer: Any, max_resource: int, seed: int, direction: str, warm: Callable[[Any], Any] | None = None,
+        target: float | None = None, narrow_first: bool = False) -> dict[str, Any]:
+    """One job inline: its results, the worker-seconds when its best-so-far first reached ``target``, its total."""
+    from prefect_hyperband.hyperband.sampler import TPESampler
+    from prefect_hyperband.hyperband.scheduler import HyperbandScheduler
+    from prefect_hyperband.hyperband.space import parse
+    from prefect_hyperband.trainers.xgboost_trainer import DEFAULT_SPACE
+
+    space = parse(DEFAULT_SPACE)
+    sampler = TPESampler(space, seed, direction)
+    sched = HyperbandScheduler(1, max_resource, 3, direction, space, seed, warm(sampler) if warm else sampler,
+                               sequential=True, narrow_first=narrow_first)
+    better = (lambda a, b: a >= b) if direction == "max" else (lambda a, b: a <= b)
+    spent, best, reached, results = 0.0, None, None, []
+    with tempfile.TemporaryDirectory(prefix="bench-transfer-") as tmp:
+        while not sched.done:
+            tj = sched.next_job()
+            began = time.perf_counter()
+            trained = trainer.train(tj.config, tj.resource, tj.checkpoint, f"{tmp}/{tj.trial_id}-r{tj.resource}.ubj")
+            value = trainer.evaluate(trained.checkpoint)
+            spent += time.perf_counter() - began
+            sched.report(tj.trial_id, tj.resource, value, trained.checkpoint)
+            results.append((dict(tj.config), tj.resource, value))
+            if AT_R["on"] and tj.resource != max_resource:
+                continue
+            best = value if best is None or better(value, best) else best
+            if reached is None and target is not None and better(best, target):
+                reached = spent
+    trainer.close()
+    return {"results": results, "best": best, "total": spent, "reached": reached}
+
+
+def identical(results: list[Any], max_resource: int) -> Callable[[Any], Any]:
+    from prefect_hyperband.hyperband.warm import WarmSampler
+
+    return lambda inner: WarmSampler.start(inner, results, [], max_resource, ["first"], "identical", observe=True)
+
+
+def transfer(results: list[Any], direction: str, k: int = 3) -> Callable[[Any], Any]:
+    from prefect_hyperband.hyperband.space import parse
+    from prefect_hyperband.hyperband.warm import WarmSampler, best_configs, clip
+    from prefect_hyperband.trainers.xgboost_trainer import DEFAULT_SPACE
+
+    first = [clip(parse(DEFAULT_SPACE), c) for c in best_configs(results, direction, k)]
+    return lambda inner: WarmSampler.start(inner, [], first, 0, ["first"], "transfer", observe=False)
+
+
+def compare(label: str, cold: list[dict[str, Any]], warm: list[dict[str, Any]], goal: float) -> None:
+    cost = lambda r: r["reached"] if r["reached"] is not None else r["total"]  # noqa: E731
+    c, w = [cost(r) for r in cold], [cost(r) for r in warm]
+    ratio = statistics.mean(w) / statistics.mean(c)
+    low, high = ratio_interval(w, c)
+    first = sum(a < b for a, b in zip(w, c))
+    rows = [[i, _shown(cr), _shown(wr), f"{cost(wr) / cost(cr):.2f}x"] for i, (cr, wr) in enumerate(zip(cold, warm))]
+    print(common.table(rows, ["seed", "cold s", "warm s", "warm/cold"]))
+    verdict = "met" if ratio <= goal else "missed"
+    print(f"{label}: warm {ratio:.2f}x cold worker-seconds to the target (90% paired bootstrap {low:.2f}-{high:.2f}; "
+          f"warm first on {first} of {len(c)} seeds; goal <= {goal}x): {verdict}", flush=True)
+
+
+def _shown(r: dict[str, Any]) -> str:
+    return f"{r['reached']:.2f}" if r["reached"] is not None else f">={r['total']:.2f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--problems", default="bank-marketing,digits")
+    ap.add_argument("--max-resource", type=int, default=27, help="R (units of 10 boosting rounds)")
+    ap.add_argument("--reference", type=int, default=30, help="other data: configs behind each seed's target")
+    ap.add_argument("--parts", default="same,other", help="same: warm from the same data; other: from other data")
+    ap.add_argument("--best-at-r", action="store_true",
+                    help="only results at R count toward the best-so-far and the first job's best (the target)")
+    args = ap.parse_args()
+    AT_R["on"] = args.best_at_r
+    parts = args.parts.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    big = args.max_resource
+    common.header(f"warm start: worker-seconds of a second job to a target, cold vs --warm-start, seeds {seeds}")
+    with tempfile.TemporaryDirectory(prefix="bench-transfer-data-") as folder:
+        half = half_of_bank_marketing(folder)
+        for name in args.problems.split(","):
+            (data, metric, way), (other, other_metric, other_way) = PROBLEMS[name]
+            print(f"\nXGBoost val_{metric} on {data}, Hyperband (1, {big}, 3) with TPE", flush=True)
+            cold, warm, cold_t, warm_t, gains = [], [], [], [], []
+            for seed in seeds:
+                if "same" in parts:
+                    first = job(trainer_for(data, metric, seed, half), big, seed, way)
+                    cold.append(job(trainer_for(data, metric, seed, half), big, seed + 100, way, None, first["best"]))
+                    warm.append(job(trainer_for(data, metric, seed, half), big, seed + 100, way,
+                                    identical(first["results"], big), first["best"], narrow_first=True))
+                if "other" not in parts:
+                    continue
+                from bench_priors import reference_values
+                from prefect_hyperband.trainers.xgboost_trainer import DEFAULT_SPACE
+
+                target = top_tenth(reference_values(big, trainer_for(data, metric, seed, half), DEFAULT_SPACE,
+                                                    args.reference, seed), way)
+                elsewhere = job(trainer_for(other, other_metric, seed, half), big, seed, other_way)
+                cold_t.append(job(trainer_for(data, metric, seed, half), big, seed + 100, way, None, target))
+                warm_t.append(job(trainer_for(data, metric, seed, half), big, seed + 100, way,
+                                  transfer(elsewhere["results"], other_way), target))
+                gains.append((cold_t[-1]["best"], warm_t[-1]["best"]))
+            if "same" in parts:
+                bests = ", ".join(f"{r['best']:.4f}" for r in cold)
+                print(f"same data: the target is the first job's best{' at R' if args.best_at_r else ''} (the cold "
+                      f"jobs' own bests: {bests})")
+                compare(f"{data}, warm-started from a job on the same data", cold, warm, 0.5)
+            if "other" not in parts:
+                continue
+            print(f"other data ({other}): the target per seed is the top-10 % of {args.reference} reference configs "
+                  "at R")
+            compare(f"{data}, warm-started from a job on {other}", cold_t, warm_t, 1.0)
+            print("final best, cold -> warm: " + ", ".join(f"{c:.4f} -> {w:.4f}" for c, w in gains))
+
+
+if __name__ == "__main__":
+    main()
