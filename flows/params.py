@@ -9,11 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from prefect_hyperband.flows import objectives
 from prefect_hyperband.trainers import registry
+from prefect_hyperband.trainers.xgboost_trainer import ROUNDS_PER_UNIT
 
 
 #: A field's own facts beside its type and description, in ``json_schema_extra`` (the one place they are written):
 #: ``metavar``, what ``--help`` calls its value (PATH, URL, SECONDS...; ``flows.cli``); ``on_resume: may change``,
-#: a field a resume may set to another value than the job's (``flows.prepare.resolve``; the others are refused).
+#: a field a resume may set to another value than the job's (``flows.prepare.resolve``; the others are refused);
+#: ``mlflow: param``, a field the parent run logs as a param (``flows.tune``: its value as the job resolved it).
 #: The word for a value of a type, where a field has no ``metavar``:
 TYPE_METAVARS = {"int": "N", "float": "X", "str": "TEXT", "list[int]": "N,N,...", "list[str]": "TEXT"}
 
@@ -30,6 +32,11 @@ def may_change_on_resume() -> frozenset[str]:
     return frozenset(n for n in TuneParams.model_fields if field_facts(n).get("on_resume") == "may change")
 
 
+def mlflow_params() -> tuple[str, ...]:
+    """The fields the job's parent run logs as params (``mlflow: param``), in the model's order."""
+    return tuple(n for n in TuneParams.model_fields if field_facts(n).get("mlflow") == "param")
+
+
 class TuneParams(BaseModel):
     """A Hyperband tuning job (Li et al., JMLR 2018): r = min_resource, R = max_resource, η = eta."""
 
@@ -38,7 +45,8 @@ class TuneParams(BaseModel):
     model: Literal[registry.names()] = Field(  # type: ignore[valid-type]  (the registered models: a UI dropdown)
         "xgboost", description="Model family to tune; function: your own training function (set trainer); "
         "script: your own training script (set script)."
-    )
+    ,
+        json_schema_extra={"mlflow": "param"})
     trainer: Optional[str] = Field(
         None, description="Your training function: path/to/file.py:function or package.module:function (sets model=function).",
         json_schema_extra={"metavar": "FILE.py:FUNC|MODULE:FUNC"}
@@ -52,11 +60,13 @@ class TuneParams(BaseModel):
     )
     mode: Literal["hyperband", "asha"] = Field(
         "hyperband", description="hyperband: synchronous brackets (Li et al. 2018); asha: asynchronous (Li et al. 2020)."
-    )
+    ,
+        json_schema_extra={"mlflow": "param"})
     sampler: Literal["random", "tpe", "priorband"] = Field(
         "random", description="random; Optuna's TPE fitted per rung (BOHB); or priorband: the space's priors, "
         "uniform and the incumbent in PriorBand's proportions (Mallik et al. 2023)."
-    )
+    ,
+        json_schema_extra={"mlflow": "param"})
     prior_first: bool = Field(
         False, description="Train the space's priors (each parameter at its prior; one without, at the middle of its "
         "range) straight to R before the brackets, as PriorBand did when published (NePS's sample_prior_first)."
@@ -82,7 +92,7 @@ class TuneParams(BaseModel):
         None, max_length=5, description="Earlier jobs of this job_dir (or storage) to start from, at most 5: on the "
         "same data, model and space their results teach TPE or PriorBand (random: their best configs go first); "
         "otherwise their best configs, clipped to the space, go first (PriorBand: they become the priors).",
-        json_schema_extra={"metavar": "JOB"})
+        json_schema_extra={"mlflow": "param", "metavar": "JOB"})
     importance: Literal["ped-anova", "fanova", "none"] = Field(
         "ped-anova", description="Which hyperparameters mattered, after the job: Optuna's PED-ANOVA or fANOVA on the "
         "results of the highest rung with enough of them (on the parent run, the flow run and in the summary).",
@@ -90,7 +100,7 @@ class TuneParams(BaseModel):
     data: str = Field(
         "bank-marketing",
         description="bank-marketing (bundled), digits, breast-cancer, or a CSV path (comma/semicolon, optionally .gz).",
-        json_schema_extra={"metavar": "NAME|PATH"}
+        json_schema_extra={"mlflow": "param", "metavar": "NAME|PATH"}
     )
     target: Optional[str] = Field(None, description="Target column of a CSV file.",
         json_schema_extra={"metavar": "COLUMN"})
@@ -99,7 +109,7 @@ class TuneParams(BaseModel):
         None, description="The metric to tune: auc, accuracy, rmse or logloss (default from the target), or your "
         "trainer's. Give it again for several objectives, each name:max or name:min (e.g. --metric auc --metric "
         "predict_ms:min): the built-ins also report train_seconds, predict_ms (per 1,000 validation rows) and "
-        "model_bytes.", json_schema_extra={"metavar": "NAME[:max|min]"}
+        "model_bytes.", json_schema_extra={"mlflow": "param", "metavar": "NAME[:max|min]"}
     )
     select: str = Field(
         "first", description="Several objectives: the champion on the Pareto front; first (the best first "
@@ -108,21 +118,26 @@ class TuneParams(BaseModel):
     )
     space: Optional[Union[str, dict[str, dict[str, Any]]]] = Field(
         None, description="YAML search space file, or the space itself; default: the model's own.",
-        json_schema_extra={"metavar": "PATH|JSON"}
+        json_schema_extra={"mlflow": "param", "metavar": "PATH|JSON"}
     )
-    min_resource: int = Field(1, ge=1, description="r: resource of the smallest rung.")
-    max_resource: int = Field(81, ge=1, description="R: resource of a trial trained to the end.")
-    eta: int = Field(3, ge=2, description="η: keep the best 1/η of each rung.")
-    seed: int = Field(0, ge=0, description="Same seed, same configs, brackets and promotions.")
+    min_resource: int = Field(1, ge=1, description="r: resource of the smallest rung.",
+        json_schema_extra={"mlflow": "param"})
+    max_resource: int = Field(81, ge=1, description="R: resource of a trial trained to the end.",
+        json_schema_extra={"mlflow": "param"})
+    eta: int = Field(3, ge=2, description="η: keep the best 1/η of each rung.",
+        json_schema_extra={"mlflow": "param"})
+    seed: int = Field(0, ge=0, description="Same seed, same configs, brackets and promotions.",
+        json_schema_extra={"mlflow": "param"})
     workers: int = Field(1, ge=1, description="Workers per trial (Dask allreduce for XGBoost, DDP ranks for torch).",
-        json_schema_extra={"metavar": "N"})
+        json_schema_extra={"mlflow": "param", "metavar": "N"})
     concurrency: int = Field(0, ge=0, description="Trials trained at once; 0 picks from the cores and workers.",
-        json_schema_extra={"on_resume": "may change"})
+        json_schema_extra={"mlflow": "param", "on_resume": "may change"})
     dask_address: Optional[str] = Field(None, description="tcp://host:8786 of an existing Dask scheduler.",
-        json_schema_extra={"metavar": "URL", "on_resume": "may change"})
-    rounds_per_unit: int = Field(10, ge=1, description="XGBoost: boosting rounds per resource unit.")
+        json_schema_extra={"mlflow": "param", "metavar": "URL", "on_resume": "may change"})
+    rounds_per_unit: int = Field(ROUNDS_PER_UNIT, ge=1, description="XGBoost: boosting rounds per resource unit.",
+        json_schema_extra={"mlflow": "param"})
     unit_seconds: float = Field(0.0, ge=0.0, description="synthetic: seconds one unit takes (an emulated cost).",
-        json_schema_extra={"metavar": "SECONDS"})
+        json_schema_extra={"mlflow": "param", "metavar": "SECONDS"})
     trial_timeout: Optional[float] = Field(
         None, gt=0, description="Seconds a trial-rung may take before its trial fails; default: 20x its measured pace, at least 300.",
         json_schema_extra={"metavar": "SECONDS", "on_resume": "may change"}
@@ -140,11 +155,11 @@ class TuneParams(BaseModel):
     storage: Optional[str] = Field(
         None, description="Where checkpoints and job state live: a local or shared folder, or an fsspec URL "
         "(s3://bucket/prefix, gs://...); default: job_dir. Trial-pool workers on other machines need it shared.",
-        json_schema_extra={"metavar": "PATH|URL"}
+        json_schema_extra={"mlflow": "param", "metavar": "PATH|URL"}
     )
     trial_pool: Optional[str] = Field(
         None, description="Prefect work pool whose workers run the trial-rungs (one hyperband-trial flow run each); "
-        "default: this process.", json_schema_extra={"metavar": "POOL", "on_resume": "may change"}
+        "default: this process.", json_schema_extra={"mlflow": "param", "metavar": "POOL", "on_resume": "may change"}
     )
     job_id: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="Name of the job's folder; default: time-stamped.",
         json_schema_extra={"metavar": "JOB", "on_resume": "may change"})

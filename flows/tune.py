@@ -19,7 +19,7 @@ from prefect_hyperband.flows import objectives, warm
 from prefect_hyperband.flows.driver import JobStopped, close_decided, drive
 from prefect_hyperband.flows.lost import end_lost_flow_run, end_orphan_runs
 from prefect_hyperband.flows.prepare import prepare, resolve
-from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.params import TuneParams, mlflow_params
 from prefect_hyperband.flows.state import job_lock, load_state, make_scheduler, save_job_record
 from prefect_hyperband.hyperband import front, schedule
 from prefect_hyperband.hyperband.accounting import Summary, TrialRung, summarise, table
@@ -398,23 +398,15 @@ def champion(job: Job, records: list[TrialRecord], points: list[front.Point]) ->
 
 
 def _run_params(job: Job, params: TuneParams) -> dict[str, Any]:
+    """The parent run's params: the fields marked ``mlflow: param``, each as the job resolved it (the metric chosen,
+    the slots, the store's root, the space with any priors a warm start set); a field the model does not read: ''."""
     model = registry.get(job.settings.model)
-    return {
-        "min_resource": job.min_resource,
-        "max_resource": job.max_resource,
-        "eta": job.eta,
-        "seed": job.seed,
-        "model": job.settings.model,
-        "workers": job.settings.workers,
-        "mode": job.mode,
-        "sampler": job.sampler,
-        "data": params.data if model.reads_data else "",
-        "metric": job.metric,
-        "concurrency": job.concurrency,
-        **{name: getattr(params, name) if name in model.fields else "" for name in registry.model_specific_fields()},
-        "dask_address": job.settings.dask_address or "",
-        "trial_pool": job.trial_pool or "",
-        "storage": job.store().root,
-        "space": job.space,
+    resolved = {
+        "model": job.settings.model, "workers": job.settings.workers, "metric": job.metric,
+        "concurrency": job.concurrency, "data": params.data if model.reads_data else "",
+        "dask_address": job.settings.dask_address or "", "trial_pool": job.trial_pool or "",
+        "storage": job.store().root, "space": job.space,
         "warm_start": ",".join(job.warm["parents"]) if job.warm else "",
     }
+    unread = set(registry.model_specific_fields()) - set(model.fields)
+    return {name: "" if name in unread else resolved.get(name, getattr(params, name)) for name in mlflow_params()}

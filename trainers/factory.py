@@ -11,6 +11,7 @@ from typing import Any, Iterator
 from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.base import Trainer
 from prefect_hyperband.trainers.data import DataSpec
+from prefect_hyperband.trainers.xgboost_trainer import ROUNDS_PER_UNIT
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class TrainerSettings:
     milestones: tuple[int, ...] = ()
     dask_address: str | None = None
     threads: int | None = None  # CPU threads per trial
-    rounds_per_unit: int = 10  # xgboost
+    rounds_per_unit: int = ROUNDS_PER_UNIT  # xgboost
     trainer: str | None = None  # function: path/to/file.py:function or package.module:function
     script: str | None = None  # script: a training script run under torch's launcher
     timeout: float | None = None  # --trial-timeout, for trainers that run processes (they kill them themselves)

@@ -57,6 +57,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "colsample_bytree": 1.0,
 }
 #: Booster parameters a search space may name (tree booster, hist method).
+#: boosting rounds one unit of resource trains, unless the job says otherwise (``--rounds-per-unit``)
+ROUNDS_PER_UNIT = 10
+
 PARAMS = frozenset(
     {
         "eta", "learning_rate", "gamma", "min_split_loss", "max_depth", "min_child_weight",
@@ -101,7 +104,7 @@ class XGBoostTrainer:
         workers: int = 1,
         metric: str | None = None,
         seed: int = 0,
-        rounds_per_unit: int = 10,
+        rounds_per_unit: int = ROUNDS_PER_UNIT,
         milestones: tuple[int, ...] = (),
         dask_address: str | None = None,
         nthread: int | None = None,

@@ -43,7 +43,11 @@ def test_bank_marketing_1_27_3_end_to_end(tracking_uri, tmp_path):
     client, parent, children = mlflow_runs(tracking_uri, "bank")
     assert parent.data.params["min_resource"] == "1" and parent.data.params["max_resource"] == "27"
     assert parent.data.params["eta"] == "3" and parent.data.params["workers"] == "1"
-    assert {"seed", "model"} <= set(parent.data.params)
+    # the params are the fields marked ``mlflow: param`` (one place), each as the job resolved it
+    from prefect_hyperband.flows.params import mlflow_params
+
+    assert set(parent.data.params) == set(mlflow_params()) and parent.data.params["metric"] == "auc"
+    assert parent.data.params["unit_seconds"] == "" and parent.data.params["rounds_per_unit"] == "10"
     metrics = parent.data.metrics
     assert metrics["best_val_auc"] == pytest.approx(summary["best_score"])
     assert metrics["resource_used"] == 357 and metrics["resource_without_early_stopping"] == 1323
