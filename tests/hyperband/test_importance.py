@@ -51,3 +51,21 @@ def test_several_objectives_each_get_their_importances():
     assert set(found.scores) == {"val_auc", "predict_ms"}
     assert found.top("val_auc", 1)[0][0] == "lr" and found.top("predict_ms", 1)[0][0] == "depth"
     assert "val_auc: lr" in found.line() and "predict_ms: depth" in found.line()
+
+
+@pytest.mark.parametrize("method", ["ped-anova", "fanova"])
+def test_on_the_synthetic_model_x_and_y_matter_and_a_parameter_it_ignores_ranks_last_on_five_seeds(method):
+    """The synthetic model's closed form (``SyntheticTrainer.curve``) depends on x and y; a third parameter of the
+    space, which the trainer never sees (a user's trainer that ignores it), ranks last on every seed."""
+    from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
+
+    space = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}, "y": {"type": "float", "low": 0.0, "high": 1.0},
+                   "unused": {"type": "float", "low": 0.0, "high": 1.0}})
+    for seed in range(5):
+        trainer, rng = SyntheticTrainer(seed=seed), np.random.default_rng(seed)
+        configs = [space.sample(rng) for _ in range(80)]
+        rows = [(c, 9, trainer.curve({"x": c["x"], "y": c["y"]}, 9)) for c in configs]
+        found = importance(space, rows, "min", ("val_loss",), method, seed)
+        shares = found.scores["val_loss"]
+        assert min(shares, key=shares.get) == "unused", (seed, shares)
+        assert shares["x"] > 0.1 and shares["y"] > 0.1, (seed, shares)
