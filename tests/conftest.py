@@ -36,10 +36,31 @@ def prefect_harness():
         yield
 
 
+@pytest.fixture(scope="session")
+def _fresh_mlflow_db(tmp_path_factory):
+    """An empty MLflow sqlite store made once: creating one runs MLflow's schema migrations (about 1.5 s here),
+    which every test that wants a fresh store paid again; a copy of this file is the same fresh store."""
+    import os
+
+    from mlflow import MlflowClient
+
+    folder = tmp_path_factory.mktemp("mlflow-template")
+    here = os.getcwd()
+    os.chdir(folder)  # the Default experiment's artifact folder, if anything ever logs there
+    try:
+        MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").search_experiments()
+    finally:
+        os.chdir(here)
+    return folder / "mlflow.db"
+
+
 @pytest.fixture
-def tracking_uri(tmp_path, monkeypatch):
-    """A fresh sqlite MLflow store; artifacts land under the test's own folder."""
+def tracking_uri(tmp_path, monkeypatch, _fresh_mlflow_db):
+    """A fresh sqlite MLflow store (a copy of the session's empty one); artifacts land under the test's own folder."""
+    import shutil
+
     monkeypatch.chdir(tmp_path)
+    shutil.copyfile(_fresh_mlflow_db, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
