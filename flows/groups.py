@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextvars
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
@@ -111,10 +110,9 @@ class Groups:
             ended, self.ended = self.ended, []
         for g in groups:
             g.done.set()
-        deadline = time.monotonic() + timeout
-        for g in [*ended, *groups]:
+        for g in [*ended, *groups]:  # each up to ``timeout``: a run finishing while its API is away retries
             if g.thread is not None:
-                g.thread.join(max(0.0, deadline - time.monotonic()))
+                g.thread.join(timeout)
 
     # -- inside
 

@@ -37,9 +37,10 @@ def prefect_harness():
 
 
 @pytest.fixture(scope="session")
-def _fresh_mlflow_db(tmp_path_factory):
+def mlflow_template(tmp_path_factory):
     """An empty MLflow sqlite store made once: creating one runs MLflow's schema migrations (about 1.5 s here),
-    which every test that wants a fresh store paid again; a copy of this file is the same fresh store."""
+    which every test that wants a fresh store paid again; a copy of this file is the same fresh store (a test
+    whose job runs in a subprocess copies it where the job's ``MLFLOW_TRACKING_URI`` points)."""
     import os
 
     from mlflow import MlflowClient
@@ -55,12 +56,22 @@ def _fresh_mlflow_db(tmp_path_factory):
 
 
 @pytest.fixture
-def tracking_uri(tmp_path, monkeypatch, _fresh_mlflow_db):
+def mlflow_db(tmp_path, mlflow_template) -> str:
+    """A fresh sqlite MLflow store at ``tmp_path/mlflow.db`` (a copy of the session's empty one), for a job that runs
+    in a subprocess; its URI."""
+    import shutil
+
+    shutil.copyfile(mlflow_template, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture
+def tracking_uri(tmp_path, monkeypatch, mlflow_template):
     """A fresh sqlite MLflow store (a copy of the session's empty one); artifacts land under the test's own folder."""
     import shutil
 
     monkeypatch.chdir(tmp_path)
-    shutil.copyfile(_fresh_mlflow_db, tmp_path / "mlflow.db")
+    shutil.copyfile(mlflow_template, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri

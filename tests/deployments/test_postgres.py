@@ -166,7 +166,9 @@ def _ended(job: tuple[str, subprocess.Popen, Path]) -> dict:
     text = out.read_text(errors="replace")
     assert code == 0 and "Traceback" not in text, f"{name} exited {code}:\n{text[-3000:]}"
     assert "View run" not in text  # MLflow's line per ended run against a tracking server: off the terminal
-    return json.loads(text.strip().splitlines()[-1])
+    # the --json line is the job's last on stdout; stderr shares the file here, and Prefect's events client can say
+    # at exit that its stream dropped (one warning line, after the JSON: it follows the Prefect server's restart)
+    return json.loads([line for line in text.splitlines() if line.startswith("{")][-1])
 
 
 def _check_experiment(mlflow_url: str, name: str, result: dict, configs: int = 49) -> None:

@@ -61,19 +61,20 @@ def _scenario(stack: Stack, tmp: Path) -> None:
     for name in workers:
         _wait_log(stack, name, r"started!", 1)
 
-    # the reference: the same job in one process
-    local = _tune(stack, tmp, "local", ["--job-dir", str(tmp / "local")])
+    # the reference: the same job in one process, (1, 3, 3): 6 trial-rungs (each one on the pool is a flow run in
+    # a process of its own, seconds to start: a larger job adds minutes, not coverage)
+    small = _tune(stack, tmp, "small", ["--max-resource", "3"])
 
     # trial-rungs on the pool, a shared folder for the checkpoints and the state
     shared = tmp / "shared"
-    pooled = _tune(stack, tmp, "pooled", ["--trial-pool", POOL, "--storage", str(shared)])
-    _same_job(local, pooled)
+    pooled = _tune(stack, tmp, "pooled", ["--trial-pool", POOL, "--storage", str(shared), "--max-resource", "3"])
+    _same_job(small, pooled)
     for name in workers:  # both "machines" trained trial-rungs
-        assert _submitted(stack, name) >= 2, f"{name} ran {_submitted(stack, name)} trial-rungs"
-    assert len(list((shared / "pooled" / "checkpoints").rglob("r*.ubj"))) == 22  # every trial-rung's checkpoint there
+        assert _submitted(stack, name) >= 1, f"{name} ran {_submitted(stack, name)} trial-rungs"
+    assert len(list((shared / "pooled" / "checkpoints").rglob("r*.ubj"))) == 6  # every trial-rung's checkpoint there
     runs = _http("POST", f"{stack.prefect_url}/api/flow_runs/filter",
                  {"flow_runs": {"tags": {"all_": ["job:pooled"]}}, "limit": 200})
-    assert len(runs) == 22 and {r["state_type"] for r in runs} == {"COMPLETED"}
+    assert len(runs) == 6 and {r["state_type"] for r in runs} == {"COMPLETED"}
     assert all(r["parent_task_run_id"] for r in runs)  # subflows of the job's flow run, linked in the UI
 
     # an object store, and machine B dies while it trains: its trial-rung runs again on A
@@ -90,7 +91,6 @@ def _scenario(stack: Stack, tmp: Path) -> None:
     (tmp / "s3-job.log").write_text(out)
     assert proc.returncode == 0, out[-4000:]
     s3 = _result(out)
-    small = _tune(stack, tmp, "small", ["--max-resource", "3"])  # (1, 3, 3): 6 trial-rungs
     _same_job(small, {**s3, "mlflow": _mlflow_shape(f"sqlite:///{tmp}/mlflow-s3-job.db", s3["parent_run_id"])})
     assert re.search(r"running it again", out), "the killed worker's trial-rung was not run again"
     flow_runs = _http("POST", f"{stack.prefect_url}/api/flow_runs/filter",

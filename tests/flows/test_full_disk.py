@@ -30,7 +30,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
-def test_a_full_job_folder_stops_the_job_in_one_line_and_resume_finishes_it(small_disk, tmp_path):
+def test_a_full_job_folder_stops_the_job_in_one_line_and_resume_finishes_it(small_disk, tmp_path, mlflow_db):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     argv = [HYPERBAND, "tune", "--model", "synthetic", "--max-resource", "27", "--eta", "3", "--concurrency", "2",

@@ -95,7 +95,7 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen
     ["--mode", "asha", "--concurrency", "1"],  # ASHA at 1: its promotions do not depend on timing
     ["--sampler", "tpe", "--concurrency", "2"],
 ], ids=["asha", "tpe"])
-def test_killed_job_resumes_without_retraining_or_duplicate_runs(search, tmp_path):
+def test_killed_job_resumes_without_retraining_or_duplicate_runs(search, tmp_path, mlflow_db):
     """Kill a job mid-way (SIGKILL); --resume finishes it with the result of an uninterrupted job of the same seed."""
     from prefect.settings import PREFECT_API_URL
 

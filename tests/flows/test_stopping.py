@@ -46,7 +46,7 @@ def runs(uri: str, parent_run_id: str | None = None):
 @pytest.mark.parametrize("signum, mode", [  # each signal once, each mode once: the suite's time is bounded
     (signal.SIGINT, "hyperband"), (signal.SIGTERM, "asha"),
 ])
-def test_a_stopped_job_exits_cleanly_and_resumes_to_the_uninterrupted_result(signum, mode, tmp_path):
+def test_a_stopped_job_exits_cleanly_and_resumes_to_the_uninterrupted_result(signum, mode, tmp_path, mlflow_db):
     from prefect_hyperband.flows.params import TuneParams
     from prefect_hyperband.flows.tune import tune
 

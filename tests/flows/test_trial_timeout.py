@@ -38,7 +38,7 @@ HUNG_SCRIPT = """
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_harness")
 @pytest.mark.parametrize("kind", ["trainer", "script"])
-def test_a_hung_training_fails_its_trial_on_the_timeout_and_the_job_exits(kind, tmp_path):
+def test_a_hung_training_fails_its_trial_on_the_timeout_and_the_job_exits(kind, tmp_path, mlflow_db):
     from mlflow import MlflowClient
     from prefect.settings import PREFECT_API_URL
 
