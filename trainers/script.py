@@ -14,7 +14,8 @@ reported at step ``HYPERBAND_RESOURCE``. A non-zero exit, a missing report or a 
 with the last lines of the script's output; a run past ``timeout`` seconds is killed. One non-zero exit is
 not a failure: torch's gloo race at exit (a rank other than 0 aborted with SIGABRT while Python shut down),
 once rank 0 has reported the rung's last unit and exited on its own, its checkpoint written; the result is
-kept and the call's ``info`` names the rank (``exit_race_rank``). Every rank runs
+kept and the call's ``info`` names the rank (``exit_race_rank``); on Dask, rank 0's worker says so through an
+event (``script_dask._exit_race``). Every rank runs
 in the launcher's own process group, which is killed as a whole: nothing is left behind.
 """
 
@@ -105,6 +106,9 @@ class ScriptTrainer:
             ran = run_script(self._dask, self, config, tuner, previous, directory, reports, log)
             info.update(lost_worker_seconds=ran.lost_worker_seconds, attempts=float(ran.attempts),
                         warm_start=ran.warm)
+            raced = [r["exit_race"] for r in ran.results if r.get("exit_race") is not None]
+            if raced:  # a rank aborted at exit after rank 0 ended on its own: rank 0's result stands
+                info["exit_race_rank"] = float(min(raced))
             seconds = time.perf_counter() - began - ran.lost_worker_seconds / self.workers
         else:
             code = self._launch(config, tuner, previous, directory, reports, log, began)

@@ -29,6 +29,8 @@ from typing import Any, Mapping
 POLL = 0.2
 #: seconds between looks at the trial-rung's cancel event (an RPC to the scheduler)
 CANCEL_POLL = 1.0
+#: seconds a rank that torch's gloo race may have aborted at exit waits to hear that rank 0 exited on its own
+RACE_WAIT = 10.0
 
 
 def _event(name: str | None) -> Any:
@@ -106,11 +108,31 @@ def script_rank(job: Mapping[str, Any], env: Mapping[str, str], data: Any, previ
                             raise ScriptFailed(f"rank {rank} stopped: its trial-rung was given up")
             finally:
                 _kill_group(proc)  # a timeout, the worker closing: no process of the script left behind
-        if proc.returncode != 0:
+        done = _event(f"{job['cancel']}-rank0-exited") if job.get("cancel") else None
+        race = proc.returncode != 0 and _exit_race(rank, proc.returncode, log, done)
+        if proc.returncode != 0 and not race:
             raise ScriptFailed(f"rank {rank} on {env['MASTER_ADDR'] if rank == 0 else 'its worker'} "
                                f"{_failure(proc.returncode, log)}")
+        if rank == 0 and done is not None:
+            done.set()  # a peer that torch's gloo race aborts at exit may now keep its result (``_exit_race``)
         return {"checkpoint": pack(out), "reports": reports.read_text() if rank == 0 and reports.is_file() else "",
-                "log": log.read_bytes()[-200_000:] if rank == 0 else b""}
+                "log": log.read_bytes()[-200_000:] if rank == 0 else b"", "exit_race": rank if race else None}
+
+
+def _exit_race(rank: int, code: int, log: Path, rank0_exited: Any) -> bool:
+    """Whether a rank's non-zero exit is torch's gloo race at exit (``trainers.script.exit_race`` on one machine):
+    a rank other than 0, ended by SIGABRT with the abort's line, after rank 0 exited on its own (its event, waited
+    for ``RACE_WAIT`` seconds). An abort before the work was done leaves rank 0 waiting in a collective: no event,
+    and the rank fails as before (its peers are then cancelled)."""
+    if rank == 0 or code != -6 or rank0_exited is None:
+        return False
+    from prefect_hyperband.trainers.script import _SHUTDOWN_ABORT
+
+    try:
+        said = _SHUTDOWN_ABORT in log.read_bytes()[-200_000:].decode("utf-8", "replace")
+    except OSError:
+        return False
+    return said and bool(rank0_exited.wait(RACE_WAIT))
 
 
 def run_script(ranks: Any, trainer: Any, config: Mapping[str, Any], env: Mapping[str, str], checkpoint_dir: Path | None,

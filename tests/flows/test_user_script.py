@@ -77,6 +77,19 @@ def test_the_ddp_example_with_two_workers_trains_exactly_11_epochs_at_world_size
                 failing.train({}, 1, None, str(tmp_path / "broken" / "t0" / "r1.json"))
         finally:
             failing.close()
+        # torch's gloo race at exit on Dask: rank 1 aborts after rank 0 exited on its own (kept), or before the
+        # work (the trial-rung fails, as on one machine: tests/trainers/test_script.py)
+        from race_script import RACE_SCRIPT  # tests/race_script.py
+
+        (tmp_path / "race.py").write_text(RACE_SCRIPT)
+        racing = ScriptTrainer(str(tmp_path / "race.py"), "loss", workers=2, timeout=60, dask_address=c.address)
+        try:
+            kept = racing.train({"when": "after"}, 3, None, str(tmp_path / "race" / "t0" / "r3.json"))
+            assert kept.info["exit_race_rank"] == 1.0 and kept.history[-1] == {"step": 3.0, "loss": 1.0 / 3}
+            with pytest.raises(ScriptFailed, match=r"rank \d"):
+                racing.train({"when": "before"}, 3, None, str(tmp_path / "race" / "t1" / "r3.json"))
+        finally:
+            racing.close()
     assert remote["summary"]["concurrency"] == 2 and remote["summary"]["failed_trials"] == 0
     here, there = rows(result), rows(remote)
     assert here.keys() == there.keys() and len(here) == 6

@@ -118,29 +118,7 @@ def test_an_abort_while_rank_0_was_still_running_fails_the_trial_even_with_its_r
     assert exit_race(log) is None  # a rank that exited 1 is the script's failure, not the race
 
 
-#: a real two-rank script under torch's launcher; rank 1 aborts as gloo's race does, after or before the work
-RACE_SCRIPT = """
-import os, sys
-from pathlib import Path
-
-import pytest
-import torch.distributed as dist
-import prefect_hyperband as hb
-dist.init_process_group("gloo")
-rank, resource = dist.get_rank(), int(os.environ["HYPERBAND_RESOURCE"])
-if sys.argv[-1] == "before" and rank == 1:
-    sys.stderr.write("terminate called without an active exception\\n"); sys.stderr.flush(); os.abort()
-dist.barrier()
-if rank == 0:
-    for step in range(1, resource + 1):
-        hb.report(step, loss=1.0 / step)
-    (Path(os.environ["HYPERBAND_CHECKPOINT_DIR"]) / "state.pt").write_text("whole")
-dist.barrier()
-dist.destroy_process_group()
-if rank == 1:
-    import time; time.sleep(0.5)  # rank 0 has exited
-    sys.stderr.write("terminate called without an active exception\\n"); sys.stderr.flush(); os.abort()
-"""
+from race_script import RACE_SCRIPT  # noqa: E402  (tests/race_script.py)
 
 
 @pytest.mark.slow  # torch's launcher and two gloo ranks, twice
