@@ -95,19 +95,33 @@ def log_trial_rung(job: Job, run_id: str, resource: int, trained: TrainResult | 
     retrying(tracking.log_result, job.tracking_uri, run_id, history, metrics, resource, params)
 
 
+#: runs a tracking server ends at once (each run's two writes stay in order): ending 7,000 runs one by one over
+#: HTTP took 13 minutes after a 10,000-trial-rung job's last result
+CLOSE_THREADS = 8
+
+
 def close_trial_runs(job: Job, trials: list[TrialRecord], runs: dict[str, str]) -> None:
     """Status tags of trials whose fate is known (stopped, failed, completed); their runs (``runs``: trial id ->
-    run id) end."""
-    for t in trials:
-        run_id = runs.get(t.trial_id)
-        if run_id is None:
-            continue
-        tags = {"hyperband.highest_rung": str(t.rung), "hyperband.resource": str(t.resource), "hyperband.status": t.status}
-        if t.error:
-            tags["hyperband.error"] = t.error[-4000:]
-        retrying(tracking.set_tags, job.tracking_uri, run_id, tags)
-        if t.status != "running":
-            retrying(tracking.end_run, job.tracking_uri, run_id, "FAILED" if t.status == "failed" else "FINISHED")
+    run id) end: against a tracking server, ``CLOSE_THREADS`` runs at once (a local store takes one writer)."""
+    todo = [(t, runs[t.trial_id]) for t in trials if t.trial_id in runs]
+    if len(todo) > 1 and str(job.tracking_uri).startswith(("http://", "https://")):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(CLOSE_THREADS, len(todo)), thread_name_prefix="hyperband-close") as pool:
+            for done in [pool.submit(_close_run, job, t, run_id) for t, run_id in todo]:
+                done.result()  # the first failure, past its retries, is the caller's
+        return
+    for t, run_id in todo:
+        _close_run(job, t, run_id)
+
+
+def _close_run(job: Job, t: TrialRecord, run_id: str) -> None:
+    tags = {"hyperband.highest_rung": str(t.rung), "hyperband.resource": str(t.resource), "hyperband.status": t.status}
+    if t.error:
+        tags["hyperband.error"] = t.error[-4000:]
+    retrying(tracking.set_tags, job.tracking_uri, run_id, tags)
+    if t.status != "running":
+        retrying(tracking.end_run, job.tracking_uri, run_id, "FAILED" if t.status == "failed" else "FINISHED")
 
 
 @task(name="finish parent run", **RETRY)
