@@ -8,6 +8,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from prefect_hyperband.flows import objectives
+from prefect_hyperband.hyperband.warm import MAX_PARENTS
 from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.xgboost_trainer import ROUNDS_PER_UNIT
 
@@ -89,7 +90,7 @@ class TuneParams(BaseModel):
         None, gt=0, description="Stop once this many worker-seconds are spent (trainings and evaluations, lost ones "
         "included).", json_schema_extra={"metavar": "SECONDS", "on_resume": "may change"})
     warm_start: Optional[list[str]] = Field(
-        None, max_length=5, description="Earlier jobs of this job_dir (or storage) to start from, at most 5: on the "
+        None, max_length=MAX_PARENTS, description="Earlier jobs of this job_dir (or storage) to start from, at most 5: on the "
         "same data, model and space their results teach TPE or PriorBand (random: their best configs go first); "
         "otherwise their best configs, clipped to the space, go first (PriorBand: they become the priors).",
         json_schema_extra={"mlflow": "param", "metavar": "JOB"})
