@@ -300,12 +300,32 @@ def log_history(uri: str, run_id: str, key: str, points: Iterable[tuple[int, flo
     _log_batches(client(uri), run_id, [], items)
 
 
+#: the run tag by which MLflow's UI shows a JSON artifact as a table (what ``MlflowClient.log_table`` sets)
+LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
+
+
 @_one_writer
 def log_table(uri: str, run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
-    """Rows as an MLflow table artifact (the run's artifact view shows it as a table)."""
+    """Rows as an MLflow table artifact (the run's artifact view shows it as a table), replacing the last one.
+
+    Not ``MlflowClient.log_table``: it appends to a table already there (it downloads it and concatenates), so
+    the live importances, written every few seconds, and a resumed job's leaderboard grew a copy per write. The
+    file is MLflow's own format (pandas' "split" JSON) and the tag the one it sets."""
+    import tempfile
+    from pathlib import PurePosixPath
+
     import pandas as pd
 
-    client(uri).log_table(run_id, data=pd.DataFrame(rows), artifact_file=artifact_file)
+    target = PurePosixPath(artifact_file)
+    c = client(uri)
+    with tempfile.TemporaryDirectory(prefix="hyperband-table-") as tmp:
+        local = os.path.join(tmp, target.name)
+        pd.DataFrame(rows).to_json(local, orient="split", index=False, date_format="iso")
+        c.log_artifact(run_id, local, None if str(target.parent) == "." else str(target.parent))
+    shown = json.loads(c.get_run(run_id).data.tags.get(LOGGED_ARTIFACTS_TAG, "[]"))
+    entry = {"path": artifact_file, "type": "table"}
+    if entry not in shown:
+        c.set_tag(run_id, LOGGED_ARTIFACTS_TAG, json.dumps([*shown, entry]))
 
 
 @_one_writer
