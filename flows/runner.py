@@ -13,6 +13,7 @@ import time
 
 from prefect import tags
 from prefect.context import FlowRunContext
+from prefect.utilities.annotations import quote
 
 from prefect_hyperband.flows.loop import Outcome
 from prefect_hyperband.hyperband.trial import TrialJob
@@ -26,16 +27,18 @@ def work(job: Job, tj: TrialJob) -> Outcome:
     """The ``train`` and ``evaluate`` tasks of one trial-rung; a trainer's error is the outcome's, not raised.
 
     On a cluster's workers (a Dask group), the group is taken first, and both task runs are tagged with its
-    workers' addresses: the Prefect UI shows where each trial-rung trained."""
+    workers' addresses: the Prefect UI shows where each trial-rung trained. The job goes in ``quote``: Prefect
+    walks every parameter of a task run for futures to resolve, and the job's settings, space and store were the
+    largest part of a trial-rung's task-run cost at 256 slots (py-spy); the task gets the job itself."""
     with contextlib.ExitStack() as held:
         group = _reserve(job, held)
         with tags(*group):
-            trained_state = train_trial(job, tj.trial_id, tj.config, tj.resource, tj.checkpoint, return_state=True)
+            trained_state = train_trial(quote(job), tj.trial_id, tj.config, tj.resource, tj.checkpoint, return_state=True)
     trained = trained_state.result(raise_on_failure=False)
     if isinstance(trained, BaseException) or not trained_state.is_completed():
         return Outcome(tj, None, None, _describe(trained, trained_state))
     with tags(*group):
-        evaluated_state = evaluate_trial(job, tj.trial_id, tj.resource, trained, return_state=True)
+        evaluated_state = evaluate_trial(quote(job), tj.trial_id, tj.resource, trained, return_state=True)
     evaluated = evaluated_state.result(raise_on_failure=False)
     _forget(trained, evaluated)
     if isinstance(evaluated, BaseException) or not evaluated_state.is_completed():
