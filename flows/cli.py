@@ -43,7 +43,7 @@ def _fail(message: str) -> int:
 
 
 def _plan(flags: dict[str, Any], args: argparse.Namespace) -> int:
-    from prefect_hyperband.hyperband.schedule import plan_summary
+    from prefect_hyperband.hyperband.schedule import plan_summary, render_plan
 
     from pydantic import ValidationError, create_model
 
@@ -90,25 +90,6 @@ def _deploy(args: argparse.Namespace) -> int:
         print(f"deployed {d.name} on pool {d.work_pool} (runs start in {d.working_dir}{cron})")
     print(f"start a worker: prefect worker start --pool {args.pool}")
     return 0
-
-
-def render_plan(plan: dict[str, Any]) -> str:
-    lines = [f"Hyperband plan: r={plan['min_resource']}, R={plan['max_resource']}, eta={plan['eta']} (s_max={plan['s_max']})"]
-    depth = max(len(b["rungs"]) for b in plan["brackets"])
-    header = ["bracket"] + [f"rung {i}" for i in range(depth)] + ["units"]
-    rows = [header]
-    for b in plan["brackets"]:
-        cells = [f"s={b['s']}"] + [f"{r['n_configs']} @ {r['resource']}" for r in b["rungs"]]
-        rows.append(cells + [""] * (depth + 1 - len(cells)) + [str(b["resource_used"])])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    lines.append(
-        f"{plan['configs']} configs, {plan['trial_rungs']} trial-rungs, {plan['reach_max_resource']} reach R; "
-        f"resource {plan['resource_used']:,} units with early stopping and resume "
-        f"({plan['resource_from_scratch']:,} if promotions retrained from scratch) vs "
-        f"{plan['resource_without_early_stopping']:,} training every config to R"
-    )
-    return "\n".join(lines)
 
 
 def _env() -> None:

@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect_hyperband.flows import objectives, warm
+from prefect_hyperband.flows import objectives, parents
 from prefect_hyperband.flows.params import TuneParams, may_change_on_resume
-from prefect_hyperband.flows.state import check_free, job_store, load_job_record
+from prefect_hyperband.flows.lock import check_free
+from prefect_hyperband.flows.state import job_store, load_job_record
 from prefect_hyperband.hyperband import priors, schedule, space as spaces
 from prefect_hyperband.hyperband.promotion import Direction
 from prefect_hyperband.tasks import storage as storages
@@ -129,7 +130,7 @@ def prepare(params: TuneParams) -> Job:
         storage=None if store.local else store.root,
         trial_pool=params.trial_pool,
     )
-    return warm.plan(job, params, record)  # --warm-start: the earlier jobs checked, what they give decided
+    return parents.plan(job, params, record)  # --warm-start: the earlier jobs checked, what they give decided
 
 
 def _settings(params: TuneParams, model, spec: datasets.DataSpec, metric: str, threads: int) -> TrainerSettings:

@@ -4,6 +4,7 @@ a second signal that exits at once, and Prefect's temporary server (started in i
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -128,3 +129,39 @@ def exit_without_stuck(code: int) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+class _TaskRunInfo(logging.Filter):
+    """Off the Prefect API: each task run's INFO lines ("Finished in state Completed()", two per trial-rung), which
+    buried the job's own lines in the flow run's Logs tab (2,723 task runs at 1,359 trial-rungs); their warnings and
+    errors stay, and every line stays in the job's ``job.log``. The task runs' states are in the UI either way.
+    Prefect's flow-run and task-run loggers share one API handler: the flow run's own INFO lines (the job's) pass."""
+
+    users = 0
+    lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not record.name.startswith("prefect.task_runs")
+
+
+_TASK_RUN_INFO = _TaskRunInfo()
+
+
+@contextlib.contextmanager
+def job_lines_in_ui() -> Iterator[None]:
+    """While a job runs in this process: the flow run's log in the UI carries the job's lines (``_TaskRunInfo``)."""
+    from prefect.logging.handlers import APILogHandler
+
+    handlers = [h for h in logging.getLogger("prefect.task_runs").handlers if isinstance(h, APILogHandler)]
+    with _TaskRunInfo.lock:
+        _TaskRunInfo.users += 1
+        for handler in handlers:
+            handler.addFilter(_TASK_RUN_INFO)  # once: a filter already on a handler is not added again
+    try:
+        yield
+    finally:
+        with _TaskRunInfo.lock:
+            _TaskRunInfo.users -= 1
+            if not _TaskRunInfo.users:
+                for handler in handlers:
+                    handler.removeFilter(_TASK_RUN_INFO)

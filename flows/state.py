@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import socket
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.asha import AshaState
@@ -23,66 +20,7 @@ from prefect_hyperband.hyperband.space import Space, parse
 from prefect_hyperband.hyperband.warm import WarmSampler, draw_seed
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.storage import PREVIOUS, Storage, is_local, join
-from prefect_hyperband.trainers.errors import InputError, full_disk, no_space
-
-def lock_path(job_dir: str | Path) -> Path:
-    return Path(job_dir) / "lock"
-
-
-def _holder(job_dir: str | Path) -> dict[str, Any] | None:
-    """Who holds the job's lock, if a live process does (a dead one's lock on this host is stale)."""
-    try:
-        holder = json.loads(lock_path(job_dir).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {"host": "?", "pid": "?"}  # being written this instant: held
-    if holder.get("host") == socket.gethostname():
-        try:
-            os.kill(int(holder["pid"]), 0)
-        except ProcessLookupError:
-            return None
-        except (PermissionError, ValueError, KeyError):
-            pass
-    return holder
-
-
-def check_free(job_dir: str | Path, job_id: str) -> None:
-    """``InputError`` naming the holder when another process runs this job."""
-    holder = _holder(job_dir)
-    if holder is not None:
-        raise InputError(f"job {job_id!r} is already running (host {holder.get('host')}, pid {holder.get('pid')}); "
-                         "wait for it to end, or stop it, before running it again")
-
-
-@contextmanager
-def job_lock(job_dir: str | Path, job_id: str, **about: str) -> Iterator[dict[str, Any] | None]:
-    """One process per job: held while the job runs; a stale lock of a dead process on this host is taken over.
-
-    The lock records this process's host and pid and ``about`` (the job's flow run); it yields what a dead holder
-    recorded (its flow run, left running when its machine or process was lost), None when the lock was free."""
-    path = lock_path(job_dir)
-    me = {"host": socket.gethostname(), "pid": os.getpid(), **about}
-    stale: dict[str, Any] | None = None
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            check_free(job_dir, job_id)
-            try:
-                stale = json.loads(path.read_text())
-            except (OSError, ValueError):
-                pass
-            path.unlink(missing_ok=True)  # stale: its process is gone
-            continue
-        with os.fdopen(fd, "w") as fh:
-            json.dump(me, fh)
-        break
-    try:
-        yield stale
-    finally:
-        path.unlink(missing_ok=True)
-
+from prefect_hyperband.trainers.errors import full_disk, no_space
 
 def job_store(job_dir: str | Path, job_id: str, storage: str | None = None) -> Storage:
     """The job's record, state and checkpoints: in ``job_dir``, or under ``<storage>/<job_id>`` when that is a URL."""
@@ -92,7 +30,7 @@ def job_store(job_dir: str | Path, job_id: str, storage: str | None = None) -> S
 
 def save_job_record(job: Job, params: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
     """``job.json``, and the same record as its previous version: a resume reads either. ``facts``: what a later
-    job's ``--warm-start`` compares (``flows.warm.facts``); ``warm``: the job's own warm start, kept for its resume."""
+    job's ``--warm-start`` compares (``flows.parents.facts``); ``warm``: the job's own warm start, kept for its resume."""
     record = {"job_id": job.job_id, "params": params, "parent_run_id": job.parent_run_id, "facts": facts,
               "warm": job.warm}
     store = job.store()
@@ -357,11 +295,11 @@ def _say(text: str) -> None:
 
 
 def make_sampler(job: Job, saved: dict[str, Any] | None = None) -> Sampler:
-    """The job's sampler, as saved or new (a new one warm with ``--warm-start``: ``flows.warm.sampler_for``)."""
+    """The job's sampler, as saved or new (a new one warm with ``--warm-start``: ``flows.parents.sampler_for``)."""
     if saved and saved.get("kind") == "warm":
         return WarmSampler.from_json(saved, make_sampler(job, saved["inner"]))
     if not saved and job.warm:  # its own draws: a parent of the same seed would draw the same configs again
-        from prefect_hyperband.flows.warm import sampler_for
+        from prefect_hyperband.flows.parents import sampler_for
 
         cold = dataclasses.replace(job, warm=None, seed=draw_seed(job.seed, job.warm["parents"]))
         return sampler_for(job, make_sampler(cold))

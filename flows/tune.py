@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
-from prefect_hyperband.flows import objectives, warm
+from prefect_hyperband.flows import objectives, parents
 from prefect_hyperband.flows.driver import JobStopped, close_decided, drive
 from prefect_hyperband.flows.lost import end_lost_flow_run, end_orphan_runs
 from prefect_hyperband.flows.prepare import prepare, resolve
 from prefect_hyperband.flows.params import TuneParams, mlflow_params
-from prefect_hyperband.flows.state import job_lock, load_state, make_scheduler, save_job_record
+from prefect_hyperband.flows.lock import job_lock
+from prefect_hyperband.flows.process import job_lines_in_ui
+from prefect_hyperband.flows.state import load_state, make_scheduler, save_job_record
 from prefect_hyperband.hyperband import front, schedule
 from prefect_hyperband.hyperband.accounting import Summary, TrialRung, summarise, table
 from prefect_hyperband.hyperband.criteria import Criteria
@@ -62,7 +61,7 @@ def tune(params: TuneParams) -> dict[str, Any]:
     params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
     job = prepare(params)
     with job_lock(job.job_dir, job.job_id, flow_run_id=str(flow_run.id)) as lost, factory.scope(), \
-            _job_lines_in_ui():  # one process per job
+            job_lines_in_ui():  # one process per job
         if lost and lost.get("flow_run_id") not in (None, str(flow_run.id)):
             end_lost_flow_run(lost, str(flow_run.id), logger)
         writer = make_writer(writer_for(job.concurrency, job.mode, params.max_trials, params.time_budget))
@@ -70,42 +69,6 @@ def tune(params: TuneParams) -> dict[str, Any]:
             return _run_job(params, job, logger, began, writer)
         finally:
             writer.shutdown()  # drive() shut it down already, unless the job failed before
-
-
-class _TaskRunInfo(logging.Filter):
-    """Off the Prefect API: each task run's INFO lines ("Finished in state Completed()", two per trial-rung), which
-    buried the job's own lines in the flow run's Logs tab (2,723 task runs at 1,359 trial-rungs); their warnings and
-    errors stay, and every line stays in the job's ``job.log``. The task runs' states are in the UI either way.
-    Prefect's flow-run and task-run loggers share one API handler: the flow run's own INFO lines (the job's) pass."""
-
-    users = 0
-    lock = threading.Lock()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or not record.name.startswith("prefect.task_runs")
-
-
-_TASK_RUN_INFO = _TaskRunInfo()
-
-
-@contextlib.contextmanager
-def _job_lines_in_ui() -> Iterator[None]:
-    """While a job runs in this process: the flow run's log in the UI carries the job's lines (``_TaskRunInfo``)."""
-    from prefect.logging.handlers import APILogHandler
-
-    handlers = [h for h in logging.getLogger("prefect.task_runs").handlers if isinstance(h, APILogHandler)]
-    with _TaskRunInfo.lock:
-        _TaskRunInfo.users += 1
-        for handler in handlers:
-            handler.addFilter(_TASK_RUN_INFO)  # once: a filter already on a handler is not added again
-    try:
-        yield
-    finally:
-        with _TaskRunInfo.lock:
-            _TaskRunInfo.users -= 1
-            if not _TaskRunInfo.users:
-                for handler in handlers:
-                    handler.removeFilter(_TASK_RUN_INFO)
 
 
 def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer) -> dict[str, Any]:
@@ -239,7 +202,7 @@ def _start(params: TuneParams, job: Job, plan: dict[str, Any], max_trials: int, 
             tracking.set_tags(job.tracking_uri, job.parent_run_id, {
                 "hyperband.warm_start": ",".join(job.warm["parents"]), "hyperband.warm_start.kind": job.warm["kind"],
                 "hyperband.warm_start.data": job.warm["data"]})
-    save_job_record(job, params.model_dump(mode="json"), warm.facts(job, params))
+    save_job_record(job, params.model_dump(mode="json"), parents.facts(job, params))
     return job
 
 

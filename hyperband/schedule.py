@@ -124,6 +124,26 @@ def plan_summary(min_resource: int, max_resource: int, eta: int) -> dict[str, An
     }
 
 
+def render_plan(plan: dict[str, Any]) -> str:
+    """``plan_summary`` as the table ``hyperband plan`` prints: each bracket's rungs, then the totals."""
+    lines = [f"Hyperband plan: r={plan['min_resource']}, R={plan['max_resource']}, eta={plan['eta']} (s_max={plan['s_max']})"]
+    depth = max(len(b["rungs"]) for b in plan["brackets"])
+    header = ["bracket"] + [f"rung {i}" for i in range(depth)] + ["units"]
+    rows = [header]
+    for b in plan["brackets"]:
+        cells = [f"s={b['s']}"] + [f"{r['n_configs']} @ {r['resource']}" for r in b["rungs"]]
+        rows.append(cells + [""] * (depth + 1 - len(cells)) + [str(b["resource_used"])])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.append(
+        f"{plan['configs']} configs, {plan['trial_rungs']} trial-rungs, {plan['reach_max_resource']} reach R; "
+        f"resource {plan['resource_used']:,} units with early stopping and resume "
+        f"({plan['resource_from_scratch']:,} if promotions retrained from scratch) vs "
+        f"{plan['resource_without_early_stopping']:,} training every config to R"
+    )
+    return "\n".join(lines)
+
+
 def milestones(min_resource: int, max_resource: int, eta: int) -> tuple[int, ...]:
     """Every rung resource of every bracket, ascending: the grid trainers reseed on."""
     return tuple(sorted({r.resource for b in brackets(min_resource, max_resource, eta) for r in b.rungs}))

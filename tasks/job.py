@@ -43,7 +43,7 @@ class Job:
     objectives: tuple[tuple[str, Direction], ...] = ()
     #: several objectives: which point of the Pareto front is the champion (``flows.objectives.parse_select``)
     select: str = "first"
-    #: ``--warm-start``: the plan made when the job began (``flows.warm.plan``: parents, kind, note, first configs,
+    #: ``--warm-start``: the plan made when the job began (``flows.parents.plan``: parents, kind, note, first configs,
     #: the space with any priors it set); None: a cold job
     warm: dict[str, Any] | None = None
 

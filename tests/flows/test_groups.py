@@ -104,7 +104,7 @@ def test_the_job_s_own_lines_reach_the_prefect_ui_and_its_task_runs_info_lines_d
     """Prefect's flow-run and task-run loggers share one API handler: the filter keeps the flow run's INFO lines."""
     import logging
 
-    from prefect_hyperband.flows.tune import _TASK_RUN_INFO
+    from prefect_hyperband.flows.process import _TASK_RUN_INFO
 
     def record(name: str, level: int) -> logging.LogRecord:
         return logging.LogRecord(name, level, __file__, 1, "line", None, None)
