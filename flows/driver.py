@@ -1,4 +1,4 @@
-"""The job's driver: wires the loop (``flows.loop``) to the job's scheduler, an executor, the MLflow tracker,
+"""The job's driver: wires the loop (``executors.loop``) to the job's scheduler, an executor, the MLflow tracker,
 the real clock and the job's stop token, and tells the logs, the live display and the Prefect UI what the
 results decided. It holds no loop of its own and no state between jobs."""
 
@@ -13,10 +13,10 @@ from typing import Any
 from prefect import get_run_logger
 
 from prefect_hyperband.flows import progress as display
-from prefect_hyperband.flows import runner
-from prefect_hyperband.flows.executors import RealClock, ThreadExecutor
+from prefect_hyperband.executors import runner
+from prefect_hyperband.executors.threads import RealClock, ThreadExecutor
 from prefect_hyperband.flows.groups import Groups
-from prefect_hyperband.flows.loop import Drive, JobStopped, Loop, Outcome
+from prefect_hyperband.executors.loop import Drive, JobStopped, Loop, Outcome
 from prefect_hyperband.flows.process import stop_on_signals
 from prefect_hyperband.flows.state import StateWriter
 from prefect_hyperband.flows.tracker import MlflowTracker

@@ -18,7 +18,8 @@ from prefect_hyperband.hyperband.promotion import Direction
 from prefect_hyperband.tasks import storage as storages
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.tracking import check_reachable, tracking_uri
-from prefect_hyperband.trainers import dask_groups, registry
+from prefect_hyperband.executors import dask_groups
+from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers import data as datasets
 from prefect_hyperband.trainers.errors import InputError
 from prefect_hyperband.trainers.factory import TrainerSettings, model_space

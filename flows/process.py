@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Any, Callable, Iterator
 
-from prefect_hyperband.flows.loop import signal_name
+from prefect_hyperband.executors.loop import signal_name
 from prefect_hyperband.trainers.stopping import StopToken
 
 
@@ -114,7 +114,7 @@ def exit_without_stuck(code: int) -> int:
     """``code``, or, when a training given up on its timeout still runs in this process (user code that
     hangs and never reports), exit now: Prefect's workers drained, the temporary server stopped, the
     hung thread not waited for."""
-    from prefect_hyperband.flows.executors import stuck
+    from prefect_hyperband.executors.threads import stuck
 
     hung = stuck()
     if not hung:

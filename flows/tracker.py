@@ -14,7 +14,7 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
-from prefect_hyperband.flows.loop import Outcome
+from prefect_hyperband.executors.loop import Outcome
 from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.hyperband.trial import TrialJob
 from prefect_hyperband.tasks.job import Job

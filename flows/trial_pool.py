@@ -55,7 +55,7 @@ class TrialRunLost(RuntimeError):
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=False)
 def trial(job: dict[str, Any], trial_job: dict[str, Any], heartbeat_seconds: float = HEARTBEAT_SECONDS) -> dict[str, Any]:
     """Train one trial-rung (resuming its checkpoint) and evaluate it; the result goes to the job's storage."""
-    from prefect_hyperband.flows import runner
+    from prefect_hyperband.executors import runner
 
     spec = Job.from_json(job)
     if spec.storage:  # an object store: this machine's copies of the checkpoints live in a folder of its own

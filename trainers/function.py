@@ -166,9 +166,9 @@ class FunctionTrainer:
         #: ``log_model(checkpoint_dir) -> ModelInfo`` beside the function in its module, if any: the champion's flavour
         hook = getattr(sys.modules.get(getattr(self.fn, "__module__", "") or ""), "log_model", None)
         self.log_model_hook = hook if callable(hook) else None
-        self._dask = None  # with dask_address: each trial-rung on a free worker of the cluster (function_dask)
+        self._dask = None  # with dask_address: each trial-rung on a free worker of the cluster (executors.dask_function)
         if dask_address:
-            from prefect_hyperband.trainers.torch_dask import DaskRanks
+            from prefect_hyperband.executors.dask_ranks import DaskRanks
 
             self._dask = DaskRanks(dask_address, 1, rendezvous=False)
 
@@ -185,7 +185,7 @@ class FunctionTrainer:
                       str(directory), trial_id=directory.parent.name)
         info: dict[str, float] = {}
         if self._dask is not None:
-            from prefect_hyperband.trainers.function_dask import run_function
+            from prefect_hyperband.executors.dask_function import run_function
 
             previous = Path(checkpoint).with_suffix("") if checkpoint else None
             metrics, trial.history, seconds, ran = run_function(self._dask, self, trial, previous, directory)

@@ -15,7 +15,7 @@ with the last lines of the script's output; a run past ``timeout`` seconds is ki
 not a failure: torch's gloo race at exit (a rank other than 0 aborted with SIGABRT while Python shut down),
 once rank 0 has reported the rung's last unit and exited on its own, its checkpoint written; the result is
 kept and the call's ``info`` names the rank (``exit_race_rank``); on Dask, rank 0's worker says so through an
-event (``script_dask._exit_race``). Every rank runs
+event (``executors.dask_script._exit_race``). Every rank runs
 in the launcher's own process group, which is killed as a whole: nothing is left behind.
 """
 
@@ -64,7 +64,7 @@ class ScriptTrainer:
         self._lock = threading.Lock()
         self._dask = None  # with dask_address: each trial-rung's ranks on a group of the cluster's workers
         if dask_address:
-            from prefect_hyperband.trainers.torch_dask import DaskRanks
+            from prefect_hyperband.executors.dask_ranks import DaskRanks
 
             self._dask = DaskRanks(dask_address, workers)
 
@@ -101,7 +101,7 @@ class ScriptTrainer:
         began = time.perf_counter()
         info: dict[str, float] = {"world_size": float(self.workers)}
         if self._dask is not None:
-            from prefect_hyperband.trainers.script_dask import run_script
+            from prefect_hyperband.executors.dask_script import run_script
 
             ran = run_script(self._dask, self, config, tuner, previous, directory, reports, log)
             info.update(lost_worker_seconds=ran.lost_worker_seconds, attempts=float(ran.attempts),

@@ -11,7 +11,7 @@ ranks reuse that store (torch's default agent-store sharing), so two concurrent 
 be handed the same port and no probe-then-bind race with other programs exists.
 
 Warm workers (the default on one machine, ``warm=False`` for the cold path above): the ranks are
-launched once per job and reused by every later call (``trainers.torch_pool``): a warm call skips
+launched once per job and reused by every later call (``executors.torch_pool``): a warm call skips
 the ~3-4 s of process launch, torch import, process-group init and data loading, and trains
 exactly what a cold launch would (every trial re-seeds from its seed or checkpoint).
 """
@@ -38,7 +38,7 @@ from prefect_hyperband.trainers.data import DataSpec, Dataset, load, metric_dire
 from prefect_hyperband.trainers.launch import failure_message, terminate
 from prefect_hyperband.trainers.torch_config import _as_float, _as_int, _check, check_metric, effective_lr, resolve_config
 from prefect_hyperband.trainers.torch_models import Predictor, build_model
-from prefect_hyperband.trainers.torch_pool import TorchPool, WarmPools
+from prefect_hyperband.executors.torch_pool import TorchPool, WarmPools
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,7 +92,7 @@ class TorchTrainer:
     ``threads_per_rank`` defaults to cpu_count // (workers * concurrent_trials): pass the number
     of trials that run at once, since oversubscribed intra-op threads slow small models ~5x.
     ``max_train_rows`` cuts the training split (tests); ``scratch_dir`` holds each call's job
-    folder. Ranks across machines run on a Dask cluster (``dask_address``, ``trainers/torch_dask.py``).
+    folder. Ranks across machines run on a Dask cluster (``dask_address``, ``executors/dask_ranks.py``).
 
     ``warm`` (default: on) keeps the ranks alive between calls: a pool per
     concurrent call, at most ``pool_size`` pools (default: one per call running at once); ``close()``
@@ -152,7 +152,7 @@ class TorchTrainer:
         self._closed = False
         self._dask = None  # with dask_address: each trial-rung's ranks on a group of the cluster's workers
         if dask_address:
-            from prefect_hyperband.trainers.torch_dask import DaskRanks
+            from prefect_hyperband.executors.dask_ranks import DaskRanks
 
             self.warm = False  # the Dask workers are the warm processes
             self._dask = DaskRanks(dask_address, self.workers, self._arrays(), keep_world=True)
@@ -180,7 +180,7 @@ class TorchTrainer:
         if checkpoint and resource == start:
             return self._unchanged(checkpoint, out, resource, started)
         if self._dask is not None:
-            from prefect_hyperband.trainers.torch_dask import run_torch
+            from prefect_hyperband.executors.dask_ranks import run_torch
 
             result = run_torch(self._dask, self._job(cfg, resource, checkpoint, out, None), checkpoint, out,
                                self.trial_timeout)

@@ -1,4 +1,4 @@
-"""The warm pool's files: the trainer writes ``request-<n>.json`` (``trainers.torch_pool``), rank 0 reads it
+"""The warm pool's files: the trainer writes ``request-<n>.json`` (``executors.torch_pool``), rank 0 reads it
 (``trainers.torch_worker.serve``): one name for both sides, and rank 0's polling."""
 
 from __future__ import annotations

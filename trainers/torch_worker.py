@@ -5,7 +5,7 @@ says what to train, and ``data.npz`` beside it holds the split (so no rank impor
 pandas/scikit-learn or re-splits); rank 0 writes the new checkpoint to ``job["out"]`` and a
 ``result.json`` (history, timings) into the job's folder, then every rank exits.
 
-Warm (``--serve DIR --owner PID``, see ``trainers.torch_pool``): the ranks import torch, join the
+Warm (``--serve DIR --owner PID``, see ``executors.torch_pool``): the ranks import torch, join the
 process group and load ``DIR/data.npz`` once, then loop: rank 0 waits for ``DIR/request-<n>.json``,
 broadcasts it, every rank trains it exactly as a cold rank would (same seeding, same code), and
 rank 0 writes ``DIR/result-<n>.json``. Any error ends every rank (the pool is relaunched).

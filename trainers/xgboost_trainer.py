@@ -30,8 +30,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from prefect_hyperband.trainers import dask_groups, stopping
-from prefect_hyperband.trainers.dask_groups import WorkerGroups
+from prefect_hyperband.executors import dask_groups
+from prefect_hyperband.trainers import stopping
+from prefect_hyperband.executors.dask_groups import WorkerGroups
 from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_sidecar
 from prefect_hyperband.trainers.data import DataSpec, Dataset, check_metric, load, score
 from prefect_hyperband.trainers.errors import InputError

@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from prefect_hyperband.flows.loop import Timeouts as _Timeouts
+from prefect_hyperband.executors.loop import Timeouts as _Timeouts
 from prefect_hyperband.hyperband.trial import TrialJob
 from prefect_hyperband.trainers.base import TrainResult
 

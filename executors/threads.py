@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from prefect_hyperband.flows.loop import Outcome
+from prefect_hyperband.executors.loop import Outcome
 from prefect_hyperband.hyperband.trial import TrialJob
 from prefect_hyperband.trainers.stopping import StopToken
 

@@ -1,6 +1,6 @@
 """One trial-rung: train → evaluate as Prefect tasks called with values, here or on the job's trial pool.
 
-Runs in a thread of the job's executor (``flows.executors``), inside the job flow's context, so both
+Runs in a thread of the job's executor (``executors.threads``), inside the job flow's context, so both
 tasks show up under the job's flow run. A trainer's failure is the trial's (an ``Outcome`` with an
 error); an error of the orchestration itself (the Prefect API, say) propagates, and the loop runs the
 trial-rung again.
@@ -15,7 +15,7 @@ from prefect import tags
 from prefect.context import FlowRunContext
 from prefect.utilities.annotations import quote
 
-from prefect_hyperband.flows.loop import Outcome
+from prefect_hyperband.executors.loop import Outcome
 from prefect_hyperband.hyperband.trial import TrialJob
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.trials import evaluate_trial, train_trial

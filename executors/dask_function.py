@@ -2,7 +2,7 @@
 per Dask worker, the workers the cluster already runs, warm (the function's module stays imported in the worker, and
 what it caches, its data say, stays cached).
 
-Each trial-rung takes a free worker (``torch_dask.DaskRanks`` over groups of one: its retries on a lost worker, its
+Each trial-rung takes a free worker (``dask_ranks.DaskRanks`` over groups of one: its retries on a lost worker, its
 stop), and the function runs there in a task pinned to that worker. Nothing needs a shared folder: a function of a
 file travels as the file's bytes (a worker with the same file at the same path loads it in place, so its sibling
 modules import), one of a module as a reference (the module must be installed on the workers, as Prefect workers
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from prefect_hyperband.trainers import stopping
-from prefect_hyperband.trainers.script_dask import CANCEL_POLL, code_here, pack, shipped, unpack
+from prefect_hyperband.executors.dask_script import CANCEL_POLL, code_here, pack, shipped, unpack
 
 
 def function_rank(job: Mapping[str, Any], env: Mapping[str, str], data: Any, previous: bytes | None,

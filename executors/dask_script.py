@@ -1,6 +1,6 @@
 """The user's training script on a Dask cluster (``--script train.py --dask-address ... --workers N``).
 
-Each trial-rung's N ranks run on a group of N Dask workers (``torch_dask.DaskRanks``: the torch trainer's groups,
+Each trial-rung's N ranks run on a group of N Dask workers (``dask_ranks.DaskRanks``: the torch trainer's groups,
 rendezvous and retries): on each worker of the group the script runs as a process with torchrun's environment
 contract (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and the
 tuner's (``HYPERBAND_*``, as ``trainers/script.py`` documents), exactly as ``torchrun`` would start it, so

@@ -77,9 +77,9 @@ def test_warm_workers_then_a_lost_scheduler_stops_the_job_naming_it(tmp_path):
             def joined_world() -> tuple:  # on a worker: its ranks' rendezvous, and how many groups it has made
                 import torch.distributed as dist
 
-                from prefect_hyperband.trainers import torch_dask
+                from prefect_hyperband.executors import dask_ranks
 
-                return torch_dask._JOINED["key"], dist.distributed_c10d._world.group_count
+                return dask_ranks._JOINED["key"], dist.distributed_c10d._world.group_count
 
             joined = trainer._dask.client.run(joined_world)
             assert len(joined) == 2 and all(key is not None and groups == 1 for key, groups in joined.values())

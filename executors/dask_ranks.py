@@ -27,7 +27,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from prefect_hyperband.trainers import dask_groups, stopping
+from prefect_hyperband.executors import dask_groups
+from prefect_hyperband.trainers import stopping
 
 #: seconds between looks at a stop request and the deadline while the ranks train
 WAIT_POLL = 0.5

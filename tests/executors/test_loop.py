@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from prefect_hyperband.flows.loop import ORCHESTRATION_RETRIES, POLL, JobStopped, Loop, Outcome
+from prefect_hyperband.executors.loop import ORCHESTRATION_RETRIES, POLL, JobStopped, Loop, Outcome
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_hyperband.trainers import dask_groups, torch_dask
-from prefect_hyperband.trainers.torch_dask import DaskRanks, GroupLost
+from prefect_hyperband.executors import dask_groups, dask_ranks
+from prefect_hyperband.executors.dask_ranks import DaskRanks, GroupLost
 
 
 class FakeClient:
@@ -101,7 +101,7 @@ def test_a_trial_rung_that_lost_three_groups_fails_naming_each_loss(monkeypatch)
     r, tried = ranks(client, monkeypatch, lose=3)
     with pytest.raises(RuntimeError, match="lost its Dask group 3 times") as failed:
         r.run(print, {}, None, deadline=60)
-    assert len(tried) == 3 == torch_dask.RETRIES + 1
+    assert len(tried) == 3 == dask_ranks.RETRIES + 1
     assert all(f"{g[-1]} of group {', '.join(g)} left the cluster: ConnectionResetError: peer closed" in str(failed.value)
                for g in tried)
 
