@@ -71,8 +71,8 @@ def _reserve(job: Job, held: contextlib.ExitStack) -> tuple[str, ...]:
 
 
 def remote(job: Job, tj: TrialJob) -> Outcome:
-    """The same trial-rung as a flow run on the job's trial pool (``flows.trial_pool``)."""
-    from prefect_hyperband.flows.trial_pool import run_remote
+    """The same trial-rung as a flow run on the job's trial pool (``executors.work_pool``)."""
+    from prefect_hyperband.executors.work_pool import run_remote
 
     return Outcome(tj, *run_remote(job, tj))
 

@@ -1,7 +1,7 @@
 """Where a job's trial-rungs run: the loop's ``Executor`` and ``Clock`` over threads of this process.
 
 ``local``: each trial-rung's ``train`` and ``evaluate`` tasks in a thread of the job (a trainer may start its
-own processes: DDP ranks, a Dask cluster). ``trial_pool``: each trial-rung as a flow run on a Prefect work
+own processes: DDP ranks, a Dask cluster). ``work_pool``: each trial-rung as a flow run on a Prefect work
 pool, watched from a thread. Both run inside a copy of the job flow's context, so task runs and flow runs
 land under the job's flow run and trainers see the job's stop token. Another engine (a Dask cluster's
 workers, say) is one more class with the same four methods; the loop does not change.

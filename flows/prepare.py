@@ -196,7 +196,7 @@ def _objectives(params: TuneParams, model, spec: datasets.DataSpec) -> tuple[str
 def _concurrency(params: TuneParams) -> int:
     """Trial-rungs at once: given, the trial pool's limit (or one per online worker), or from the cores."""
     if params.trial_pool and not params.concurrency:
-        from prefect_hyperband.flows.trial_pool import pool_concurrency
+        from prefect_hyperband.executors.work_pool import pool_concurrency
 
         return pool_concurrency(params.trial_pool)
     size = dask_groups.cluster_size(params.dask_address, params.workers) if params.dask_address else None

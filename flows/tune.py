@@ -187,7 +187,7 @@ def _start(params: TuneParams, job: Job, plan: dict[str, Any], max_trials: int, 
                 _plan_line(job, plan, max_trials, params.time_budget),
                 f", after the priors' mode to R={job.max_resource}" if job.prior_first else "", job.job_dir)
     if job.trial_pool:  # before any run: a missing pool is one line
-        from prefect_hyperband.flows.trial_pool import ensure_deployment
+        from prefect_hyperband.executors.work_pool import ensure_deployment
 
         logger.info("trial-rungs run as flow runs of %s on the pool's workers; storage %s",
                     ensure_deployment(job.trial_pool), job.store().root)

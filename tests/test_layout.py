@@ -1,0 +1,85 @@
+"""The folders' layering (``docs/how-it-works.md``, "Layout"): which folder of the package may import which.
+
+    flows/      the Prefect flows that wire a job (and, for now, the CLI, the Python API and the parameters)
+      ↓
+    executors/  where a trial-rung runs: the loop, this process's threads, a work pool, torch's warm pools, Dask
+      ↓
+    tasks/      the Prefect tasks of a trial-rung and the job's MLflow and storage I/O
+      ↓
+    trainers/   what a trial-rung trains: XGBoost, torch, synthetic, the user's function or script
+    hyperband/  the algorithm: no Prefect, MLflow or trainer (beside trainers/, neither imports the other)
+
+An import against the arrows fails this test, deferred imports included. ``PLACEMENT_LEFT`` lists the trainers'
+imports of the Dask and warm-pool placement that are still to be inverted (the trainer says what its ranks run,
+the executor is given to it): the list may only shrink.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MAY_IMPORT = {
+    "hyperband": {"hyperband"},
+    "trainers": {"trainers"},
+    "tasks": {"tasks", "trainers", "hyperband"},
+    "executors": {"executors", "tasks", "trainers", "hyperband"},
+    "flows": {"flows", "executors", "tasks", "trainers", "hyperband"},
+}
+#: (module, what it imports) still against the arrows: trainers that build their own placement
+PLACEMENT_LEFT = {
+    ("trainers/function.py", "executors.dask_ranks"),
+    ("trainers/function.py", "executors.dask_function"),
+    ("trainers/script.py", "executors.dask_ranks"),
+    ("trainers/script.py", "executors.dask_script"),
+    ("trainers/torch_ddp.py", "executors.dask_ranks"),
+    ("trainers/torch_ddp.py", "executors.torch_pool"),
+    ("trainers/xgboost_trainer.py", "executors.dask_groups"),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    """The package modules ``path`` imports, as ``folder.module`` (relative imports resolved)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            if name.startswith("prefect_hyperband."):
+                parts = name.split(".")[1:3]
+                if parts[0] in MAY_IMPORT and len(parts) == 2:  # a module, not the folder's package itself
+                    found.add(".".join(parts))
+    return found
+
+
+def _against_the_arrows() -> set[tuple[str, str]]:
+    wrong = set()
+    for folder, allowed in MAY_IMPORT.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for target in _imports(path):
+                if target.split(".")[0] not in allowed:
+                    wrong.add((path.relative_to(ROOT).as_posix(), target))
+    return wrong
+
+
+def test_no_folder_imports_against_the_layering():
+    wrong = _against_the_arrows() - PLACEMENT_LEFT
+    assert not wrong, f"imports against docs/how-it-works.md's layout: {sorted(wrong)}"
+
+
+def test_the_placement_left_in_trainers_is_still_there_or_removed_from_the_list():
+    gone = PLACEMENT_LEFT - _against_the_arrows()
+    assert not gone, f"inverted already: take {sorted(gone)} off PLACEMENT_LEFT"
+
+
+def test_the_loop_and_the_algorithm_import_no_prefect_mlflow_or_trainer():
+    for path in [ROOT / "executors" / "loop.py", *sorted((ROOT / "hyperband").glob("*.py"))]:
+        tree = ast.parse(path.read_text())
+        modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        modules |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        heavy = {m for m in modules if m.split(".")[0] in {"prefect", "mlflow", "xgboost", "torch", "dask", "distributed"}}
+        assert not heavy, f"{path.relative_to(ROOT)} imports {sorted(heavy)}"
