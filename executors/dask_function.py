@@ -16,7 +16,7 @@ from __future__ import annotations
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.executors.dask_script import CANCEL_POLL, code_here, pack, shipped, unpack
@@ -75,3 +75,11 @@ def run_function(ranks: Any, trainer: Any, trial: Any, checkpoint_dir: Path | No
     result = ran.results[0]
     unpack(result["checkpoint"], directory)
     return result["metrics"], result["history"], result["seconds"], ran
+
+
+def function_on(address: str) -> Callable[[Any], Any]:
+    """The user function's placement on the cluster at ``address``: a trial-rung on any free worker (groups of one,
+    no rendezvous)."""
+    from prefect_hyperband.executors.dask_ranks import DaskRanks, OnDask
+
+    return lambda trainer: OnDask(DaskRanks(address, 1, rendezvous=False), run_function)

@@ -179,3 +179,39 @@ class WorkerGroups:
 
     def close(self) -> None:
         self._free = None
+
+
+class XGBoostOnDask:
+    """XGBoost's trial-rungs on a Dask cluster (``trainers.base.Placement``, given by the xgboost plug-in): the
+    scheduler at ``address``, or a LocalCluster of ``trainer.workers`` processes started once per job, split into
+    groups of ``trainer.workers``, each holding the trainer's partitions of the training rows
+    (``trainer.partition(client, group)``). ``xgboost.dask`` trains on a group it takes from ``worker_groups``."""
+
+    def __init__(self, trainer: Any, address: str | None) -> None:
+        workers = trainer.workers
+        self.cluster = None
+        if address:
+            self.client = connect(address, workers)
+        else:
+            import logging
+
+            from distributed import Client, LocalCluster
+
+            self.cluster = LocalCluster(n_workers=workers, threads_per_worker=max(1, trainer.nthread // workers),
+                                        processes=True, host="127.0.0.1", dashboard_address=None,
+                                        silence_logs=logging.ERROR)
+            self.client = Client(self.cluster)
+        self.client.wait_for_workers(workers, timeout=120)
+        self.worker_groups = WorkerGroups(self.client, workers, lambda group: trainer.partition(self.client, group))
+
+    def close(self) -> None:
+        """Shut down what it started; an external cluster is only disconnected."""
+        self.worker_groups.close()
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def xgboost_on(address: str | None) -> Callable[[Any], XGBoostOnDask]:
+    """XGBoost's placement: the cluster at ``address``, or a LocalCluster of the trainer's ``workers`` (None)."""
+    return lambda trainer: XGBoostOnDask(trainer, address)

@@ -313,3 +313,30 @@ def run_torch(ranks: DaskRanks, job: Mapping[str, Any], checkpoint: str | None, 
     os.replace(tmp, out)
     return {**first["result"], "group": list(ran.group), "warm_start": ran.warm,
             "lost_worker_seconds": ran.lost_worker_seconds, "attempts": ran.attempts}
+
+
+class OnDask:
+    """A trainer's trial-rungs on a Dask cluster (``--dask-address``), the placement a model's plug-in gives its
+    trainer (``trainers.base.Placement``): ``ranks`` places them, ``run(ranks, trainer, *args)`` is what one
+    trial-rung of that kind of trainer is there (``run_torch`` below, ``dask_function.run_function``,
+    ``dask_script.run_script``)."""
+
+    def __init__(self, ranks: DaskRanks, run: Callable[..., Any]) -> None:
+        self.ranks, self._run = ranks, run
+
+    @property
+    def worker_groups(self) -> dask_groups.WorkerGroups:
+        return self.ranks.worker_groups
+
+    def train(self, trainer: Any, *args: Any) -> Any:
+        return self._run(self.ranks, trainer, *args)
+
+    def close(self) -> None:
+        self.ranks.close()
+
+
+def torch_on(address: str) -> Callable[[Any], OnDask]:
+    """The torch trainer's placement on the cluster at ``address``: each group of ``trainer.workers`` workers holds
+    the training split (scattered once) and keeps its process group between trial-rungs."""
+    return lambda trainer: OnDask(DaskRanks(address, trainer.workers, trainer.arrays(), keep_world=True),
+                                  lambda ranks, _trainer, *args: run_torch(ranks, *args))

@@ -23,7 +23,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 #: seconds between looks at a rank's process
 POLL = 0.2
@@ -147,3 +147,11 @@ def run_script(ranks: Any, trainer: Any, config: Mapping[str, Any], env: Mapping
     reports.write_text(ran.results[0]["reports"])
     log.write_bytes(ran.results[0]["log"])
     return ran
+
+
+def script_on(address: str) -> Callable[[Any], Any]:
+    """The user script's placement on the cluster at ``address``: its ``trainer.workers`` ranks on a group of as
+    many workers, meeting at a new port each trial-rung (the script's processes end)."""
+    from prefect_hyperband.executors.dask_ranks import DaskRanks, OnDask
+
+    return lambda trainer: OnDask(DaskRanks(address, trainer.workers), run_script)

@@ -59,6 +59,20 @@ class Trainer(Protocol):
         """Release what the trainer started (clusters, process groups)."""
 
 
+class Placement(Protocol):
+    """Where a trainer's trial-rungs run when not in this process: a Dask cluster's groups of workers. The model's
+    plug-in gives one to its trainer, as ``placement(trainer)``; trainers import no placement. The ranks' kind
+    (``executors.dask_ranks.OnDask``: torch, a function, a script) also has ``train(trainer, *args)``: the trainer
+    hands it a trial-rung and gets back what its ranks returned. XGBoost's (``executors.dask_groups.XGBoostOnDask``)
+    has the ``client`` that ``xgboost.dask`` trains with on a group it takes."""
+
+    #: the free groups of workers, one reserved per trial-rung (``placement`` below)
+    worker_groups: Any
+
+    def close(self) -> None:
+        """Leave the cluster (one the placement started is shut down, an external one keeps running)."""
+
+
 def measure(trainer: Any, checkpoint: str) -> tuple[float, dict[str, float]]:
     """A checkpoint's metric and what else the trainer measures with it (``predict_ms``, a user's metrics): its
     ``measure`` when it has one, else ``evaluate`` alone."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from prefect_hyperband.trainers import stopping
-from prefect_hyperband.trainers.base import TrainResult, write_json_atomic
+from prefect_hyperband.trainers.base import Placement, TrainResult, write_json_atomic
 from prefect_hyperband.trainers.errors import InputError
 
 #: callables handed to ``prefect_hyperband.tune`` in this process that have no importable name
@@ -160,17 +160,15 @@ class FunctionTrainer:
 
     model = "function"
 
-    def __init__(self, entry: str, metric: str, workers: int = 1, dask_address: str | None = None) -> None:
+    def __init__(self, entry: str, metric: str, workers: int = 1,
+                 placement: Callable[[FunctionTrainer], Placement] | None = None) -> None:
         self.entry, self.metric, self.workers = entry, metric, workers
         self.fn = load(entry)
         #: ``log_model(checkpoint_dir) -> ModelInfo`` beside the function in its module, if any: the champion's flavour
         hook = getattr(sys.modules.get(getattr(self.fn, "__module__", "") or ""), "log_model", None)
         self.log_model_hook = hook if callable(hook) else None
-        self._dask = None  # with dask_address: each trial-rung on a free worker of the cluster (executors.dask_function)
-        if dask_address:
-            from prefect_hyperband.executors.dask_ranks import DaskRanks
-
-            self._dask = DaskRanks(dask_address, 1, rendezvous=False)
+        #: with ``--dask-address``: each trial-rung on a free worker of the cluster (``executors.dask_function``)
+        self._dask = placement(self) if placement is not None else None
 
     @property
     def worker_groups(self):
@@ -185,10 +183,8 @@ class FunctionTrainer:
                       str(directory), trial_id=directory.parent.name)
         info: dict[str, float] = {}
         if self._dask is not None:
-            from prefect_hyperband.executors.dask_function import run_function
-
             previous = Path(checkpoint).with_suffix("") if checkpoint else None
-            metrics, trial.history, seconds, ran = run_function(self._dask, self, trial, previous, directory)
+            metrics, trial.history, seconds, ran = self._dask.train(self, trial, previous, directory)
             info = {"lost_worker_seconds": ran.lost_worker_seconds, "attempts": float(ran.attempts),
                     "warm_start": ran.warm}
         else:

@@ -31,10 +31,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from prefect_hyperband.trainers import stopping
-from prefect_hyperband.trainers.base import TrainResult, write_json_atomic
+from prefect_hyperband.trainers.base import Placement, TrainResult, write_json_atomic
 from prefect_hyperband.trainers.errors import InputError
 
 #: lines of the script's output kept on a failed trial's run
@@ -51,7 +51,7 @@ class ScriptTrainer:
     model = "script"
 
     def __init__(self, script: str, metric: str, workers: int = 1, threads: int | None = None,
-                 timeout: float | None = None, dask_address: str | None = None) -> None:
+                 timeout: float | None = None, placement: Callable[[ScriptTrainer], Placement] | None = None) -> None:
         path = Path(script)
         if not path.is_file():
             raise InputError(f"--script {script!r} is not a file")
@@ -62,11 +62,8 @@ class ScriptTrainer:
         self.timeout = timeout
         self._running: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
-        self._dask = None  # with dask_address: each trial-rung's ranks on a group of the cluster's workers
-        if dask_address:
-            from prefect_hyperband.executors.dask_ranks import DaskRanks
-
-            self._dask = DaskRanks(dask_address, workers)
+        #: with ``--dask-address``: each trial-rung's ranks on a group of the cluster's workers (``executors.dask_script``)
+        self._dask = placement(self) if placement is not None else None
 
     def args(self, config: Mapping[str, Any]) -> list[str]:
         """The script's command-line arguments: ``--name value`` per hyperparameter."""
@@ -101,9 +98,7 @@ class ScriptTrainer:
         began = time.perf_counter()
         info: dict[str, float] = {"world_size": float(self.workers)}
         if self._dask is not None:
-            from prefect_hyperband.executors.dask_script import run_script
-
-            ran = run_script(self._dask, self, config, tuner, previous, directory, reports, log)
+            ran = self._dask.train(self, config, tuner, previous, directory, reports, log)
             info.update(lost_worker_seconds=ran.lost_worker_seconds, attempts=float(ran.attempts),
                         warm_start=ran.warm)
             raced = [r["exit_race"] for r in ran.results if r.get("exit_race") is not None]

@@ -28,12 +28,12 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 
-from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_json_atomic, write_sidecar
+from prefect_hyperband.trainers.base import Placement, TrainResult, checkpoint_resource, write_json_atomic, write_sidecar
 from prefect_hyperband.trainers.data import DataSpec, Dataset, load, metric_direction, score
 from prefect_hyperband.trainers.launch import failure_message, terminate
 from prefect_hyperband.trainers.torch_config import _as_float, _as_int, _check, check_metric, effective_lr, resolve_config
@@ -122,7 +122,7 @@ class TorchTrainer:
         scratch_dir: str | None = None,
         warm: bool | None = None,
         pool_size: int | None = None,
-        dask_address: str | None = None,
+        placement: Callable[[TorchTrainer], Placement] | None = None,
     ):
         self.workers = _as_int("workers", workers)
         _check(self.workers >= 1, f"workers must be >= 1, got {workers}")
@@ -150,12 +150,10 @@ class TorchTrainer:
         self.pool_size = pool_size
         self._pools = WarmPools(self._new_pool, pool_size)
         self._closed = False
-        self._dask = None  # with dask_address: each trial-rung's ranks on a group of the cluster's workers
-        if dask_address:
-            from prefect_hyperband.executors.dask_ranks import DaskRanks
-
+        #: with ``--dask-address``: each trial-rung's ranks on a group of the cluster's workers (``executors.dask_ranks``)
+        self._dask = placement(self) if placement is not None else None
+        if self._dask is not None:
             self.warm = False  # the Dask workers are the warm processes
-            self._dask = DaskRanks(dask_address, self.workers, self._arrays(), keep_world=True)
 
     @property
     def world_size(self) -> int:
@@ -180,10 +178,8 @@ class TorchTrainer:
         if checkpoint and resource == start:
             return self._unchanged(checkpoint, out, resource, started)
         if self._dask is not None:
-            from prefect_hyperband.executors.dask_ranks import run_torch
-
-            result = run_torch(self._dask, self._job(cfg, resource, checkpoint, out, None), checkpoint, out,
-                               self.trial_timeout)
+            result = self._dask.train(self, self._job(cfg, resource, checkpoint, out, None), checkpoint, out,
+                                      self.trial_timeout)
         elif self.warm:
             result = self._run_warm(cfg, resource, checkpoint, out)
         else:
@@ -281,7 +277,7 @@ class TorchTrainer:
             "max_train_rows": self.max_train_rows,
         }
 
-    def _arrays(self) -> dict[str, Any]:
+    def arrays(self) -> dict[str, Any]:
         """The split the ranks train on, in memory (training rows cut to ``max_train_rows``)."""
         ds, rows = self.dataset, self.max_train_rows
         return {"X_train": ds.X_train[:rows], "y_train": ds.y_train[:rows], "X_val": ds.X_val, "y_val": ds.y_val,
@@ -290,7 +286,7 @@ class TorchTrainer:
 
     def _save_arrays(self, workdir: Path) -> dict[str, Any]:
         """Write the split the ranks train on (training rows cut to ``max_train_rows``) beside the job."""
-        split = self._arrays()
+        split = self.arrays()
         path = workdir / "data.npz"
         np.savez(path, **{k: split.pop(k) for k in ("X_train", "y_train", "X_val", "y_val")})
         return {"file": str(path.resolve()), **split}

@@ -9,7 +9,9 @@ resuming equals training at once, bit for bit, with one ``xgb.train`` call per r
 
 Distribution. ``workers == 1`` trains in-process. ``workers > 1`` trains with allreduce over a
 Dask cluster (``xgboost.dask``): a LocalCluster of ``workers`` processes started once per job,
-or an existing scheduler at ``dask_address``. The cluster's workers are split into disjoint
+or an existing scheduler at ``dask_address``; the cluster and its groups are the executor's
+(``executors.dask_groups.xgboost_on``, given by the plug-in as ``placement``), the row partitions
+each group holds the trainer's (``partition``). The cluster's workers are split into disjoint
 groups of ``workers`` (W // workers groups on a cluster of W), and the training data is put on
 each group once, when the trainer starts, in ``workers`` row partitions. A trial-rung takes a free
 group, trains on it alone (its data lives there, so ``xgboost.dask`` allreduces among those
@@ -26,13 +28,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from prefect_hyperband.executors import dask_groups
 from prefect_hyperband.trainers import stopping
-from prefect_hyperband.executors.dask_groups import WorkerGroups
 from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_sidecar
 from prefect_hyperband.trainers.data import DataSpec, Dataset, check_metric, load, score
 from prefect_hyperband.trainers.errors import InputError
@@ -107,7 +107,7 @@ class XGBoostTrainer:
         seed: int = 0,
         rounds_per_unit: int = ROUNDS_PER_UNIT,
         milestones: tuple[int, ...] = (),
-        dask_address: str | None = None,
+        placement: Callable[[XGBoostTrainer], Any] | None = None,
         nthread: int | None = None,
         device: str = "cpu",
     ) -> None:
@@ -124,60 +124,37 @@ class XGBoostTrainer:
         self.device = device
         self.objective = self._objective()
         self._local = threading.local()
-        self._client = self._cluster = None
-        self._groups: WorkerGroups | None = None  # free worker groups, each with its DaskQuantileDMatrix
-        self.groups: list[tuple[str, ...]] = []
-        self.dask_address = dask_address
         self.workers = workers
-        if workers > 1 or dask_address:
-            self._start_dask(workers, dask_address)
+        #: with ``workers > 1`` or ``--dask-address``: the cluster, its client and its free groups of workers, each
+        #: holding this trainer's partitions of the training rows (``executors.dask_groups.XGBoostOnDask``)
+        self._dask = placement(self) if placement is not None else None
+        if workers > 1 and self._dask is None:
+            raise InputError(f"workers={workers} trains on a Dask cluster: give the trainer its placement "
+                             "(executors.dask_groups.xgboost_on), as the xgboost plug-in does")
 
     # -- distribution -------------------------------------------------------------------------
-    def _start_dask(self, workers: int, address: str | None) -> None:
-        """Start (or join) the cluster and put the training data on it, once per job."""
+    def partition(self, client: Any, group: tuple[str, ...]) -> Any:
+        """The training rows on ``group``'s workers, in ``workers`` row partitions, as xgboost.dask's matrix: the same
+        partitions on every group, so the same model on any group."""
         import dask.array as da
-        from distributed import Client, LocalCluster
         from xgboost import dask as dxgb
 
-        if address:
-            self._client = dask_groups.connect(address, workers)
-        else:
-            self._cluster = LocalCluster(
-                n_workers=workers,
-                threads_per_worker=max(1, self.nthread // workers),
-                processes=True,
-                host="127.0.0.1",
-                dashboard_address=None,
-                silence_logs=logging.ERROR,
-            )
-            self._client = Client(self._cluster)
-        self._client.wait_for_workers(workers, timeout=120)
-        rows = -(-len(self.data.y_train) // workers)
-
-        def put_data(group: tuple[str, ...]):  # the same row partitions on every group: the same model anywhere
-            X = da.from_array(self.data.X_train, chunks=(rows, self.data.X_train.shape[1]))
-            y = da.from_array(self.data.y_train, chunks=rows)
-            X, y = self._client.persist([X, y], workers=list(group), allow_other_workers=False)
-            return dxgb.DaskQuantileDMatrix(self._client, X, y)
-
-        self._groups = WorkerGroups(self._client, workers, put_data)
-        self.groups = self._groups.groups
+        rows = -(-len(self.data.y_train) // self.workers)
+        X = da.from_array(self.data.X_train, chunks=(rows, self.data.X_train.shape[1]))
+        y = da.from_array(self.data.y_train, chunks=rows)
+        X, y = client.persist([X, y], workers=list(group), allow_other_workers=False)
+        return dxgb.DaskQuantileDMatrix(client, X, y)
 
     @property
-    def worker_groups(self) -> WorkerGroups | None:
+    def worker_groups(self) -> Any:
         """The Dask workers' groups a trial-rung trains on (None on this machine's threads)."""
-        return self._groups
+        return self._dask.worker_groups if self._dask is not None else None
 
     def close(self) -> None:
         """Shut down what this trainer started; an external cluster is only disconnected."""
-        client, cluster, groups = self._client, self._cluster, self._groups
-        self._client = self._cluster = self._groups = None
-        if groups is not None:
-            groups.close()
-        if client is not None:
-            client.close()
-        if cluster is not None:
-            cluster.close()
+        dask, self._dask = self._dask, None
+        if dask is not None:
+            dask.close()
 
     # -- training -----------------------------------------------------------------------------
     def _objective(self) -> _Objective:
@@ -224,7 +201,7 @@ class XGBoostTrainer:
         for a, b in segments(start, resource, self.milestones):
             seeded = {**params, "seed": self._segment_seed(a)}
             rounds = (b - a) * self.rounds_per_unit
-            if self._client is None:
+            if self._dask is None:
                 booster = xgb.train(seeded, self._dtrain_local(), num_boost_round=rounds, xgb_model=booster,
                                     callbacks=[_StopWhenAsked()])
             else:
@@ -240,11 +217,11 @@ class XGBoostTrainer:
         from xgboost import dask as dxgb
 
         params = {**params, "nthread": max(1, self.nthread // self.workers)}
-        groups = self._groups
-        if groups is None:
+        dask = self._dask
+        if dask is None:
             raise RuntimeError("the Dask cluster of this trainer is closed (the job is stopping)")
-        with groups.take() as (_, dtrain):  # a free group of workers: trials on one group never interleave
-            return dxgb.train(self._client, params, dtrain, num_boost_round=rounds, xgb_model=booster)["booster"]
+        with dask.worker_groups.take() as (_, dtrain):  # a free group of workers: trials on one group never interleave
+            return dxgb.train(dask.client, params, dtrain, num_boost_round=rounds, xgb_model=booster)["booster"]
 
     # -- evaluation ---------------------------------------------------------------------------
     def booster(self, checkpoint: str):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dask_cluster import cluster  # tests/dask_cluster.py
+from prefect_hyperband.executors.dask_ranks import torch_on
 from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.trainers.errors import InputError
 from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG
@@ -28,19 +29,19 @@ def test_a_worker_killed_mid_trial_rung_runs_it_again_on_another_group_and_its_p
     import time
 
     with cluster(HOSTS, str(tmp_path)) as c:
-        trainer = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, dask_address=c.address)
+        trainer = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, placement=torch_on(c.address))
         try:
-            group = trainer._dask.groups[0]  # the first trial-rung takes the first group
-            pid = trainer._dask.client.run(os.getpid, workers=[group[1]])[group[1]]
+            group = trainer.worker_groups.groups[0]  # the first trial-rung takes the first group
+            pid = trainer._dask.ranks.client.run(os.getpid, workers=[group[1]])[group[1]]
             threading.Timer(3.0, os.kill, (pid, signal.SIGKILL)).start()  # its rank 1, mid-training
             retried = trainer.train(DEFAULT_CONFIG, 20, None, str(tmp_path / "retried.pt"))
             assert retried.info["attempts"] == 2 and retried.info["lost_worker_seconds"] > 0
-            assert group not in trainer._dask.groups and group in trainer._dask._groups.retired
+            assert group not in trainer.worker_groups.groups and group in trainer.worker_groups.retired
             deadline = time.monotonic() + 60  # Dask's nanny restarts the worker, under a new address
-            while len(trainer._dask.client.scheduler_info()["workers"]) < 4 and time.monotonic() < deadline:
+            while len(trainer._dask.ranks.client.scheduler_info()["workers"]) < 4 and time.monotonic() < deadline:
                 time.sleep(0.5)
             whole = trainer.train(DEFAULT_CONFIG, 20, None, str(tmp_path / "whole.pt"))
-            assert len(trainer._dask.groups) == 2 and group[0] in {a for g in trainer._dask.groups for a in g}
+            assert len(trainer.worker_groups.groups) == 2 and group[0] in {a for g in trainer.worker_groups.groups for a in g}
         finally:
             trainer.close()
     for name, tensor in weights(whole.checkpoint).items():  # the retried trial-rung trained the same numbers
@@ -56,11 +57,11 @@ def test_warm_workers_then_a_lost_scheduler_stops_the_job_naming_it(tmp_path):
     from prefect_hyperband.trainers import stopping
 
     with cluster(HOSTS[:2], str(tmp_path)) as c:
-        trainer = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, dask_address=c.address)
+        trainer = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, placement=torch_on(c.address))
         token = stopping.StopToken()
         try:
             with pytest.raises(InputError, match="has 2 workers, fewer than --workers 3"):
-                TorchTrainer(DIGITS, workers=3, dask_address=c.address)
+                TorchTrainer(DIGITS, workers=3, placement=torch_on(c.address))
             # one worker as a failed rendezvous leaves it (torch's group counter raised, its peer's not): its next
             # group must still meet, not wait out the collective timeout on keys named differently
             def as_after_a_failed_init() -> None:  # defined here: Dask ships it by value to a worker
@@ -68,8 +69,8 @@ def test_warm_workers_then_a_lost_scheduler_stops_the_job_naming_it(tmp_path):
 
                 dist.distributed_c10d._world.group_count = 1
 
-            one = trainer._dask.groups[0][0]
-            trainer._dask.client.run(as_after_a_failed_init, workers=[one])
+            one = trainer.worker_groups.groups[0][0]
+            trainer._dask.ranks.client.run(as_after_a_failed_init, workers=[one])
             first = trainer.train(DEFAULT_CONFIG, 1, None, str(tmp_path / "first.pt"))
             again = trainer.train(DEFAULT_CONFIG, 1, None, str(tmp_path / "again.pt"))
             assert (first.info["warm_start"], again.info["warm_start"]) == (0.0, 1.0)  # the workers' second rank: warm
@@ -81,7 +82,7 @@ def test_warm_workers_then_a_lost_scheduler_stops_the_job_naming_it(tmp_path):
 
                 return dask_ranks._JOINED["key"], dist.distributed_c10d._world.group_count
 
-            joined = trainer._dask.client.run(joined_world)
+            joined = trainer._dask.ranks.client.run(joined_world)
             assert len(joined) == 2 and all(key is not None and groups == 1 for key, groups in joined.values())
             assert len({key[:2] for key, _ in joined.values()}) == 1  # both ranks of one rendezvous
             threading.Timer(3.0, c.scheduler.send_signal, (signal.SIGKILL,)).start()  # mid-trial-rung

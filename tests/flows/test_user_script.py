@@ -59,6 +59,7 @@ def test_the_ddp_example_with_two_workers_trains_exactly_11_epochs_at_world_size
     # the same job on a Dask cluster of two "hosts": each rank a process on a worker of a group, the checkpoint
     # directory and rank 0's reports carried through Dask, the numbers of torch's launcher here
     from dask_cluster import cluster  # tests/dask_cluster.py
+    from prefect_hyperband.executors.dask_script import script_on
     from prefect_hyperband.trainers.script import ScriptFailed, ScriptTrainer
 
     with cluster(["127.0.0.1", "127.0.0.2", "127.0.0.2", "127.0.0.3"], str(tmp_path)) as c:
@@ -71,7 +72,7 @@ def test_the_ddp_example_with_two_workers_trains_exactly_11_epochs_at_world_size
         broken = tmp_path / "broken.py"
         broken.write_text("import os, sys\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n"
                           "sys.exit(4)\n")
-        failing = ScriptTrainer(str(broken), "loss", workers=2, timeout=60, dask_address=c.address)
+        failing = ScriptTrainer(str(broken), "loss", workers=2, timeout=60, placement=script_on(c.address))
         try:
             with pytest.raises(ScriptFailed, match=r"(?s)rank \d .*exited with code 4.*rank \d of 2"):
                 failing.train({}, 1, None, str(tmp_path / "broken" / "t0" / "r1.json"))
@@ -82,7 +83,7 @@ def test_the_ddp_example_with_two_workers_trains_exactly_11_epochs_at_world_size
         from race_script import RACE_SCRIPT  # tests/race_script.py
 
         (tmp_path / "race.py").write_text(RACE_SCRIPT)
-        racing = ScriptTrainer(str(tmp_path / "race.py"), "loss", workers=2, timeout=60, dask_address=c.address)
+        racing = ScriptTrainer(str(tmp_path / "race.py"), "loss", workers=2, timeout=60, placement=script_on(c.address))
         try:
             kept = racing.train({"when": "after"}, 3, None, str(tmp_path / "race" / "t0" / "r3.json"))
             assert kept.info["exit_race_rank"] == 1.0 and kept.history[-1] == {"step": 3.0, "loss": 1.0 / 3}

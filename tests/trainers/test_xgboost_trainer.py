@@ -57,7 +57,10 @@ def test_unknown_parameters_are_rejected(local, tmp_path):
 
 def test_one_and_two_dask_workers_agree(local, tmp_path):
     """Allreduce over a 2-process LocalCluster: same data, AUC within 0.01 of in-process training."""
-    distributed = XGBoostTrainer(DataSpec(), workers=2, seed=3, milestones=MILESTONES, nthread=2)
+    from prefect_hyperband.executors.dask_groups import xgboost_on
+
+    distributed = XGBoostTrainer(DataSpec(), workers=2, seed=3, milestones=MILESTONES, nthread=2,
+                                 placement=xgboost_on(None))
     try:
         assert distributed.workers == 2
         assert len(distributed.worker_groups.groups) == 1 and len(distributed.worker_groups.groups[0]) == 2

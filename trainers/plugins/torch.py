@@ -18,8 +18,11 @@ def build(settings: Any):
         kwargs.setdefault("threads_per_rank", max(1, settings.threads // settings.workers))
     if settings.timeout:
         kwargs.setdefault("trial_timeout", settings.timeout)
-    return TorchTrainer(settings.data, workers=settings.workers, metric=settings.metric, seed=settings.seed,
-                        dask_address=settings.dask_address, **kwargs)
+    if settings.dask_address:  # the ranks on the cluster's workers: the executor's placement, given to the trainer
+        from prefect_hyperband.executors.dask_ranks import torch_on
+
+        kwargs["placement"] = torch_on(settings.dask_address)
+    return TorchTrainer(settings.data, workers=settings.workers, metric=settings.metric, seed=settings.seed, **kwargs)
 
 
 def space():

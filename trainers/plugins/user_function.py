@@ -12,8 +12,12 @@ def build(settings: Any):
     from prefect_hyperband.trainers.function import FunctionTrainer
 
     assert settings.trainer and settings.metric
-    return FunctionTrainer(settings.trainer, settings.metric, workers=settings.workers,
-                           dask_address=settings.dask_address)
+    placement = None
+    if settings.dask_address:  # each trial-rung on a free worker of the cluster: the executor's placement
+        from prefect_hyperband.executors.dask_function import function_on
+
+        placement = function_on(settings.dask_address)
+    return FunctionTrainer(settings.trainer, settings.metric, workers=settings.workers, placement=placement)
 
 
 def log_model(trainer: Any, checkpoint: str):

@@ -11,8 +11,13 @@ def build(settings: Any):
     from prefect_hyperband.trainers.script import ScriptTrainer
 
     assert settings.script and settings.metric
+    placement = None
+    if settings.dask_address:  # the ranks on a group of the cluster's workers: the executor's placement
+        from prefect_hyperband.executors.dask_script import script_on
+
+        placement = script_on(settings.dask_address)
     return ScriptTrainer(settings.script, settings.metric, workers=settings.workers, threads=settings.threads,
-                         timeout=settings.timeout, dask_address=settings.dask_address)
+                         timeout=settings.timeout, placement=placement)
 
 
 MODEL = Model("script", build, "your training script under torch's launcher (--script train.py)", user_code="script",

@@ -10,10 +10,15 @@ from prefect_hyperband.trainers.registry import Model
 def build(settings: Any):
     from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
 
+    placement = None
+    if settings.workers > 1 or settings.dask_address:  # allreduce on a Dask cluster's groups: the executor's placement
+        from prefect_hyperband.executors.dask_groups import xgboost_on
+
+        placement = xgboost_on(settings.dask_address)
     return XGBoostTrainer(
         settings.data, workers=settings.workers, metric=settings.metric, seed=settings.seed,
         rounds_per_unit=settings.rounds_per_unit, milestones=settings.milestones,
-        dask_address=settings.dask_address, nthread=settings.threads,
+        placement=placement, nthread=settings.threads,
     )
 
 
