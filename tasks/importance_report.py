@@ -22,6 +22,9 @@ from prefect_hyperband.tasks.report import _warn, figure
 IMPORTANCE_KEY = "hyperband-importance"
 #: ASHA: seconds between the importances computed while results arrive (``Live``)
 LIVE_INTERVAL = 10.0
+#: ... and at most this share of the controller's CPU: the wait grows with what the last one cost (its thread's CPU
+#: seconds), as a job's results grow (PED-ANOVA on thousands of results, the chart, the MLflow and Prefect writes)
+LIVE_SHARE = 0.05
 IMPORTANCE_FILE = "importance.json"
 IMPORTANCE_PLOT = "plots/importance.png"
 
@@ -58,19 +61,24 @@ def plot(found: Importance):
     return fig
 
 
-def publish(found: Importance, tracking_uri: str | None, run_id: str | None, step: int = 0) -> dict[str, Any]:
+def publish(found: Importance, tracking_uri: str | None, run_id: str | None, step: int = 0,
+            prefect: bool = True) -> dict[str, Any]:
     """Best effort: a failure here is one warning line, never the job's. ``step``: the job's results so far (the
-    metrics' step, so a job's importances over time are a curve in MLflow)."""
+    metrics' step, so a job's importances over time are a curve in MLflow). ``prefect=False`` (while results
+    arrive): MLflow only. A Prefect table artifact cannot be updated: each one is another card in the flow run's
+    Artifacts tab (16 of them buried the leaderboard and the summary of a 10,000-trial-rung job), so the flow run
+    gets the job's final importances only."""
     out: dict[str, Any] = {"artifact": None, "mlflow": False}
     table = found.table()
-    try:
-        from prefect.artifacts import create_table_artifact
+    if prefect:
+        try:
+            from prefect.artifacts import create_table_artifact
 
-        out["artifact"] = str(create_table_artifact(
-            table=table, key=IMPORTANCE_KEY,
-            description=f"Which hyperparameters mattered: {found.method}, {found.results} results at r={found.resource}"))
-    except Exception as exc:  # noqa: BLE001
-        _warn("importance artifact", exc)
+            out["artifact"] = str(create_table_artifact(
+                table=table, key=IMPORTANCE_KEY, description=f"Which hyperparameters mattered: {found.method}, "
+                f"{found.results} results at r={found.resource}"))
+        except Exception as exc:  # noqa: BLE001
+            _warn("importance artifact", exc)
     if tracking_uri and run_id:
         try:
             retrying(tracking.log_metrics, tracking_uri, run_id, metrics(found), step)
@@ -86,20 +94,24 @@ def publish(found: Importance, tracking_uri: str | None, run_id: str | None, ste
 
 class Live:
     """The importances while results arrive (ASHA, whose job has no end in sight): at most every ``interval``
-    seconds, computed and published on a thread of their own, one at a time, so the loop never waits for them.
-    ``compute(results)`` gives an ``Importance`` or None (too few results); ``publish(found, step)`` writes it."""
+    seconds and at most ``LIVE_SHARE`` of the controller's CPU (the last one's cost, in its thread's CPU seconds
+    by ``cpu``, sets the next wait), computed and published on a thread of their own, one at a time, so the loop
+    never waits for them. ``compute(results)`` gives an ``Importance`` or None (too few results);
+    ``publish(found, step)`` writes it."""
 
     def __init__(self, compute: Callable[[list[Any]], Importance | None], publish: Callable[[Importance, int], Any],
                  interval: float | None = None, clock: Callable[[], float] = time.monotonic,
-                 count: Callable[[list[Any]], int] = results_in) -> None:
-        self.compute, self.publish, self.clock, self.count = compute, publish, clock, count
+                 count: Callable[[list[Any]], int] = results_in, cpu: Callable[[], float] = time.thread_time) -> None:
+        self.compute, self.publish, self.clock, self.count, self.cpu = compute, publish, clock, count, cpu
         self.interval = LIVE_INTERVAL if interval is None else interval
         self.last, self.thread, self.published, self.failed = clock(), None, 0, None
+        self.cost = 0.0  # CPU seconds of the last computation and its writes
 
     def offer(self, results: Callable[[], list[Any]]) -> None:
         """After a result: when due and none is being computed, the job's ``results()`` (read here, on the loop's
         thread) go to a new computation."""
-        if self.clock() - self.last < self.interval or (self.thread is not None and self.thread.is_alive()):
+        wait = max(self.interval, self.cost / LIVE_SHARE)
+        if self.clock() - self.last < wait or (self.thread is not None and self.thread.is_alive()):
             return
         self.last = self.clock()
         snapshot = results()
@@ -109,6 +121,7 @@ class Live:
         self.thread.start()
 
     def _run(self, snapshot: list[Any], step: int) -> None:
+        began = self.cpu()
         try:
             found = self.compute(snapshot)
             if found is not None:
@@ -116,6 +129,8 @@ class Live:
                 self.published += 1
         except Exception as exc:  # noqa: BLE001  (the final importances, after the job, are computed again)
             self.failed = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.cost = self.cpu() - began
 
     def close(self) -> None:
         """Wait for the computation in flight (the final one is published after it, not overwritten by it)."""

@@ -60,3 +60,45 @@ def test_a_failed_computation_is_kept_for_one_line_and_too_few_results_publish_n
         live.offer(list)
         live.close()
     assert published == [] and live.failed == "ValueError: bad rung"
+
+
+def test_the_wait_grows_with_what_the_last_computation_cost_to_a_bounded_share_of_the_cpu():
+    """A computation that took 2 CPU seconds is followed by one no sooner than 2 / LIVE_SHARE seconds later."""
+    from prefect_hyperband.tasks import importance_report
+
+    clock, cpu, published = Clock(), Clock(), []
+
+    def compute(results):
+        cpu.now += 2.0  # what PED-ANOVA on many results, the chart and the writes cost this thread
+        return Importance("ped-anova", 9, len(results), {"score": {"x": 1.0}})
+
+    live = Live(compute, lambda found, step: published.append(step), interval=10, clock=clock, count=len, cpu=cpu)
+    clock.now = 10
+    live.offer(lambda: ["r"])
+    live.close()
+    assert live.cost == 2.0
+    wait = 2.0 / importance_report.LIVE_SHARE
+    assert wait > 10
+    clock.now = 10 + wait - 1
+    live.offer(lambda: ["r"] * 2)
+    live.close()
+    assert published == [1]  # not due: 10 s passed, but the last one cost more than the share allows
+    clock.now = 10 + wait
+    live.offer(lambda: ["r"] * 3)
+    live.close()
+    assert published == [1, 3]
+
+
+def test_the_importances_while_results_arrive_go_to_mlflow_only_and_the_final_ones_to_prefect_too(monkeypatch):
+    """A Prefect table artifact cannot be updated: each live one was another card in the flow run's Artifacts tab."""
+    import prefect.artifacts
+
+    from prefect_hyperband.tasks import importance_report
+
+    made = []
+    monkeypatch.setattr(prefect.artifacts, "create_table_artifact", lambda **kw: made.append(kw["key"]) or "id")
+    found = Importance("ped-anova", 9, 12, {"score": {"x": 0.75, "y": 0.25}})
+    assert importance_report.publish(found, None, None, 5, prefect=False)["artifact"] is None
+    assert made == []
+    assert importance_report.publish(found, None, None, 12)["artifact"] == "id"
+    assert made == [importance_report.IMPORTANCE_KEY]
