@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -82,3 +83,22 @@ def tune(
         best_resource=best.get("resource"), parent_run_id=result["parent_run_id"], job_id=result["job_id"],
         job_dir=result["job_dir"], summary=result["summary"],
     )
+
+
+#: ``tune``'s own parameters stand for these fields (``train`` is ``trainer`` or ``script``; ``metrics``, ``metric``)
+_TAKEN_BY_TUNE = {"trainer", "script", "model"}
+
+
+def _signature() -> inspect.Signature:
+    """``tune``'s signature with every ``TuneParams`` field its ``**options`` takes, each with its default and type
+    (from the fields: ``help(hb.tune)``, an IDE and ``inspect`` list them); an unknown option is refused by the
+    fields' model (``extra="forbid"``)."""
+    own = [p for p in inspect.signature(tune).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    named = {p.name for p in own} | _TAKEN_BY_TUNE
+    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=field.default,
+                                 annotation=field.annotation)
+               for name, field in TuneParams.model_fields.items() if name not in named]
+    return inspect.Signature([*own, *options], return_annotation=JobResult)
+
+
+tune.__signature__ = _signature()  # type: ignore[attr-defined]

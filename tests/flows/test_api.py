@@ -1,0 +1,32 @@
+"""``hb.tune``'s signature is derived from ``TuneParams``: every field its ``**options`` takes is listed."""
+
+from __future__ import annotations
+
+import inspect
+
+import pydantic
+import pytest
+
+import prefect_hyperband as hb
+from prefect_hyperband.flows.params import TuneParams
+
+
+def test_every_field_is_a_keyword_of_tune_with_the_fields_default():
+    params = inspect.signature(hb.tune).parameters
+    assert list(params)[:2] == ["train", "space"]
+    for name, field in TuneParams.model_fields.items():
+        if name in {"trainer", "script", "model"}:  # ``train`` names the user's code
+            assert name not in params
+            continue
+        assert name in params, name
+        if name in {"space", "metric", "direction"}:  # tune's own: the space is required, the metric may be a map
+            continue
+        assert params[name].default == field.default, name
+    assert params["concurrency"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["max_resource"].default == TuneParams.model_fields["max_resource"].default
+
+
+def test_an_option_that_is_no_field_is_refused_before_anything_runs():
+    with pytest.raises(pydantic.ValidationError, match="concurency"):
+        hb.tune(lambda trial: {"loss": 0.0}, space={"x": {"type": "float", "low": 0, "high": 1}}, metric="loss",
+                direction="minimize", concurency=2)
