@@ -137,7 +137,7 @@ class Ran:
 
 
 class DaskRanks:
-    """The trainer's side: a client of the cluster at ``address``, its groups of ``workers``, each holding ``data``.
+    """The job's side: a client of the cluster at ``address``, its groups of ``workers``, each holding ``data``.
 
     ``run(task, ...)`` runs ``task(job, env, data, previous, timeout)`` as one rank per worker of a free group. A
     group that loses a worker mid-trial-rung is retired (its other ranks are released by their collective's error
