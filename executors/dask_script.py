@@ -126,13 +126,9 @@ def _exit_race(rank: int, code: int, log: Path, rank0_exited: Any) -> bool:
     and the rank fails as before (its peers are then cancelled)."""
     if rank == 0 or code != -6 or rank0_exited is None:
         return False
-    from prefect_hyperband.trainers.script import _SHUTDOWN_ABORT
+    from prefect_hyperband.trainers.script import said_shutdown_abort
 
-    try:
-        said = _SHUTDOWN_ABORT in log.read_bytes()[-200_000:].decode("utf-8", "replace")
-    except OSError:
-        return False
-    return said and bool(rank0_exited.wait(RACE_WAIT))
+    return said_shutdown_abort(log) is not None and bool(rank0_exited.wait(RACE_WAIT))
 
 
 def run_script(ranks: Any, trainer: Any, config: Mapping[str, Any], env: Mapping[str, str], checkpoint_dir: Path | None,

@@ -256,18 +256,27 @@ SHUTDOWN_HINT = ("(if that abort came after the script's work was done, it is to
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
 
 
+def said_shutdown_abort(log: Path) -> str | None:
+    """The end of an output (the launcher's, or one rank's on a Dask worker) when it holds the line torch's gloo race
+    at exit prints; None when it does not, or cannot be read."""
+    try:
+        text = log.read_bytes()[-200_000:].decode("utf-8", "replace")
+    except OSError:
+        return None
+    return text if _SHUTDOWN_ABORT in text else None
+
+
 def exit_race(log: Path) -> int | None:
     """The rank that torch's gloo race at exit aborted, when that is all that went wrong; None otherwise.
 
     The launcher's summary lists every rank that failed. The race is: the abort's line in the output, every
     failed rank ended by SIGABRT (-6), and rank 0 not among them. Rank 0 then exited on its own (the launcher
     signals the ranks still running when one fails, and lists them with -15), so what it wrote is whole."""
-    try:
-        text = log.read_bytes()[-200_000:].decode("utf-8", "replace")
-    except OSError:
+    text = said_shutdown_abort(log)
+    if text is None:
         return None
     failed = {int(rank): int(code) for rank, code in _SUMMARY_RANK.findall(text)}
-    if _SHUTDOWN_ABORT not in text or not failed or 0 in failed or set(failed.values()) != {-6}:
+    if not failed or 0 in failed or set(failed.values()) != {-6}:
         return None
     return min(failed)
 
