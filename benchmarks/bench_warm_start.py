@@ -45,6 +45,7 @@ def _median(values: list[float]) -> float:
 def bench_ddp(trials: int, out: Path) -> dict[str, float]:
     """Per-trial wall and start cost of one-epoch DDP trials, cold and warm."""
     from prefect_hyperband.trainers.data import DataSpec
+    from prefect_hyperband.executors.torch_pool import warm_pools
     from prefect_hyperband.trainers.torch_ddp import TorchTrainer
 
     spec = DataSpec("digits")
@@ -57,7 +58,7 @@ def bench_ddp(trials: int, out: Path) -> dict[str, float]:
         rows["cold_wall"].append(wall)
         rows["cold_start"].append(wall - r.info["train_seconds"])
         rows["cold_ranks"].append(r.info["startup_seconds"] + r.info["setup_seconds"])
-    warm = TorchTrainer(spec, workers=2, warm=True)
+    warm = TorchTrainer(spec, workers=2, warm=True, pools=warm_pools)
     first: dict[str, float] = {}
     try:
         for i in range(trials + 1):  # the first one launches the pool

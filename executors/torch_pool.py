@@ -216,6 +216,14 @@ class WarmPools:
             pool.stop()
 
 
+def warm_pools(trainer: Any) -> WarmPools:
+    """The torch trainer's warm local pools (given by the torch plug-in as ``pools``): a pool per concurrent call, at
+    most ``trainer.pool_size``, each the trainer's launcher serving (``serve_command``) with its split
+    (``save_arrays``), environment and threads."""
+    return WarmPools(lambda: TorchPool(trainer.serve_command, trainer.save_arrays, trainer.environment,
+                                       trainer.threads_per_rank, trainer.scratch_dir), trainer.pool_size)
+
+
 @atexit.register
 def _stop_all() -> None:
     """Never leave ranks behind at interpreter exit (rank 0 also watches the owner pid)."""
@@ -224,4 +232,4 @@ def _stop_all() -> None:
             pool.stop(graceful=False)
 
 
-__all__ = ["TorchPool", "WarmPools"]
+__all__ = ["TorchPool", "WarmPools", "warm_pools"]

@@ -10,9 +10,8 @@
     hyperband/  the algorithm: no Prefect, MLflow or trainer (beside trainers/, neither imports the other)
 
 An import against the arrows fails this test, deferred imports included. A model's plug-in (``trainers/plugins/``)
-wires its trainer to the executor that places it, so it may import ``executors``; the trainer itself is given
-that placement. ``PLACEMENT_LEFT`` lists the trainers' imports of placement still to be inverted that way: the
-list may only shrink.
+wires its trainer to the executor that places it (Dask groups, torch's warm pools), so it may import
+``executors``; the trainer itself is given that placement and imports none.
 """
 
 from __future__ import annotations
@@ -27,10 +26,6 @@ MAY_IMPORT = {
     "tasks": {"tasks", "trainers", "hyperband"},
     "executors": {"executors", "tasks", "trainers", "hyperband"},
     "flows": {"flows", "executors", "tasks", "trainers", "hyperband"},
-}
-#: (module, what it imports) still against the arrows: trainers that build their own placement
-PLACEMENT_LEFT = {
-    ("trainers/torch_ddp.py", "executors.torch_pool"),
 }
 #: a model's plug-in wires its trainer to the executor that places it (``--dask-address``): it may import both
 WIRING = "trainers/plugins/"
@@ -65,13 +60,8 @@ def _against_the_arrows() -> set[tuple[str, str]]:
 
 
 def test_no_folder_imports_against_the_layering():
-    wrong = _against_the_arrows() - PLACEMENT_LEFT
+    wrong = _against_the_arrows()
     assert not wrong, f"imports against docs/how-it-works.md's layout: {sorted(wrong)}"
-
-
-def test_the_placement_left_in_trainers_is_still_there_or_removed_from_the_list():
-    gone = PLACEMENT_LEFT - _against_the_arrows()
-    assert not gone, f"inverted already: take {sorted(gone)} off PLACEMENT_LEFT"
 
 
 def test_the_loop_and_the_algorithm_import_no_prefect_mlflow_or_trainer():

@@ -38,7 +38,6 @@ from prefect_hyperband.trainers.data import DataSpec, Dataset, load, metric_dire
 from prefect_hyperband.trainers.launch import failure_message, terminate
 from prefect_hyperband.trainers.torch_config import _as_float, _as_int, _check, check_metric, effective_lr, resolve_config
 from prefect_hyperband.trainers.torch_models import Predictor, build_model
-from prefect_hyperband.executors.torch_pool import TorchPool, WarmPools
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,6 +122,7 @@ class TorchTrainer:
         warm: bool | None = None,
         pool_size: int | None = None,
         placement: Callable[[TorchTrainer], Placement] | None = None,
+        pools: Callable[[TorchTrainer], Any] | None = None,
     ):
         self.workers = _as_int("workers", workers)
         _check(self.workers >= 1, f"workers must be >= 1, got {workers}")
@@ -143,12 +143,16 @@ class TorchTrainer:
         self.metric = metric or self.dataset.default_metric
         check_metric(self.metric, self.dataset.task)
         _check(warm is None or isinstance(warm, bool), f"warm must be true or false, got {warm!r}")
-        self.warm = True if warm is None else warm
+        #: warm (the default where the plug-in gives ``pools``, ``executors.torch_pool.warm_pools``): the ranks stay up
+        #: between calls; built directly without ``pools``, every call launches them (``warm=True`` then is an error)
+        self.warm = pools is not None if warm is None else warm
+        _check(not (self.warm and pools is None),
+               "warm=True needs the warm pools (executors.torch_pool.warm_pools), as the torch plug-in gives them")
         if pool_size is not None:
             pool_size = _as_int("pool_size", pool_size)
             _check(pool_size >= 1, f"pool_size must be >= 1 (concurrent trials per job), got {pool_size}")
         self.pool_size = pool_size
-        self._pools = WarmPools(self._new_pool, pool_size)
+        self._pools = pools(self) if self.warm and pools is not None else None
         self._closed = False
         #: with ``--dask-address``: each trial-rung's ranks on a group of the cluster's workers (``executors.dask_ranks``)
         self._dask = placement(self) if placement is not None else None
@@ -221,15 +225,16 @@ class TorchTrainer:
     def close(self) -> None:
         """Stop the warm pools (no rank process is left); safe to call any number of times."""
         self._closed = True
-        self._pools.close()
+        if self._pools is not None:
+            self._pools.close()
         if self._dask is not None:
             self._dask.close()
             self._dask = None
 
     @property
-    def pools(self) -> list[TorchPool]:
+    def pools(self) -> list[Any]:
         """The warm pools started so far (live or stopped)."""
-        return self._pools.pools
+        return self._pools.pools if self._pools is not None else []
 
     # -- launching ---------------------------------------------------------------------------
 
@@ -253,7 +258,7 @@ class TorchTrainer:
             "-m", self.worker_module, *worker_args,
         ]  # fmt: skip
 
-    def _environment(self) -> dict[str, str]:
+    def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["OMP_NUM_THREADS"] = str(self.threads_per_rank)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
@@ -264,7 +269,7 @@ class TorchTrainer:
     ) -> dict:
         """The job a rank trains; a warm pool holds the data already and sets ``workdir`` itself."""
         return {
-            "data": self._save_arrays(workdir) if workdir is not None else None,
+            "data": self.save_arrays(workdir) if workdir is not None else None,
             "config": dict(cfg),
             "seed": cfg["seed"],
             "resource": resource,
@@ -284,17 +289,12 @@ class TorchTrainer:
                 "task": ds.task, "n_classes": ds.n_classes,
                 "image_shape": list(ds.image_shape) if ds.image_shape is not None else None}
 
-    def _save_arrays(self, workdir: Path) -> dict[str, Any]:
+    def save_arrays(self, workdir: Path) -> dict[str, Any]:
         """Write the split the ranks train on (training rows cut to ``max_train_rows``) beside the job."""
         split = self.arrays()
         path = workdir / "data.npz"
         np.savez(path, **{k: split.pop(k) for k in ("X_train", "y_train", "X_val", "y_val")})
         return {"file": str(path.resolve()), **split}
-
-    def _new_pool(self) -> TorchPool:
-        return TorchPool(
-            self.serve_command, self._save_arrays, self._environment, self.threads_per_rank, self.scratch_dir
-        )
 
     def _run_warm(self, cfg: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> dict:
         """Train on a warm pool (launched on first use, relaunched after a failure)."""
@@ -311,7 +311,7 @@ class TorchTrainer:
         with open(workdir / "launcher.log", "wb") as log:
             proc = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self._environment(), start_new_session=True,
+                env=self.environment(), start_new_session=True,
             )  # fmt: skip
             try:
                 code: int | None = proc.wait(timeout=self.trial_timeout)

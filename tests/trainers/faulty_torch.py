@@ -39,8 +39,8 @@ class FaultyTorchTrainer(TorchTrainer):
             job["fault"] = asdict(self._fault)
         return job
 
-    def _environment(self) -> dict[str, str]:
-        env = super()._environment()
+    def environment(self) -> dict[str, str]:
+        env = super().environment()
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env["PYTHONPATH"]])
         return env
 

@@ -16,8 +16,11 @@ import torch
 
 from faulty_torch import Fault, FaultyTorchTrainer
 from torch_helpers import max_difference, torch_descendants
+from prefect_hyperband.executors.torch_pool import warm_pools
+from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.factory import TrainerSettings
 from prefect_hyperband.trainers.launch import processes_with
 from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG
 from prefect_hyperband.trainers.torch_ddp import TorchTrainer
@@ -34,8 +37,9 @@ def weights(checkpoint: str) -> dict[str, torch.Tensor]:
 def warm(tmp_path_factory):
     """One warm 2-rank trainer shared by the tests below (its pool launches once)."""
     scratch = tmp_path_factory.mktemp("warm-scratch")
-    trainer = FaultyTorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=ROWS, scratch_dir=str(scratch))
-    assert trainer.warm  # the default on one machine
+    trainer = FaultyTorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=ROWS, scratch_dir=str(scratch),
+                                 pools=warm_pools)
+    assert trainer.warm  # the default with the pools the torch plug-in gives
     yield trainer
     trainer.close()
 
@@ -96,7 +100,8 @@ def test_hanging_rank_is_killed_at_the_trial_timeout(warm, tmp_path):
 
 
 def test_concurrent_calls_get_a_pool_each_and_close_leaves_no_processes(tmp_path):
-    trainer = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=256, scratch_dir=str(tmp_path))
+    trainer = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=256, scratch_dir=str(tmp_path),
+                           pools=warm_pools)
     with ThreadPoolExecutor(2) as threads:
         runs = list(threads.map(lambda i: trainer.train({}, 1, None, str(tmp_path / f"c{i}.pt")), range(2)))
     assert len(trainer.pools) == 2 and all(p.alive for p in trainer.pools)
@@ -112,8 +117,12 @@ def test_concurrent_calls_get_a_pool_each_and_close_leaves_no_processes(tmp_path
 def test_pool_options():
     with pytest.raises(InputError, match="pool_size must be >= 1"):
         TorchTrainer(DIGITS, pool_size=0)
-    assert TorchTrainer(DIGITS).warm
-    assert not TorchTrainer(DIGITS, warm=False).warm
+    assert TorchTrainer(DIGITS, pools=warm_pools).warm
+    assert not TorchTrainer(DIGITS, pools=warm_pools, warm=False).warm
+    assert not TorchTrainer(DIGITS).warm  # built without the plug-in's pools: every call launches its ranks
+    with pytest.raises(InputError, match="warm=True needs the warm pools"):
+        TorchTrainer(DIGITS, warm=True)
+    assert registry.get("torch").build(TrainerSettings("torch", DIGITS)).warm  # a job's trainer: warm
     single = TorchTrainer(DIGITS, workers=2, pool_size=1)
     command = single.serve_command(Path("/tmp/pool"))
     assert command[command.index("--serve") + 1] == "/tmp/pool" and "--owner" in command

@@ -22,6 +22,10 @@ def build(settings: Any):
         from prefect_hyperband.executors.dask_ranks import torch_on
 
         kwargs["placement"] = torch_on(settings.dask_address)
+    else:  # this machine's ranks, kept up between trial-rungs (``warm=False`` in the model's knobs turns it off)
+        from prefect_hyperband.executors.torch_pool import warm_pools
+
+        kwargs["pools"] = warm_pools
     return TorchTrainer(settings.data, workers=settings.workers, metric=settings.metric, seed=settings.seed, **kwargs)
 
 
