@@ -28,8 +28,8 @@ def work(job: Job, tj: TrialJob) -> Outcome:
 
     On a cluster's workers (a Dask group), the group is taken first, and both task runs are tagged with its
     workers' addresses: the Prefect UI shows where each trial-rung trained. The job goes in ``quote``: Prefect
-    walks every parameter of a task run for futures to resolve, and the job's settings, space and store were the
-    largest part of a trial-rung's task-run cost at 256 slots (py-spy); the task gets the job itself."""
+    walks every parameter of a task run for futures to resolve, and walking the job (its settings, space and
+    store) took 56 of 884 GIL samples of a 256-slot job (py-spy); the task gets the job itself."""
     with contextlib.ExitStack() as held:
         group = _reserve(job, held)
         with tags(*group):

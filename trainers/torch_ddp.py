@@ -10,7 +10,7 @@ port 0 makes the rendezvous TCP store bind a port the kernel picks while it list
 ranks reuse that store (torch's default agent-store sharing), so two concurrent trials can never
 be handed the same port and no probe-then-bind race with other programs exists.
 
-Warm workers (the default on one machine, ``warm=False`` for the cold path above): the ranks are
+Warm workers (a job's default on one machine, ``warm=False`` for the cold path above): the ranks are
 launched once per job and reused by every later call (``executors.torch_pool``): a warm call skips
 the ~3-4 s of process launch, torch import, process-group init and data loading, and trains
 exactly what a cold launch would (every trial re-seeds from its seed or checkpoint).
@@ -91,11 +91,12 @@ class TorchTrainer:
     ``threads_per_rank`` defaults to cpu_count // (workers * concurrent_trials): pass the number
     of trials that run at once, since oversubscribed intra-op threads slow small models ~5x.
     ``max_train_rows`` cuts the training split (tests); ``scratch_dir`` holds each call's job
-    folder. Ranks across machines run on a Dask cluster (``dask_address``, ``executors/dask_ranks.py``).
+    folder. Ranks across machines run on a Dask cluster: ``placement`` (``executors.dask_ranks.torch_on``,
+    given by the torch plug-in for ``--dask-address``).
 
-    ``warm`` (default: on) keeps the ranks alive between calls: a pool per
-    concurrent call, at most ``pool_size`` pools (default: one per call running at once); ``close()``
-    stops them. ``warm=False`` launches fresh processes for every call.
+    ``pools`` (``executors.torch_pool.warm_pools``, given by the torch plug-in) keeps the ranks alive
+    between calls: a pool per concurrent call, at most ``pool_size`` pools (default: one per call running
+    at once); ``close()`` stops them. ``warm=False``, or no ``pools``, launches fresh processes for every call.
     """
 
     #: the module each rank runs (``python -m``); a subclass may wrap it
