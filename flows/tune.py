@@ -17,7 +17,7 @@ from prefect_hyperband.flows.driver import JobStopped, close_decided, drive
 from prefect_hyperband.flows.lost import end_lost_flow_run, end_orphan_runs
 from prefect_hyperband.flows.prepare import prepare, resolve
 from prefect_hyperband.flows.params import TuneParams, mlflow_params
-from prefect_hyperband.flows.lock import job_lock
+from prefect_hyperband.flows.lock import job_lock, took_over
 from prefect_hyperband.flows.process import job_lines_in_ui
 from prefect_hyperband.flows.state import load_state, make_scheduler, save_job_record
 from prefect_hyperband.hyperband import front, schedule
@@ -62,6 +62,8 @@ def tune(params: TuneParams) -> dict[str, Any]:
     job = prepare(params)
     with job_lock(job.job_dir, job.job_id, flow_run_id=str(flow_run.id)) as lost, factory.scope(), \
             job_lines_in_ui():  # one process per job
+        if took_over(lost):
+            logger.warning(took_over(lost))
         if lost and lost.get("flow_run_id") not in (None, str(flow_run.id)):
             end_lost_flow_run(lost, str(flow_run.id), logger)
         writer = make_writer(writer_for(job.concurrency, job.mode, params.max_trials, params.time_budget))

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -72,9 +73,15 @@ def test_one_process_per_job_and_a_stale_lock_is_taken_over(tracking_uri, tmp_pa
     finally:
         holder.kill()
         holder.wait()
-    # the holder is gone: its lock is stale, the job runs and leaves no lock behind
+    # the holder's machine is gone: another host's lock not refreshed for longer than STALE_AFTER is taken over
+    # (a dead process's lock on this host: tests/flows/test_lock.py), said in one line; no lock left behind
+    from prefect_hyperband.flows.lock import STALE_AFTER
+
+    (jobs / "held" / "lock").write_text(json.dumps({"host": "controller-2", "pid": 4242}))
+    os.utime(jobs / "held" / "lock", (time.time() - STALE_AFTER - 60,) * 2)
     code, _, err = run(capsys, *SMALL, "--job-dir", str(jobs), "--job-id", "held")
     assert code == 0, err
+    assert "took over the job's lock from host controller-2 (pid 4242)" in (jobs / "held" / "job.log").read_text()
     assert not (jobs / "held" / "lock").exists()
 
 
