@@ -68,7 +68,7 @@ RAY_SCRIPT = textwrap.dedent("""
 def ours(c: int, t: float, n: int, where: Path) -> dict:
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HYPERBAND_NO_LIVE": "1"}
     env.pop("PREFECT_API_URL", None)
-    cmd = [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--model", "synthetic", "--unit-seconds",
+    cmd = [sys.executable, "-m", "prefect_hyperband.app.cli", "tune", "--model", "synthetic", "--unit-seconds",
            f"{t:g}", "--mode", "asha", "--min-resource", "1", "--max-resource", "1", "--max-trials", str(n),
            "--concurrency", str(c), "--no-baseline", "--job-dir", str(where / "jobs"), "--json"]
     began = time.perf_counter()

@@ -50,7 +50,7 @@ def run_job(trial_rungs: int, concurrency: int, where: Path) -> dict:
     job_dir = where / "jobs"
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HYPERBAND_NO_LIVE": "1"}
     env.pop("PREFECT_API_URL", None)  # its own temporary server, as a new user's job
-    cmd = [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--model", "synthetic", "--mode", "asha",
+    cmd = [sys.executable, "-m", "prefect_hyperband.app.cli", "tune", "--model", "synthetic", "--mode", "asha",
            "--max-resource", "9", "--concurrency", str(concurrency), "--max-trials", str(configs), "--no-baseline",
            "--job-dir", str(job_dir), "--job-id", "big", "--json"]
     began = time.perf_counter()

@@ -38,7 +38,7 @@ _api_sources()
 
 
 def cli_reference() -> str:
-    from prefect_hyperband.flows.flags import build_parser
+    from prefect_hyperband.app.flags import build_parser
     from prefect_hyperband.flows.params import TuneParams
 
     missing = [name for name, field in TuneParams.model_fields.items() if not (field.description or "").strip()]

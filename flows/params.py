@@ -14,7 +14,7 @@ from prefect_hyperband.trainers.xgboost_trainer import ROUNDS_PER_UNIT
 
 
 #: A field's own facts beside its type and description, in ``json_schema_extra`` (the one place they are written):
-#: ``metavar``, what ``--help`` calls its value (PATH, URL, SECONDS...; ``flows.cli``); ``on_resume: may change``,
+#: ``metavar``, what ``--help`` calls its value (PATH, URL, SECONDS...; ``app.cli``); ``on_resume: may change``,
 #: a field a resume may set to another value than the job's (``flows.prepare.resolve``; the others are refused);
 #: ``mlflow: param``, a field the parent run logs as a param (``flows.tune``: its value as the job resolved it).
 #: The word for a value of a type, where a field has no ``metavar``:

@@ -1,7 +1,7 @@
 """prefect-hyperband: exact Hyperband and ASHA as Prefect flows, tracked in MLflow.
 
 The one import package of the distribution. In the repository its subpackages live at the
-root (``flows/``, ``tasks/``, ``hyperband/``, ``trainers/``, ``data/``, ``deployments/``) and
+root (``app/``, ``flows/``, ``tasks/``, ``hyperband/``, ``trainers/``, ``data/``, ``deployments/``) and
 are mapped under this name by ``pyproject.toml``. Importing this module imports nothing heavy;
 ``tune``, ``Trial``, ``report`` and ``JobResult`` load on first use::
 
@@ -25,12 +25,12 @@ except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
 _LAZY = {
-    "tune": ("prefect_hyperband.flows.api", "tune"),
-    "JobResult": ("prefect_hyperband.flows.api", "JobResult"),
+    "tune": ("prefect_hyperband.app.api", "tune"),
+    "JobResult": ("prefect_hyperband.app.api", "JobResult"),
     "Trial": ("prefect_hyperband.trainers.function", "Trial"),
     "report": ("prefect_hyperband.trainers.function", "report"),
     "StopToken": ("prefect_hyperband.trainers.stopping", "StopToken"),
-    "JobCancelled": ("prefect_hyperband.flows.api", "JobCancelled"),
+    "JobCancelled": ("prefect_hyperband.app.api", "JobCancelled"),
 }
 
 __all__ = ["JobCancelled", "JobResult", "StopToken", "Trial", "__version__", "report", "tune"]

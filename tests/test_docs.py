@@ -50,4 +50,4 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
     assert "--max-resource" in cli and "Several objectives: the champion" in cli
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
-    assert "prefect_hyperband.flows.api.tune" in api and "StopToken" in api
+    assert "prefect_hyperband.app.api.tune" in api and "StopToken" in api

@@ -1,6 +1,8 @@
 """The folders' layering (``docs/how-it-works.md``, "Layout"): which folder of the package may import which.
 
-    flows/      the Prefect flows that wire a job (and, for now, the CLI, the Python API and the parameters)
+    app/        what a user types or calls: the CLI, the Python API (``hb.tune``), ``hyperband deploy``
+      ↓
+    flows/      the Prefect flows that wire a job, with their parameters (the deployments' form) and validation
       ↓
     executors/  where a trial-rung runs: the loop, this process's threads, a work pool, torch's warm pools, Dask
       ↓
@@ -26,6 +28,7 @@ MAY_IMPORT = {
     "tasks": {"tasks", "trainers", "hyperband"},
     "executors": {"executors", "tasks", "trainers", "hyperband"},
     "flows": {"flows", "executors", "tasks", "trainers", "hyperband"},
+    "app": {"app", "flows", "executors", "tasks", "trainers", "hyperband"},
 }
 #: a model's plug-in wires its trainer to the executor that places it (``--dask-address``): it may import both
 WIRING = "trainers/plugins/"

@@ -112,7 +112,7 @@ def test_entrypoint_loads_through_prefect_as_a_worker_does():
 
 
 def test_the_packaged_prefect_yaml_is_this_one():
-    from prefect_hyperband.flows import deploy
+    from prefect_hyperband.app import deploy
 
     assert deploy.prefect_yaml().read_text() == PREFECT_YAML.read_text()
     assert [d["name"] for d in deploy.bundled()] == [d["name"] for d in _config()["deployments"]]
@@ -133,7 +133,7 @@ def test_the_scaling_study_deployment_is_the_scale_flow_with_valid_params():
 
 
 def test_hyperband_deploy_rejects_an_unknown_deployment_in_one_line(capsys, monkeypatch):
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
 
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
     assert cli.main(["deploy", "--name", "nosuch"]) == 2
@@ -143,7 +143,7 @@ def test_hyperband_deploy_rejects_an_unknown_deployment_in_one_line(capsys, monk
 
 
 def test_hyperband_deploy_needs_a_server(capsys, monkeypatch):
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     assert cli.main(["deploy"]) == 2

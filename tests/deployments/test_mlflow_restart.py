@@ -39,7 +39,7 @@ def test_a_job_outlives_its_tracking_server_restarting(tmp_path: Path):
         first = stack.start("mlflow-1", server)
         _wait_http(f"{url}/health", stack, "MLflow")
         job = subprocess.Popen(
-            [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--model", "synthetic", "--max-resource", "9",
+            [sys.executable, "-m", "prefect_hyperband.app.cli", "tune", "--model", "synthetic", "--max-resource", "9",
              "--unit-seconds", "0.3", "--concurrency", "2", "--no-baseline", "--tracking-uri", proxy.url,
              "--job-dir", str(tmp_path / "jobs"), "--job-id", "blip", "--json"],
             cwd=tmp_path, env={**env, "PREFECT_API_URL": PREFECT_API_URL.value()}, stdout=subprocess.PIPE,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 
 
-from prefect_hyperband.flows import cli
+from prefect_hyperband.app import cli
 
 
 def _closed_port() -> int:
@@ -46,7 +46,7 @@ def test_unreachable_tracking_server_from_the_installed_command(tmp_path):
 
     uri = f"http://127.0.0.1:{_closed_port()}"
     exe = Path(sys.executable).parent / "hyperband"
-    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "prefect_hyperband.flows.cli"]
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "prefect_hyperband.app.cli"]
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     proc = subprocess.run(
         [*command, "tune", "--max-resource", "3", "--job-dir", str(tmp_path / "jobs"), "--tracking-uri", uri],

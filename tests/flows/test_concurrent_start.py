@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 def test_two_jobs_started_together_on_a_new_store_both_complete_with_their_own_runs(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PYTHONUNBUFFERED="1", HYPERBAND_NO_LIVE="1")
-    argv = [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--model", "synthetic", "--max-resource", "9",
+    argv = [sys.executable, "-m", "prefect_hyperband.app.cli", "tune", "--model", "synthetic", "--max-resource", "9",
             "--no-baseline", "--json"]
     procs = [subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]  # the same instant: neither store exists yet

@@ -29,7 +29,7 @@ class Jobs:
                     "PREFECT_API_URL": PREFECT_API_URL.value(), "HYPERBAND_NO_LIVE": "1"}
 
     def start(self, *argv: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", *argv, "--job-dir",
+        return subprocess.Popen([sys.executable, "-m", "prefect_hyperband.app.cli", "tune", *argv, "--job-dir",
                                  str(self.jobs), "--json"], env=self.env, cwd=self.root, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
 

@@ -52,7 +52,7 @@ def test_the_torch_job_on_dask_groups_survives_a_killed_worker_and_equals_the_jo
     common = dict(model="torch", data="digits", min_resource=1, max_resource=9, eta=3, workers=2, seed=0,
                   baseline=False, register_model=False, job_dir=str(tmp_path / "jobs"))
     with cluster(HOSTS, str(tmp_path)) as c:
-        from prefect_hyperband.flows.cli import main
+        from prefect_hyperband.app.cli import main
 
         assert main(["tune", "--model", "torch", "--data", "digits", "--workers", "5", "--dask-address", c.address,
                      "--job-dir", str(tmp_path / "jobs"), "--tracking-uri", tracking_uri]) == 2  # before any training

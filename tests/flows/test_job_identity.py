@@ -19,7 +19,7 @@ SMALL = ["--model", "synthetic", "--max-resource", "3", "--eta", "3", "--no-base
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
 
     try:
         code = cli.main(["tune", *argv])
@@ -113,7 +113,7 @@ def test_two_resumes_at_once_one_runs_the_other_is_refused_naming_the_holder(tmp
     jobs = tmp_path / "jobs"
 
     def cli(*argv: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", *argv, "--job-dir", str(jobs),
+        return subprocess.Popen([sys.executable, "-m", "prefect_hyperband.app.cli", "tune", *argv, "--job-dir", str(jobs),
                                  "--json"], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
 

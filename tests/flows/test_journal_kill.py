@@ -26,7 +26,7 @@ def start(root: Path, *argv: str) -> subprocess.Popen:
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}", "PYTHONUNBUFFERED": "1",
            "PREFECT_API_URL": PREFECT_API_URL.value(), "HYPERBAND_NO_LIVE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", *argv,
+    return subprocess.Popen([sys.executable, "-m", "prefect_hyperband.app.cli", "tune", *argv,
                              "--job-dir", str(root / "jobs")], env=env, cwd=root, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 

@@ -101,7 +101,7 @@ def test_child_runs_of_trials_the_job_never_trained_end_killed(tracking_uri):
 
 def test_a_resume_after_the_controller_was_lost_crashes_its_flow_run(tracking_uri, tmp_path):
     """The lock a SIGKILLed job left names its flow run: the job that takes the lock over ends it."""
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
 
     parent, child, _ = _lost_flow_run()
     jobs = tmp_path / "jobs"

@@ -86,7 +86,7 @@ def test_prior_first_trains_the_priors_mode_to_r_before_the_brackets(tracking_ur
 
 
 def run_cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", *args], cwd=cwd, env=env,
+    return subprocess.Popen([sys.executable, "-m", "prefect_hyperband.app.cli", "tune", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -326,7 +326,7 @@ def test_a_job_ends_when_its_goal_is_met_and_a_resume_with_a_looser_goal_finishe
 
 
 def test_a_target_resource_above_r_is_one_line_and_exit_2(capsys):
-    from prefect_hyperband.flows.cli import main
+    from prefect_hyperband.app.cli import main
 
     assert main(["tune", "--model", "synthetic", "--max-resource", "9", "--target-score", "0.1",
                  "--target-resource", "27"]) == 2

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 def test_scale_prints_the_table_and_nests_the_jobs_under_one_study_run(tracking_uri, tmp_path, capsys):
     from mlflow import MlflowClient
 
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
     from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
 
     code = cli.main(["scale", "--model", "synthetic", "--workers", "1,2", "--max-resource", "9", "--seed", "3",
@@ -54,7 +54,7 @@ def test_scale_prints_the_table_and_nests_the_jobs_under_one_study_run(tracking_
 def test_scale_refuses_a_size_the_machine_cannot_hold_before_any_work(tracking_uri, tmp_path, capsys):
     import os
 
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
 
     too_many = (os.cpu_count() or 1) + 1
     code = cli.main(["scale", "--model", "xgboost", "--workers", f"1,{too_many}", "--max-resource", "3",

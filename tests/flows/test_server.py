@@ -26,7 +26,7 @@ def test_the_clis_temporary_server_starts_with_the_batched_writes(monkeypatch):
     from prefect.server.api import server as prefect_server
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
 
     seen: dict[str, str | None] = {}
 

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 def start(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen:
     """The CLI in its own process group with SIGINT at its default, as a terminal's foreground job."""
     return subprocess.Popen(
-        [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", *args], cwd=cwd, env=env,
+        [sys.executable, "-m", "prefect_hyperband.app.cli", "tune", *args], cwd=cwd, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )

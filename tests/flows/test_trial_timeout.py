@@ -51,7 +51,7 @@ def test_a_hung_training_fails_its_trial_on_the_timeout_and_the_job_exits(kind, 
     target = [f"--{kind}", f"{code}:train" if kind == "trainer" else str(code)]
     began = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", *target, "--space", str(space), "--metric", "loss",
+        [sys.executable, "-m", "prefect_hyperband.app.cli", "tune", *target, "--space", str(space), "--metric", "loss",
          "--direction", "minimize", "--max-resource", "3", "--eta", "3", "--seed", "4", "--concurrency", "2",
          "--trial-timeout", "5", "--job-dir", str(tmp_path / "jobs"), "--json"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,

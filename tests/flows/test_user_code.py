@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 @pytest.mark.slow  # processes end to end (the fast tier keeps its loop behaviours on fakes)
 def test_the_sklearn_example_from_the_cli_trains_exactly_69_epochs(tracking_uri, tmp_path, capsys):
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
 
     code = cli.main(["tune", "--trainer", EXAMPLE, "--space", SPACE, "--metric", "val_loss", "--direction", "minimize",
                      "--min-resource", "1", "--max-resource", "9", "--eta", "3", "--seed", "4",
@@ -116,7 +116,7 @@ def test_a_failing_user_trainer_fails_its_trials_only(tracking_uri, tmp_path):
     ],
 )
 def test_bad_user_code_input_is_one_line_and_exit_2(tracking_uri, tmp_path, capsys, extra, message):
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
 
     try:
         code = cli.main(["tune", "--job-dir", str(tmp_path / "jobs"), *extra])

@@ -32,7 +32,7 @@ def launchers() -> list[psutil.Process]:
 
 @pytest.mark.slow  # processes end to end (the fast tier keeps its loop behaviours on fakes)
 def test_the_ddp_example_with_two_workers_trains_exactly_11_epochs_at_world_size_2(tracking_uri, tmp_path, capsys):
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
 
     code = cli.main(["tune", "--script", DDP, "--workers", "2", "--space", DDP_SPACE, "--metric", "val_accuracy",
                      "--direction", "maximize", "--min-resource", "1", "--max-resource", "3", "--eta", "3",
@@ -114,7 +114,7 @@ def script(tmp_path: Path, body: str) -> str:
 @pytest.mark.slow  # processes end to end (the fast tier keeps its loop behaviours on fakes)
 def test_a_failing_script_fails_its_trial_with_the_last_lines_of_its_output(tracking_uri, tmp_path, capsys):
     """Non-zero exit, a missing report, a NaN: each fails that trial only, with the reason on its child run."""
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
 
     path = script(tmp_path, """
         import argparse, os, sys
@@ -167,7 +167,7 @@ def test_a_failing_script_fails_its_trial_with_the_last_lines_of_its_output(trac
     ],
 )
 def test_bad_script_input_is_one_line_and_exit_2(tracking_uri, tmp_path, capsys, extra, message):
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
 
     if "nosuch.py" in extra:
         extra = extra + ["--space", DDP_SPACE, "--metric", "m", "--direction", "minimize"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow_runs import runs_of  # noqa: E402  (tests/flows)
 
-from prefect_hyperband.flows.cli import main
+from prefect_hyperband.app.cli import main
 from prefect_hyperband.flows.params import TuneParams
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

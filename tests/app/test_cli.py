@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from prefect_hyperband.flows.cli import main
+from prefect_hyperband.app.cli import main
 
 
 def test_plan_json_has_the_documented_shape(capsys):
@@ -78,7 +78,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monke
 
 
 def _help(command: str) -> str:
-    from prefect_hyperband.flows.flags import build_parser
+    from prefect_hyperband.app.flags import build_parser
 
     sub = build_parser()._subparsers._group_actions[0].choices[command]
     return " ".join(sub.format_help().split())
@@ -100,8 +100,8 @@ def test_a_field_added_to_tune_params_is_a_flag_with_no_other_edit(capsys, monke
     from pydantic import Field
 
     from prefect_hyperband.flows import params
-    from prefect_hyperband.flows.cli import job_params
-    from prefect_hyperband.flows.flags import build_parser, given
+    from prefect_hyperband.app.cli import job_params
+    from prefect_hyperband.app.flags import build_parser, given
 
     class Mine(params.TuneParams):
         warmup_units: int = Field(2, ge=0, description="Units of learning-rate warm-up before the first rung.")
@@ -130,7 +130,7 @@ def test_help_names_each_value_for_what_it_is_not_its_python_type():
 
 
 def test_only_the_flags_given_are_fields_set_so_a_resume_can_tell_them_apart():
-    from prefect_hyperband.flows.flags import build_parser, given
+    from prefect_hyperband.app.flags import build_parser, given
 
     args = build_parser().parse_args(["tune", "--seed", "4", "--no-register-model", "--space", '{"eta": {"type": "float", "low": 0.1, "high": 0.3}}'])
     assert given(args) == {"seed": "4", "register_model": False,
@@ -167,7 +167,7 @@ def test_prior_first_without_a_prior_in_the_space_is_one_line_and_exit_2(capsys,
 
 def test_bad_input_never_prints_a_traceback_from_the_installed_command(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--data", str(tmp_path / "x.csv"), "--target", "y"],
+        [sys.executable, "-m", "prefect_hyperband.app.cli", "tune", "--data", str(tmp_path / "x.csv"), "--target", "y"],
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
     )
     assert proc.returncode == 2
@@ -178,7 +178,7 @@ def test_bad_input_never_prints_a_traceback_from_the_installed_command(tmp_path)
 def test_a_trial_pool_without_a_prefect_server_for_its_workers_is_one_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     proc = subprocess.run(
-        [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--model", "synthetic", "--trial-pool", "gpus"],
+        [sys.executable, "-m", "prefect_hyperband.app.cli", "tune", "--model", "synthetic", "--trial-pool", "gpus"],
         capture_output=True, text=True, cwd=tmp_path, timeout=120, env={**env, "PREFECT_HOME": str(tmp_path)},
     )
     assert proc.returncode == 2, proc.stderr
@@ -197,7 +197,7 @@ def test_tune_printed_to_a_file_is_short_no_task_run_lines_one_summary(tmp_path)
         env.pop(name, None)  # the CLI starts its own temporary server and logs at its levels, as for a user
     with open(tmp_path / "out.txt", "w") as out:
         proc = subprocess.run(
-            [sys.executable, "-m", "prefect_hyperband.flows.cli", "tune", "--model", "synthetic", "--max-resource", "9",
+            [sys.executable, "-m", "prefect_hyperband.app.cli", "tune", "--model", "synthetic", "--max-resource", "9",
              "--no-register-model", "--job-dir", str(tmp_path / "jobs"), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
             stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, env=env, timeout=300,
         )
@@ -240,7 +240,7 @@ def _api_down(status: int = 500):
 
 def test_a_flow_run_the_api_cannot_start_is_waited_for_with_one_warning_line(monkeypatch, capsys):
     """PostgreSQL restarting under the Prefect server: the job's flow run is created once it is back."""
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
     from prefect_hyperband.flows.params import TuneParams
 
     monkeypatch.setattr(cli, "time", _Clock())
@@ -259,7 +259,7 @@ def test_a_flow_run_the_api_cannot_start_is_waited_for_with_one_warning_line(mon
 
 
 def test_past_the_service_wait_the_job_stops_in_one_line_exit_75(monkeypatch, capsys):
-    from prefect_hyperband.flows import cli
+    from prefect_hyperband.app import cli
     from prefect_hyperband.flows.params import TuneParams
 
     clock = _Clock()
@@ -277,7 +277,8 @@ def test_past_the_service_wait_the_job_stops_in_one_line_exit_75(monkeypatch, ca
 
 
 def test_an_error_once_the_job_began_or_not_from_the_api_is_not_retried(monkeypatch):
-    from prefect_hyperband.flows import cli, tune as tune_module
+    from prefect_hyperband.app import cli
+    from prefect_hyperband.flows import tune as tune_module
     from prefect_hyperband.flows.params import TuneParams
 
     monkeypatch.setattr(cli, "time", _Clock())
@@ -300,7 +301,7 @@ def test_a_prefect_server_restart_is_one_warning_line_on_the_terminal_not_traceb
     at exit with nothing pending (on prefect._internal's own handler): one warning line, once."""
     import logging
 
-    from prefect_hyperband.flows.terminal import _TerminalFilter
+    from prefect_hyperband.app.terminal import _TerminalFilter
 
     said: list[str] = []
     hyperband = logging.getLogger("prefect_hyperband")

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from prefect_hyperband.flows.flags import EXIT_USAGE, build_parser, given, schedule_fields, study_model
+from prefect_hyperband.app.flags import EXIT_USAGE, build_parser, given, schedule_fields, study_model
 
 #: the job stopped on something outside it that may come back (its Dask scheduler): ``--resume`` later (EX_TEMPFAIL)
 EXIT_TEMPFAIL = 75
@@ -63,7 +63,7 @@ def _plan(flags: dict[str, Any], args: argparse.Namespace) -> int:
 
 def _deploy(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from prefect_hyperband.flows import deploy
+    from prefect_hyperband.app import deploy
 
     if args.show:
         print(deploy.prefect_yaml())
@@ -174,7 +174,7 @@ def _scale(flags: dict[str, Any], args: argparse.Namespace) -> int:
         if message:
             return _fail(message if f"--workers {n}" in message else f"--workers {n}: {message}")
     from prefect_hyperband.flows.scale import scale
-    from prefect_hyperband.flows.terminal import quiet_terminal
+    from prefect_hyperband.app.terminal import quiet_terminal
 
     quiet_terminal()
     _temporary_server()
@@ -207,7 +207,7 @@ def _run(params, args: argparse.Namespace) -> int:
     from prefect_hyperband.flows.prepare import new_job_id
 
     params = params.model_copy(update={"job_id": params.job_id or new_job_id()})  # the preflight's and the flow's
-    from prefect_hyperband.flows.terminal import JobLog, job_log_path, live_display, quiet_terminal
+    from prefect_hyperband.app.terminal import JobLog, job_log_path, live_display, quiet_terminal
 
     log = JobLog(verbose=args.verbose)  # MLflow's own lines from here on: the job's log file, not the terminal
     message = preflight(params)
