@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 from prefect_hyperband.hyperband.promotion import (Directions, Score, as_direction, as_score, failed, promote, several,
                                                    sign, sort_key)
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
-from prefect_hyperband.hyperband.trial import Status, TrialJob
+from prefect_hyperband.hyperband.trial import Status, TrialJob, trial_id as make_trial_id
 
 
 
@@ -213,7 +213,7 @@ class AshaState:
         config = new_config()
         if not isinstance(config, Mapping):
             raise ValueError(f"new_config must return a mapping of parameter -> value, got {config!r}")
-        trial_id = f"s{s}-{self.started[s]:04d}"
+        trial_id = make_trial_id(s, self.started[s])
         self.started[s] += 1
         self.trials[trial_id] = AshaTrial(trial_id, s, dict(config))
         return TrialJob(trial_id, s, 0, self._plan[s].rungs[0].resource, dict(config), None)

@@ -15,7 +15,7 @@ import numpy as np
 from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, failed, promote
 from prefect_hyperband.hyperband.schedule import Bracket, Rung
 from prefect_hyperband.hyperband.space import Space
-from prefect_hyperband.hyperband.trial import Status
+from prefect_hyperband.hyperband.trial import Status, trial_id as make_trial_id
 
 
 
@@ -54,7 +54,7 @@ class BracketState:
         rng = np.random.default_rng([seed, bracket.s])
         trials = {}
         for j in range(bracket.n_configs):
-            trial_id = f"s{bracket.s}-{j:03d}"
+            trial_id = make_trial_id(bracket.s, j)
             trials[trial_id] = Trial(trial_id, bracket.s, dict(ask()) if ask else space.sample(rng))
         return cls(bracket.s, eta, bracket.rungs, direction, trials, 0, list(trials))
 

@@ -9,6 +9,12 @@ from typing import Any, Literal
 Status = Literal["running", "stopped", "failed", "completed"]
 
 
+def trial_id(bracket: int, n: int) -> str:
+    """The id of bracket ``bracket``'s ``n``-th trial, in both modes: ``s2-0007``. (Ids of jobs saved before the
+    format was one, ``s2-007`` in Hyperband's brackets, are kept as they were.)"""
+    return f"s{bracket}-{n:04d}"
+
+
 @dataclass(frozen=True)
 class TrialJob:
     """Train ``trial_id`` to ``resource`` units (rung ``rung`` of bracket ``bracket``), resuming ``checkpoint``."""

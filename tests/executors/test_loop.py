@@ -248,20 +248,20 @@ def test_a_full_disk_under_the_tracking_store_stops_the_job_instead_of_failing_t
     import sqlite3
 
     def behave(todo, attempt):
-        if todo.trial_id == "s2-002":
+        if todo.trial_id == "s2-0002":
             return 1.0, sqlite3.OperationalError("database or disk is full")
         return 1.0, trained(todo, 1.0)
 
     sim, tracker, sched = Sim(behave), Tracker(), hyperband()
     with pytest.raises(JobStopped, match=r"^stopped: no space left on device \(OperationalError: database or disk"):
         make(sched, sim, tracker, concurrency=1).run()
-    assert [t for t in sim.submitted if t.trial_id == "s2-002"] and not tracker.failures
+    assert [t for t in sim.submitted if t.trial_id == "s2-0002"] and not tracker.failures
     assert "failed" not in {t.status for t in sched.records()}
 
 
 def test_a_stop_gives_the_trainings_in_flight_their_grace_then_abandons_them():
     def behave(todo, attempt):
-        return (HANG, None) if todo.trial_id == "s1-000" else (1.0, trained(todo, 1.0))
+        return (HANG, None) if todo.trial_id == "s1-0000" else (1.0, trained(todo, 1.0))
 
     sim, stop = Sim(behave), Stop()
     sim.on_submit = lambda todo: stop.request() if len(sim.submitted) == 4 else None
@@ -274,61 +274,61 @@ def test_a_stop_gives_the_trainings_in_flight_their_grace_then_abandons_them():
 
 def test_a_trial_rung_past_its_timeout_fails_its_trial_and_the_job_goes_on():
     def behave(todo, attempt):
-        return (HANG, None) if todo.trial_id == "s2-004" else (1.0, trained(todo, 1.0))
+        return (HANG, None) if todo.trial_id == "s2-0004" else (1.0, trained(todo, 1.0))
 
     sim, tracker = Sim(behave), Tracker()
     sched = hyperband()
     drive = make(sched, sim, tracker, concurrency=2, trial_timeout=30.0).run()
-    assert [t.trial_id for t in sim.given_up] == ["s2-004"]
+    assert [t.trial_id for t in sim.given_up] == ["s2-0004"]
     failed = {t.trial_id: t for t in sched.records() if t.status == "failed"}
-    assert list(failed) == ["s2-004"] and "--trial-timeout" in failed["s2-004"].error
-    assert tracker.failures and tracker.failures[0][0] == "s2-004"
+    assert list(failed) == ["s2-0004"] and "--trial-timeout" in failed["s2-0004"].error
+    assert tracker.failures and tracker.failures[0][0] == "s2-0004"
     assert sched.done and len(drive.rows) == 22  # its trial-rung is a row (failed); its rung still promotes 3
     assert 30.0 < drive.lost <= 30.25  # the given-up training's seconds, on the loop's clock
 
 
 def test_an_orchestration_error_runs_the_trial_rung_again_and_past_its_retries_fails_the_trial():
     def behave(todo, attempt):
-        if todo.trial_id == "s2-000" and attempt < ORCHESTRATION_RETRIES:
+        if todo.trial_id == "s2-0000" and attempt < ORCHESTRATION_RETRIES:
             return 1.0, RuntimeError("simulated: Prefect API answered 503")
-        if todo.trial_id == "s1-000":
+        if todo.trial_id == "s1-0000":
             return 1.0, RuntimeError("simulated: API down for this trial")
         return 1.0, trained(todo, 1.0)
 
     sim, tracker, sched = Sim(behave), Tracker(), hyperband()
     make(sched, sim, tracker, concurrency=1).run()
     status = {t.trial_id: t.status for t in sched.records()}
-    assert status["s2-000"] != "failed"  # retried twice, then trained
-    assert sum(1 for t in sim.submitted if t.trial_id == "s2-000" and t.resource == 1) == ORCHESTRATION_RETRIES + 1
-    assert status["s1-000"] == "failed" and tracker.failures == [("s1-000", "RuntimeError: simulated: API down for this trial")]
-    assert sum(1 for t in sim.submitted if t.trial_id == "s1-000") == ORCHESTRATION_RETRIES + 1
+    assert status["s2-0000"] != "failed"  # retried twice, then trained
+    assert sum(1 for t in sim.submitted if t.trial_id == "s2-0000" and t.resource == 1) == ORCHESTRATION_RETRIES + 1
+    assert status["s1-0000"] == "failed" and tracker.failures == [("s1-0000", "RuntimeError: simulated: API down for this trial")]
+    assert sum(1 for t in sim.submitted if t.trial_id == "s1-0000") == ORCHESTRATION_RETRIES + 1
 
 
 def test_a_tracking_store_down_past_its_retries_stops_the_job_not_the_trial():
     """Its client retried for minutes (MLflow's), then the writer (1, 5, 15 s): the job stops and names it (exit 75,
     --resume goes on); the trial-rung is not a row and no trial failed."""
     def fail_record(out, n):
-        return out.job.trial_id == "s2-003"
+        return out.job.trial_id == "s2-0003"
 
     sim, tracker, sched = Sim(), Tracker(fail_record), hyperband()
     with pytest.raises(JobStopped, match=r"^stopped: a server did not answer past its retries \(ConnectionError: "
                                          r"simulated: the tracking store is down\)$"):
         make(sched, sim, tracker).run()
     assert not tracker.failures and "failed" not in {t.status for t in sched.records()}
-    assert sum(1 for t in sim.submitted if (t.trial_id, t.resource) == ("s2-003", 1)) == 1
+    assert sum(1 for t in sim.submitted if (t.trial_id, t.resource) == ("s2-0003", 1)) == 1
 
 
 def test_a_trainer_error_fails_its_trial_which_is_closed_and_never_promoted():
     def behave(todo, attempt):
-        if todo.trial_id == "s2-001":
+        if todo.trial_id == "s2-0001":
             return 1.0, Outcome(todo, None, None, "ValueError: diverged")
         return 1.0, trained(todo, 1.0)
 
     sim, tracker, sched = Sim(behave), Tracker(), hyperband()
     drive = make(sched, sim, tracker).run()
-    assert [r["score"] for r in drive.rows if r["trial_id"] == "s2-001"] == [None]
-    assert ("s2-001", 1) in tracker.recorded and tracker.closed.count("s2-001") == 1
-    assert {t.trial_id for t in sim.submitted if t.resource > 1}.isdisjoint({"s2-001"})
+    assert [r["score"] for r in drive.rows if r["trial_id"] == "s2-0001"] == [None]
+    assert ("s2-0001", 1) in tracker.recorded and tracker.closed.count("s2-0001") == 1
+    assert {t.trial_id for t in sim.submitted if t.resource > 1}.isdisjoint({"s2-0001"})
     assert drive.lost == 1.0  # the second it took left no result: lost worker-seconds
 
 

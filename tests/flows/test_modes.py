@@ -168,7 +168,7 @@ def test_orchestration_failing_past_its_retries_fails_the_trial_only(tracking_ur
     real = driver.runner.work
 
     def broken_for_one(job, todo, *args):
-        if todo.trial_id == "s1-000":
+        if todo.trial_id == "s1-0000":
             raise RuntimeError("simulated: API down for this trial")
         return real(job, todo, *args)
 
@@ -178,8 +178,8 @@ def test_orchestration_failing_past_its_retries_fails_the_trial_only(tracking_ur
     assert result["summary"]["failed_trials"] == 1 and result["summary"]["configs"] == 5
     runs = {r.data.tags["hyperband.trial_id"]: r for r in children(tracking_uri, "broken", result["parent_run_id"])}
     assert len(runs) == 5  # the failed trial has its child run too, with the reason
-    assert runs["s1-000"].info.status == "FAILED"
-    assert "API down" in runs["s1-000"].data.tags["hyperband.error"]
+    assert runs["s1-0000"].info.status == "FAILED"
+    assert "API down" in runs["s1-0000"].data.tags["hyperband.error"]
 
 
 @pytest.mark.parametrize("mode", ["hyperband", "asha"])

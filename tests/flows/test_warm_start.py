@@ -64,7 +64,7 @@ def test_another_space_the_parents_best_configs_go_first_clipped_or_become_prior
     child = _tune(tmp_path, "B", seed=2, space=narrow, warm_start=["A"])
     assert child["warm_start"]["kind"] == "transfer"
     assert "A: another space: their best config is drawn first, clipped to this space" in child["table"]
-    first = _state(child)["brackets"]["1"]["trials"]["s1-000"]["config"]
+    first = _state(child)["brackets"]["1"]["trials"]["s1-0000"]["config"]
     assert first == {"x": narrow["x"]["high"], "y": best["y"]}
     # with PriorBand: the parents' best is the prior of each parameter the user gave none
     space = {"x": {"type": "float", "low": 0.0, "high": 1.0, "prior": 0.5, "confidence": "high"},

@@ -50,9 +50,9 @@ def test_longest_idle_is_the_largest_hole_in_the_union_of_trial_rungs():
 def test_lost_work_is_part_of_the_cost_and_said_in_the_footer():
     from prefect_hyperband.hyperband.accounting import TrialRung, summarise, table
 
-    rows = [TrialRung(trial_id="s0-000", bracket=0, rung=0, resource=3, resource_trained=3, train_seconds=2.0,
+    rows = [TrialRung(trial_id="s0-0000", bracket=0, rung=0, resource=3, resource_trained=3, train_seconds=2.0,
                       eval_seconds=0.5, workers=2, score=0.1)]
     s = summarise(rows, metric="loss", configs=1, max_resource=3, reached_max_resource=1, failed_trials=0,
-                  best=("s0-000", 3, 0.1), default_score=None, wall_seconds=5.0, lost_worker_seconds=7.0)
+                  best=("s0-0000", 3, 0.1), default_score=None, wall_seconds=5.0, lost_worker_seconds=7.0)
     assert s.worker_seconds == 2.0 * 2 + 0.5 + 7.0 and s.lost_worker_seconds == 7.0
     assert "7.0 worker-s lost" in table(s)

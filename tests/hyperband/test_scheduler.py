@@ -135,12 +135,12 @@ def test_asha_time_budget_reads_the_clock_passed_in():
 
 def test_best_of_ranks_with_the_promotion_key():
     records = [
-        TrialRecord("s0-001", 0, {}, "completed", 0, 9, {9: 0.5}),
-        TrialRecord("s0-000", 0, {}, "completed", 0, 9, {9: 0.5, 3: None}),
-        TrialRecord("s1-000", 1, {}, "failed", 0, 0, {1: None}),
+        TrialRecord("s0-0001", 0, {}, "completed", 0, 9, {9: 0.5}),
+        TrialRecord("s0-0000", 0, {}, "completed", 0, 9, {9: 0.5, 3: None}),
+        TrialRecord("s1-0000", 1, {}, "failed", 0, 0, {1: None}),
     ]
-    assert best_of(records, "min")[0].trial_id == "s0-000"
-    assert best_of(records, "max")[0].trial_id == "s0-000"
+    assert best_of(records, "min")[0].trial_id == "s0-0000"
+    assert best_of(records, "max")[0].trial_id == "s0-0000"
     assert best_of(records[2:], "max") is None
 
 

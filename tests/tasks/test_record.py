@@ -12,7 +12,7 @@ from prefect_hyperband.tasks import record, tracking
 
 
 def _trials(n: int) -> list[TrialRecord]:
-    return [TrialRecord(f"s0-{i:03d}", 0, {}, "failed" if i == 3 else "stopped", 0, 1, {1: 0.5}, "boom" if i == 3
+    return [TrialRecord(f"s0-{i:04d}", 0, {}, "failed" if i == 3 else "stopped", 0, 1, {1: 0.5}, "boom" if i == 3
                         else None) for i in range(n)]
 
 
@@ -39,7 +39,7 @@ def calls(monkeypatch):
 
 def test_against_a_tracking_server_runs_end_several_at_once_each_in_order(calls):
     job = SimpleNamespace(tracking_uri="http://127.0.0.1:5000")
-    record.close_trial_runs(job, _trials(20), {f"s0-{i:03d}": f"run-{i}" for i in range(20)})
+    record.close_trial_runs(job, _trials(20), {f"s0-{i:04d}": f"run-{i}" for i in range(20)})
     assert sorted(r for w, r, _ in calls if w == "end") == sorted(f"run-{i}" for i in range(20))
     for i in range(20):  # a run's tags before its end
         mine = [w for w, r, _ in calls if r == f"run-{i}"]
@@ -49,7 +49,7 @@ def test_against_a_tracking_server_runs_end_several_at_once_each_in_order(calls)
 
 def test_a_local_store_ends_them_one_by_one_and_a_trial_with_no_run_is_skipped(calls):
     job = SimpleNamespace(tracking_uri="sqlite:///x.db")
-    record.close_trial_runs(job, _trials(4), {"s0-000": "run-0", "s0-002": "run-2"})
+    record.close_trial_runs(job, _trials(4), {"s0-0000": "run-0", "s0-0002": "run-2"})
     assert [(w, r) for w, r, _ in calls] == [("tags", "run-0"), ("end", "run-0"), ("tags", "run-2"), ("end", "run-2")]
 
 
@@ -62,4 +62,4 @@ def test_a_run_that_cannot_be_ended_past_its_retries_fails_the_call(monkeypatch,
     monkeypatch.setattr(record.retrying, "__kwdefaults__", {"delays": ()})  # no waits between tries here
     with pytest.raises(ConnectionError, match="gone"):
         record.close_trial_runs(SimpleNamespace(tracking_uri="https://mlflow"), _trials(8),
-                                {f"s0-{i:03d}": f"run-{i}" for i in range(8)})
+                                {f"s0-{i:04d}": f"run-{i}" for i in range(8)})
