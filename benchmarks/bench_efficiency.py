@@ -136,11 +136,11 @@ class _Inline:
     def __init__(self, work: Any) -> None:
         self.work = work
 
-    def submit(self, todo: Any) -> Any:
+    def submit(self, trial_rung: Any) -> Any:
         from concurrent.futures import Future
 
         future: Future = Future()
-        future.set_result(self.work(todo))
+        future.set_result(self.work(trial_rung))
         return future
 
     def began(self, future: Any) -> float:
@@ -154,7 +154,7 @@ class _Inline:
 class _Unrecorded:
     """A ``Tracker`` that records nothing: the result enters the state at once."""
 
-    def start(self, todo: Any) -> None: ...
+    def start(self, trial_rung: Any) -> None: ...
     def close(self, trial_ids: list[str]) -> None: ...
     def drain(self) -> None: ...
 
@@ -196,13 +196,13 @@ def job_loop(params: Any, out: Path, nthread: int | None = None) -> dict[str, An
     plan = schedule.plan_summary(params.min_resource, params.max_resource, params.eta)
     scheduler = make_scheduler(job, plan["configs"], None, time.monotonic)
 
-    def work(todo: Any) -> Any:
-        path = out / todo.trial_id / f"r{todo.resource}.ubj"
+    def work(trial_rung: Any) -> Any:
+        path = out / trial_rung.trial_id / f"r{trial_rung.resource}.ubj"
         path.parent.mkdir(parents=True, exist_ok=True)
-        trained = trainer.train(todo.config, todo.resource, todo.checkpoint, str(path))
+        trained = trainer.train(trial_rung.config, trial_rung.resource, trial_rung.checkpoint, str(path))
         t0 = time.perf_counter()
         score = trainer.evaluate(trained.checkpoint)
-        return Outcome(todo, trained, Evaluation(score, time.perf_counter() - t0), None)
+        return Outcome(trial_rung, trained, Evaluation(score, time.perf_counter() - t0), None)
 
     run = Loop(scheduler, _Inline(work), _Unrecorded(), RealClock(), StopToken(), _Silent(),
                save=lambda *_, **__: None, concurrency=1).run()

@@ -191,7 +191,7 @@ def run(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed: int,
     at_resource: list[int | None] = [None] * len(targets)
     with tempfile.TemporaryDirectory(prefix="bench-priors-") as tmp:
         while not sched.done:
-            job = sched.next_job()
+            job = sched.next_trial_rung()
             assert job is not None, "one trial-rung at a time: the job always has a next one until done"
             began = time.perf_counter()
             trained = trainer.train(job.config, job.resource, job.checkpoint,

@@ -88,14 +88,14 @@ def job(trainer: Any, max_resource: int, seed: int, direction: str, warm: Callab
     spent, best, reached, results = 0.0, None, None, []
     with tempfile.TemporaryDirectory(prefix="bench-transfer-") as tmp:
         while not sched.done:
-            tj = sched.next_job()
+            trial_rung = sched.next_trial_rung()
             began = time.perf_counter()
-            trained = trainer.train(tj.config, tj.resource, tj.checkpoint, f"{tmp}/{tj.trial_id}-r{tj.resource}.ubj")
+            trained = trainer.train(trial_rung.config, trial_rung.resource, trial_rung.checkpoint, f"{tmp}/{trial_rung.trial_id}-r{trial_rung.resource}.ubj")
             value = trainer.evaluate(trained.checkpoint)
             spent += time.perf_counter() - began
-            sched.report(tj.trial_id, tj.resource, value, trained.checkpoint)
-            results.append((dict(tj.config), tj.resource, value))
-            if AT_R["on"] and tj.resource != max_resource:
+            sched.report(trial_rung.trial_id, trial_rung.resource, value, trained.checkpoint)
+            results.append((dict(trial_rung.config), trial_rung.resource, value))
+            if AT_R["on"] and trial_rung.resource != max_resource:
                 continue
             best = value if best is None or better(value, best) else best
             if reached is None and target is not None and better(best, target):

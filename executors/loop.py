@@ -5,7 +5,7 @@ Plain Python over what is passed in: the scheduler (what runs next, what a resul
 ``Tracker`` (where a trial-rung is recorded before its result enters the state), a ``Clock`` and a
 stop token. No Prefect and no MLflow here: ``flows.driver`` wires the real ones, the tests fakes.
 
-One trial-rung's path: ``_fill`` takes it from ``scheduler.next_job()`` and submits it; once trained,
+One trial-rung's path: ``_fill`` takes it from ``scheduler.next_trial_rung()`` and submits it; once trained,
 ``_trained`` hands it to the tracker; once recorded, ``_settle`` reports it to the scheduler, adds its
 row and passes the decisions on; the state is saved after every pass that settled a result (the driver's
 ``save`` appends one journal record: ``flows.state.StateWriter``).
@@ -18,10 +18,10 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
-from prefect_hyperband.hyperband.accounting import TrialRung
+from prefect_hyperband.hyperband.accounting import RungResult
 from prefect_hyperband.hyperband.promotion import first
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, ended
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.trainers.base import Evaluation, TrainResult
 from prefect_hyperband.trainers.errors import first_line, no_space, unavailable
 
@@ -37,7 +37,7 @@ POLL = 0.25
 class Outcome:
     """What one trial-rung gave: trained and evaluated, or the error that ended it (the trainer's)."""
 
-    job: TrialJob
+    trial_rung: TrialRung
     trained: TrainResult | None
     evaluated: Evaluation | None
     error: str | None
@@ -58,9 +58,9 @@ class Outcome:
     def checkpoint(self) -> str | None:
         return self.trained.checkpoint if self.trained is not None and self.evaluated is not None else None
 
-    def row(self) -> TrialRung:
-        j, t, e = self.job, self.trained, self.evaluated
-        return TrialRung(
+    def row(self) -> RungResult:
+        j, t, e = self.trial_rung, self.trained, self.evaluated
+        return RungResult(
             trial_id=j.trial_id, bracket=j.bracket, rung=j.rung, resource=j.resource,
             resource_trained=t.resource_trained if t else 0, train_seconds=t.seconds if t else 0.0,
             eval_seconds=e.seconds if e else 0.0, workers=t.workers if t else 1, score=self.metric,
@@ -71,7 +71,7 @@ class Outcome:
 class Executor(Protocol):
     """Where trial-rungs run. A future's exception is the orchestration's failure, never the trainer's."""
 
-    def submit(self, todo: TrialJob) -> Future[Outcome]: ...
+    def submit(self, trial_rung: TrialRung) -> Future[Outcome]: ...
     def began(self, future: Future[Outcome]) -> float | None: ...  # clock time its work began; None: queued
     def give_up(self, future: Future[Outcome]) -> None: ...  # past its timeout: its training stops at its next unit
     def interrupt(self) -> None: ...  # the job stops: trainings in processes end now
@@ -81,7 +81,7 @@ class Executor(Protocol):
 class Tracker(Protocol):
     """Where results are recorded (MLflow), in order, before they enter the state."""
 
-    def start(self, todo: TrialJob) -> None: ...  # a new trial's run is made while it trains (else nothing)
+    def start(self, trial_rung: TrialRung) -> None: ...  # a new trial's run is made while it trains (else nothing)
     def record(self, out: Outcome) -> Future[Outcome]: ...
     def record_failure(self, out: Outcome) -> Outcome: ...  # at once; never raises
     def close(self, trial_ids: list[str]) -> None: ...  # the trials' fates are decided
@@ -141,19 +141,19 @@ class Timeouts:
         if trained.resource_trained > 0:
             self.per_unit.append(trained.seconds / trained.resource_trained)
 
-    def limit(self, todo: TrialJob) -> float:
+    def limit(self, trial_rung: TrialRung) -> float:
         if self.fixed:
             return float(self.fixed)
         if len(self.per_unit) < self.MEASURED:
             return self.FIRST
         ordered = sorted(self.per_unit)
         p90 = ordered[int(0.9 * (len(ordered) - 1))]
-        return max(self.FLOOR, self.FACTOR * p90 * todo.resource)
+        return max(self.FLOOR, self.FACTOR * p90 * trial_rung.resource)
 
 
 @dataclass
 class Drive:
-    """What the loop leaves: every finished trial-rung (``TrialRung`` fields) and the baseline's score."""
+    """What the loop leaves: every finished trial-rung (``RungResult`` fields) and the baseline's score."""
 
     rows: list[dict[str, Any]]
     default_score: float | None
@@ -168,7 +168,7 @@ class Drive:
 class Flight:
     """A trial-rung in flight: training (``limit``: seconds it may take) or, once trained, being recorded."""
 
-    todo: TrialJob
+    trial_rung: TrialRung
     limit: float
     recording: bool = False
 
@@ -195,7 +195,7 @@ class Loop:
     baseline: Future[float | None] | None = None
     grace: float = STOP_GRACE
     flights: dict[Future, Flight] = field(default_factory=dict, init=False)
-    retry: list[TrialJob] = field(default_factory=list, init=False)
+    retry: list[TrialRung] = field(default_factory=list, init=False)
     attempts: Counter = field(default_factory=Counter, init=False)
     to_close: list[str] = field(default_factory=list, init=False)
     default_score: float | None = field(default=None, init=False)
@@ -252,11 +252,11 @@ class Loop:
     def _fill(self) -> None:
         """Trial-rungs into the free slots, unless the job is stopping."""
         while self.stop_began is None and not self.stop.requested() and self._busy() < self.concurrency:
-            todo = self.retry.pop(0) if self.retry else self.scheduler.next_job()
-            if todo is None:
+            trial_rung = self.retry.pop(0) if self.retry else self.scheduler.next_trial_rung()
+            if trial_rung is None:
                 return
-            self.tracker.start(todo)
-            self.flights[self.executor.submit(todo)] = Flight(todo, self.timeouts.limit(todo))
+            self.tracker.start(trial_rung)
+            self.flights[self.executor.submit(trial_rung)] = Flight(trial_rung, self.timeouts.limit(trial_rung))
 
     def _busy(self) -> int:
         return sum(not f.recording for f in self.flights.values()) + self._baseline_running()
@@ -275,7 +275,7 @@ class Loop:
         if flight is None:  # given up on its timeout in this same pass
             return
         if flight.recording:
-            self._recorded(flight.todo, future)
+            self._recorded(flight.trial_rung, future)
         else:
             self._trained(flight, future)
 
@@ -301,33 +301,33 @@ class Loop:
         if out is not None and out.trained is not None:  # attempts the trainer ran again itself (a lost Dask worker)
             self.lost += float(out.trained.info.get("lost_worker_seconds", 0.0))
         if out is None:
-            self._orchestration_failed(flight.todo, failure)
+            self._orchestration_failed(flight.trial_rung, failure)
             return
-        self.flights[self.tracker.record(out)] = Flight(flight.todo, flight.limit, recording=True)
+        self.flights[self.tracker.record(out)] = Flight(flight.trial_rung, flight.limit, recording=True)
 
-    def _recorded(self, todo: TrialJob, future: Future[Outcome]) -> None:
+    def _recorded(self, trial_rung: TrialRung, future: Future[Outcome]) -> None:
         try:
             out = future.result()
         except Exception as exc:  # the tracking store failed past its retries
-            self._orchestration_failed(todo, exc)
+            self._orchestration_failed(trial_rung, exc)
             return
-        self._settle(todo, out)
+        self._settle(trial_rung, out)
 
-    def _orchestration_failed(self, todo: TrialJob, exc: Exception) -> None:
+    def _orchestration_failed(self, trial_rung: TrialRung, exc: Exception) -> None:
         """The orchestration failed, not the trainer (the Prefect API, the tracking store past its retries): the
         trial-rung runs again, or, past its retries, the trial fails (recorded when the tracker answers). A full disk
         or a tracking store that does not answer stops the job instead: --resume trains the trial-rung again."""
         if no_space(exc) or unavailable(exc):
             self._service_down(exc)
             return
-        key = (todo.trial_id, todo.resource)
+        key = (trial_rung.trial_id, trial_rung.resource)
         self.attempts[key] += 1
         if self.attempts[key] <= ORCHESTRATION_RETRIES:
-            self.events.warning(f"trial {todo.trial_id} at r={todo.resource}: {type(exc).__name__}: {exc}; running it again")
-            self.retry.append(todo)
+            self.events.warning(f"trial {trial_rung.trial_id} at r={trial_rung.resource}: {type(exc).__name__}: {exc}; running it again")
+            self.retry.append(trial_rung)
             return
-        out = Outcome(todo, None, None, f"{type(exc).__name__}: {exc}")
-        self._settle(todo, self.tracker.record_failure(out))
+        out = Outcome(trial_rung, None, None, f"{type(exc).__name__}: {exc}")
+        self._settle(trial_rung, self.tracker.record_failure(out))
 
     def _service_down(self, exc: Exception) -> None:
         """A full disk, or a server that did not answer past its client's retries (MLflow's: about 4 minutes; then
@@ -348,15 +348,15 @@ class Loop:
             del self.flights[future]
             self.executor.give_up(future)
             self.lost += (now - began) * self.workers
-            out = Outcome(flight.todo, None, None, f"TimeoutError: the trial-rung took more than {flight.limit:.0f} s "
+            out = Outcome(flight.trial_rung, None, None, f"TimeoutError: the trial-rung took more than {flight.limit:.0f} s "
                           "(--trial-timeout); its training was stopped")
-            self._settle(flight.todo, self.tracker.record_failure(out))
+            self._settle(flight.trial_rung, self.tracker.record_failure(out))
 
-    def _settle(self, todo: TrialJob, out: Outcome) -> None:
+    def _settle(self, trial_rung: TrialRung, out: Outcome) -> None:
         """A trial-rung's outcome into the scheduler and the rows; its decisions to the watchers."""
         if out.trained is not None and out.error is None:
             self.timeouts.observe(out.trained)
-        decisions = self.scheduler.report(todo.trial_id, todo.resource, out.score, out.checkpoint, out.error)
+        decisions = self.scheduler.report(trial_rung.trial_id, trial_rung.resource, out.score, out.checkpoint, out.error)
         self.rows.append(asdict(out.row()))
         self.events.settled(out, decisions)
         self.to_close += ended(decisions)

@@ -16,14 +16,14 @@ from prefect.context import FlowRunContext
 from prefect.utilities.annotations import quote
 
 from prefect_hyperband.executors.loop import Outcome
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
 from prefect_hyperband.trainers import factory
 from prefect_hyperband.trainers.base import placement
 
 
-def work(job: Job, tj: TrialJob) -> Outcome:
+def work(job: Job, trial_rung: TrialRung) -> Outcome:
     """The ``train`` and ``evaluate`` tasks of one trial-rung; a trainer's error is the outcome's, not raised.
 
     On a cluster's workers (a Dask group), the group is taken first, and both task runs are tagged with its
@@ -33,19 +33,19 @@ def work(job: Job, tj: TrialJob) -> Outcome:
     with contextlib.ExitStack() as held:
         group = _reserve(job, held)
         with tags(*group):
-            trained_state = train_trial(quote(job), tj.trial_id, tj.config, tj.resource, tj.checkpoint, return_state=True)
+            trained_state = train_trial(quote(job), trial_rung.trial_id, trial_rung.config, trial_rung.resource, trial_rung.checkpoint, return_state=True)
     trained = trained_state.result(raise_on_failure=False)
     if isinstance(trained, BaseException) or not trained_state.is_completed():
-        return Outcome(tj, None, None, _describe(trained, trained_state))
+        return Outcome(trial_rung, None, None, _describe(trained, trained_state))
     with tags(*group):
-        evaluated_state = evaluate_trial(quote(job), tj.trial_id, tj.resource, trained, return_state=True)
+        evaluated_state = evaluate_trial(quote(job), trial_rung.trial_id, trial_rung.resource, trained, return_state=True)
     evaluated = evaluated_state.result(raise_on_failure=False)
     _forget(trained, evaluated)
     if isinstance(evaluated, BaseException) or not evaluated_state.is_completed():
-        return Outcome(tj, trained, None, _describe(evaluated, evaluated_state))
+        return Outcome(trial_rung, trained, None, _describe(evaluated, evaluated_state))
     ended = time.time()
     started = ended - evaluated.seconds - trained.seconds  # the work itself, without the task runs around it
-    return Outcome(tj, trained, evaluated, None, started, ended)
+    return Outcome(trial_rung, trained, evaluated, None, started, ended)
 
 
 def _forget(*results: object) -> None:
@@ -70,11 +70,11 @@ def _reserve(job: Job, held: contextlib.ExitStack) -> tuple[str, ...]:
         return ()
 
 
-def remote(job: Job, tj: TrialJob) -> Outcome:
+def remote(job: Job, trial_rung: TrialRung) -> Outcome:
     """The same trial-rung as a flow run on the job's trial pool (``executors.work_pool``)."""
     from prefect_hyperband.executors.work_pool import run_remote
 
-    return Outcome(tj, *run_remote(job, tj))
+    return Outcome(trial_rung, *run_remote(job, trial_rung))
 
 
 def _describe(value: object, state: object) -> str:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from prefect_hyperband.executors.loop import Outcome
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.trainers.stopping import StopToken
 
 #: threads beyond the job's slots, for trial-rungs given up on their timeout while their training stops
@@ -46,9 +46,9 @@ class _Work:
 
 
 class ThreadExecutor:
-    """``work(todo)`` in a pool of threads, each call in a copy of the caller's context (the flow run's)."""
+    """``work(trial_rung)`` in a pool of threads, each call in a copy of the caller's context (the flow run's)."""
 
-    def __init__(self, work: Callable[[TrialJob], Outcome], slots: int, stop: StopToken,
+    def __init__(self, work: Callable[[TrialRung], Outcome], slots: int, stop: StopToken,
                  interrupt: Callable[[], None] = lambda: None) -> None:
         self.work, self.stop, self._interrupt = work, stop, interrupt
         self.pool = ThreadPoolExecutor(max_workers=slots + SPARE_THREADS, thread_name_prefix=THREAD_PREFIX)
@@ -58,7 +58,7 @@ class ThreadExecutor:
         """``fn()`` in a thread of the pool, in a copy of this context (the baseline's training)."""
         return self.pool.submit(contextvars.copy_context().run, fn)
 
-    def submit(self, todo: TrialJob) -> Future[Outcome]:
+    def submit(self, trial_rung: TrialRung) -> Future[Outcome]:
         record = _Work()
 
         def call() -> Outcome:
@@ -67,7 +67,7 @@ class ThreadExecutor:
             here = threading.current_thread()
             here.hyperband_busy = True  # type: ignore[attr-defined]  (``stuck`` reads it)
             try:
-                return self.work(todo)
+                return self.work(trial_rung)
             finally:
                 here.hyperband_busy = False  # type: ignore[attr-defined]
 

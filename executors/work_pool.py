@@ -31,7 +31,7 @@ from typing import Any, Iterator
 from prefect import flow
 from prefect.context import FlowRunContext
 
-from prefect_hyperband.hyperband.scheduler import TrialJob
+from prefect_hyperband.hyperband.scheduler import TrialRung
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
@@ -53,7 +53,7 @@ class TrialRunLost(RuntimeError):
 
 
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=False)
-def trial(job: dict[str, Any], trial_job: dict[str, Any], heartbeat_seconds: float = HEARTBEAT_SECONDS) -> dict[str, Any]:
+def trial(job: dict[str, Any], trial_rung: dict[str, Any], heartbeat_seconds: float = HEARTBEAT_SECONDS) -> dict[str, Any]:
     """Train one trial-rung (resuming its checkpoint) and evaluate it; the result goes to the job's storage."""
     from prefect_hyperband.executors import runner
 
@@ -62,12 +62,12 @@ def trial(job: dict[str, Any], trial_job: dict[str, Any], heartbeat_seconds: flo
         spec = replace(spec, job_dir=os.path.join(tempfile.gettempdir(), "prefect-hyperband", spec.job_id))
     else:
         os.makedirs(spec.job_dir, exist_ok=True)
-    tj = TrialJob(**{**trial_job, "config": dict(trial_job["config"])})
+    trial_rung = TrialRung(**{**trial_rung, "config": dict(trial_rung["config"])})
     run_id = str(FlowRunContext.get().flow_run.id)
     store = spec.store()
     with factory.scope():
         with _heartbeat(spec, run_id, heartbeat_seconds):
-            out = runner.work(spec, tj)
+            out = runner.work(spec, trial_rung)
         result = {
             "trained": out.trained.to_json() if out.trained is not None else None,
             "evaluated": {"score": out.evaluated.score, "seconds": out.evaluated.seconds,
@@ -163,7 +163,7 @@ def ensure_deployment(pool: str) -> str:
 POLL_SECONDS = 0.5
 
 
-def run_remote(job: Job, tj: TrialJob) -> tuple[TrainResult | None, Evaluation | None, str | None, float | None, float | None]:
+def run_remote(job: Job, trial_rung: TrialRung) -> tuple[TrainResult | None, Evaluation | None, str | None, float | None, float | None]:
     """One trial-rung as a flow run on the job's pool: (trained, evaluated, error, started, ended).
 
     Raises ``TrialRunLost`` when the flow run leaves no result; a stop (Ctrl-C, a timeout) cancels it."""
@@ -173,9 +173,9 @@ def run_remote(job: Job, tj: TrialJob) -> tuple[TrainResult | None, Evaluation |
 
     name = ensure_deployment(job.trial_pool)  # type: ignore[arg-type]
     beat_every = min(HEARTBEAT_SECONDS, heartbeat_timeout() / 4)
-    parameters = {"job": job.to_json(), "trial_job": _trial_json(tj), "heartbeat_seconds": beat_every}
+    parameters = {"job": job.to_json(), "trial_rung": _trial_json(trial_rung), "heartbeat_seconds": beat_every}
     run = run_deployment(name, parameters=parameters, timeout=0, as_subflow=True,
-                         flow_run_name=f"{tj.trial_id} to r={tj.resource}", tags=["hyperband", f"job:{job.job_id}"])
+                         flow_run_name=f"{trial_rung.trial_id} to r={trial_rung.resource}", tags=["hyperband", f"job:{job.job_id}"])
     store, key = job.store(), f"results/{run.id}.json"
     beats = _Beats(store, f"heartbeats/{run.id}.json", heartbeat_timeout())
     with get_client(sync_client=True) as client:
@@ -205,10 +205,10 @@ def run_remote(job: Job, tj: TrialJob) -> tuple[TrainResult | None, Evaluation |
     return trained, evaluated, result["error"], result["started"], result["ended"]
 
 
-def _trial_json(tj: TrialJob) -> dict[str, Any]:
+def _trial_json(trial_rung: TrialRung) -> dict[str, Any]:
     from dataclasses import asdict
 
-    return asdict(tj)
+    return asdict(trial_rung)
 
 
 class _Beats:

@@ -56,7 +56,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     with stopping.bind(token), stop_on_signals(token, kill=trainers.close_all):
         work = runner.remote if job.trial_pool else runner.work
         groups = Groups(job.mode, warn=logger.warning)  # the trial-rungs' subflow runs (``flows.groups``)
-        executor = ThreadExecutor(lambda todo: groups.run(todo, functools.partial(work, job, todo)), job.concurrency,
+        executor = ThreadExecutor(lambda trial_rung: groups.run(trial_rung, functools.partial(work, job, trial_rung)), job.concurrency,
                                   token, interrupt=lambda: trainers.interrupt(job.settings))
         tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning, writer)
         tracker.wait_ready()
@@ -134,14 +134,14 @@ class _Events:
         self.logger.warning(message)
 
     def settled(self, out: Outcome, decisions: list[Decision]) -> None:
-        todo, self.results = out.job, self.results + 1
+        trial_rung, self.results = out.trial_rung, self.results + 1
         improved = self._improves(out)
         self._advance()
         _show_result(out, self.best)
         if out.error:
-            self.logger.warning("trial %s failed at r=%d: %s", todo.trial_id, todo.resource, out.error)
-        elif todo.trial_id == PRIOR_TRIAL:
-            self.logger.info("the priors' mode at r=%d: %s %s (trial %s, trained first)", todo.resource,
+            self.logger.warning("trial %s failed at r=%d: %s", trial_rung.trial_id, trial_rung.resource, out.error)
+        elif trial_rung.trial_id == PRIOR_TRIAL:
+            self.logger.info("the priors' mode at r=%d: %s %s (trial %s, trained first)", trial_rung.resource,
                              self.job.metric_key, "n/a" if out.metric is None else f"{out.metric:.4f}", PRIOR_TRIAL)
         for d in decisions:
             if d.kind == "rung_closed":
@@ -156,7 +156,7 @@ class _Events:
         """Whether ``out`` is the best so far (``best_of``'s ranking, kept result by result: no scan of the job)."""
         if out.error is not None or out.score is None or failed(out.score):
             return False
-        t, r = out.job.trial_id, out.job.resource
+        t, r = out.trial_rung.trial_id, out.trial_rung.resource
         if self.best is not None:
             ours = best_key(t, r, out.score, self.job.direction)
             held = best_key(self.best[0], self.best[1], self.best[2], self.job.direction)
@@ -219,7 +219,7 @@ def _show_result(out: Outcome, best: tuple[str, int, Any] | None) -> None:
     if not display.active():
         return
     display.result(display.Result(
-        out.job.bracket, out.job.trial_id, out.job.resource, out.metric,
+        out.trial_rung.bracket, out.trial_rung.trial_id, out.trial_rung.resource, out.metric,
         None if best is None else first(best[2]), None if best is None else best[0]))
 
 
@@ -243,7 +243,7 @@ def _log_asha(logger, job: Job, out: Outcome, n: int, best: tuple[str, int, Any]
     logger.log(
         20 if improved else 10,
         "asha: %s s=%d r=%d %s %s; %d results, best %s",
-        out.job.trial_id, out.job.bracket, out.job.resource, job.metric_key,
+        out.trial_rung.trial_id, out.trial_rung.bracket, out.trial_rung.resource, job.metric_key,
         "failed" if out.metric is None else f"{out.metric:.4f}", n,
         "n/a" if best is None else f"{first(best[2]):.4f} ({best[0]} at r={best[1]})",
     )

@@ -34,7 +34,7 @@ from typing import Any, Callable, TypeVar
 from prefect import flow
 
 from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, Decision
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import TrialRung
 
 T = TypeVar("T")
 
@@ -69,9 +69,9 @@ class Groups:
         self.dealt: Counter[tuple[Any, ...]] = Counter()  # trial-rungs dealt per bracket (hyperband) or resource
         self.warned = False
 
-    def run(self, todo: TrialJob, fn: Callable[[], T]) -> T:
-        """``fn()`` (the trial-rung's tasks) inside ``todo``'s group; the group's run starts on its first one."""
-        group = self._take(todo)
+    def run(self, trial_rung: TrialRung, fn: Callable[[], T]) -> T:
+        """``fn()`` (the trial-rung's tasks) inside ``trial_rung``'s group; the group's run starts on its first one."""
+        group = self._take(trial_rung)
         if group is None:
             return fn()
         try:
@@ -116,22 +116,22 @@ class Groups:
 
     # -- inside
 
-    def _key(self, todo: TrialJob) -> tuple[tuple[Any, ...], str, int] | None:
-        """The group's key and title for the next trial-rung like ``todo`` (counted here: call under the lock)."""
-        if todo.bracket == PRIOR_BRACKET:
+    def _key(self, trial_rung: TrialRung) -> tuple[tuple[Any, ...], str, int] | None:
+        """The group's key and title for the next trial-rung like ``trial_rung`` (counted here: call under the lock)."""
+        if trial_rung.bracket == PRIOR_BRACKET:
             return None
-        level = ("bracket", todo.bracket) if self.mode != "asha" else ("r", todo.resource)
+        level = ("bracket", trial_rung.bracket) if self.mode != "asha" else ("r", trial_rung.resource)
         n = self.dealt[level]
         self.dealt[level] += 1
         part = n // self.size
         if level[0] == "bracket":
-            title = f"bracket s={todo.bracket}" + (f" · part {part + 1}" if part else "")
-            return (*level, part), title, todo.bracket
-        return (*level, 0), f"r={todo.resource} · trial-rungs", todo.bracket  # one per rung: see the module's notes
+            title = f"bracket s={trial_rung.bracket}" + (f" · part {part + 1}" if part else "")
+            return (*level, part), title, trial_rung.bracket
+        return (*level, 0), f"r={trial_rung.resource} · trial-rungs", trial_rung.bracket  # one per rung: see the module's notes
 
-    def _take(self, todo: TrialJob) -> _Group | None:
+    def _take(self, trial_rung: TrialRung) -> _Group | None:
         with self.lock:
-            found = self._key(todo)
+            found = self._key(trial_rung)
             if found is None:
                 return None
             key, title, bracket = found

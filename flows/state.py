@@ -218,8 +218,8 @@ def read_journal(store: Storage, generation: int) -> tuple[list[dict[str, Any]],
 
 
 def load_state(job: Job, build: Callable[[dict[str, Any]], Any]) -> tuple[dict[str, Any], Any] | None:
-    """The saved state and its scheduler (``build`` of the snapshot's, with its jobs in flight still out), the
-    journal replayed on it, then its jobs in flight offered again; from the snapshot's previous version when
+    """The saved state and its scheduler (``build`` of the snapshot's, with its trial-rungs in flight still out), the
+    journal replayed on it, then its trial-rungs in flight offered again; from the snapshot's previous version when
     ``state.json`` is damaged or ``build`` rejects it (said in one line). None for a new job; ``InputError``
     naming the file when neither version is good. The state returned carries ``journal``: the generation the
     job's next records go after (the first save snapshots, so a torn journal is never appended to)."""
@@ -314,7 +314,7 @@ def make_sampler(job: Job, saved: dict[str, Any] | None = None) -> Sampler:
 
 def make_scheduler(job: Job, max_trials: int, time_budget: float | None, clock: Callable[[], float],
                    saved: dict[str, Any] | None = None) -> Scheduler:
-    """The job's scheduler, new or as saved (its jobs in flight still out: ``load_state`` replays the journal,
+    """The job's scheduler, new or as saved (its trial-rungs in flight still out: ``load_state`` replays the journal,
     then offers them again): ASHA, or Hyperband's brackets (in turn when TPE or PriorBand proposes
     configs: each bracket samples from what the earlier ones taught); with ``prior_first``, after the priors' mode
     trained straight to R."""

@@ -16,7 +16,7 @@ from typing import Callable
 
 from prefect_hyperband.executors.loop import Outcome
 from prefect_hyperband.hyperband.scheduler import TrialRecord
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import trial_params
 from prefect_hyperband.tasks.writer import ProcessWriter, ThreadWriter, Writer, make_writer, writer_for
@@ -48,36 +48,36 @@ class MlflowTracker:
             self.writer.shutdown()
             self.writer = ThreadWriter()
 
-    def start(self, todo: TrialJob) -> None:
-        t = todo.trial_id
+    def start(self, trial_rung: TrialRung) -> None:
+        t = trial_rung.trial_id
         if t in self.runs or t in self.creating:
             return
-        self.creating[t] = self.waiting.watch(self.writer.submit("start", self.job, t, todo.bracket, time.time()))
+        self.creating[t] = self.waiting.watch(self.writer.submit("start", self.job, t, trial_rung.bracket, time.time()))
 
     def record(self, out: Outcome) -> Future[Outcome]:
         """The trial-rung's metrics, to the trial's run (made then if its creation failed); its future ends once
         written, with the run known (``runs``)."""
-        tj = out.job
+        trial_rung = out.trial_rung
         rung = None
         if not (out.error is not None and self.stop.requested()):  # stopped, not failed: --resume trains it again
             # a trial's first rung brings its params (again, the same values, when it is trained again after a kill)
-            params = trial_params(self.job, tj.trial_id, tj.bracket, tj.config) if tj.rung == 0 else None
+            params = trial_params(self.job, trial_rung.trial_id, trial_rung.bracket, trial_rung.config) if trial_rung.rung == 0 else None
             if out.error is None or params is not None:
-                rung = (tj.resource, out.trained if out.error is None else None, out.metric, params,
+                rung = (trial_rung.resource, out.trained if out.error is None else None, out.metric, params,
                         out.evaluated.metrics if out.evaluated is not None else None)
-        written = self.waiting.watch(self.writer.submit("record", self.job, tj.trial_id, tj.bracket,
-                                                        out.started or time.time(), self.runs.get(tj.trial_id), rung))
+        written = self.waiting.watch(self.writer.submit("record", self.job, trial_rung.trial_id, trial_rung.bracket,
+                                                        out.started or time.time(), self.runs.get(trial_rung.trial_id), rung))
         done: Future[Outcome] = Future()
 
         def settle(f: Future) -> None:
             try:
                 run_id = f.result()
                 with self.lock:
-                    self.runs.setdefault(tj.trial_id, run_id)
+                    self.runs.setdefault(trial_rung.trial_id, run_id)
             except Exception as exc:  # noqa: BLE001  (the loop sees the write's failure)
                 done.set_exception(exc)
                 return
-            self.creating.pop(tj.trial_id, None)
+            self.creating.pop(trial_rung.trial_id, None)
             done.set_result(out)
 
         written.add_done_callback(settle)
@@ -87,7 +87,7 @@ class MlflowTracker:
         try:
             return self.record(out).result()
         except Exception as why:  # the result stands in the state; the run gets it on a resume's close
-            self.warn(f"MLflow: no run for failed trial {out.job.trial_id}: {why}")
+            self.warn(f"MLflow: no run for failed trial {out.trial_rung.trial_id}: {why}")
             return out
 
     def close(self, trial_ids: list[str]) -> None:

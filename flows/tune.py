@@ -21,7 +21,7 @@ from prefect_hyperband.flows.lock import job_lock, took_over
 from prefect_hyperband.flows.process import job_lines_in_ui
 from prefect_hyperband.flows.state import load_state, make_scheduler, save_job_record
 from prefect_hyperband.hyperband import front, schedule
-from prefect_hyperband.hyperband.accounting import Summary, TrialRung, summarise, table
+from prefect_hyperband.hyperband.accounting import Summary, RungResult, summarise, table
 from prefect_hyperband.hyperband.criteria import Criteria
 from prefect_hyperband.hyperband.importance import MIN_RESULTS, Importance
 from prefect_hyperband.hyperband.promotion import Score, first
@@ -108,7 +108,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
     mattered = _importance(job, records, params.importance, logger)
     progress.finish()
     report.report_results(
-        [TrialRung(**r) for r in run.rows], {t.trial_id: t.config for t in records}, summary, job.metric_key,
+        [RungResult(**r) for r in run.rows], {t.trial_id: t.config for t in records}, summary, job.metric_key,
         job.direction, job.tracking_uri, job.parent_run_id, title=f"Hyperband job {job.job_id}",
         extra={"MLflow parent run": job.parent_run_id, "champion version": version}, runs=runs,
     )
@@ -322,7 +322,7 @@ def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]],
                 **({"values": list(value)} if isinstance(value, tuple) else {}),
                 "run_id": runs.get(t.trial_id), "checkpoint": job.checkpoint_url(t.trial_id, resource), "bracket": t.bracket}
     summary = summarise(
-        [TrialRung(**r) for r in rows],
+        [RungResult(**r) for r in rows],
         metric=job.metric_key,  # the metric's one name: MLflow's, the leaderboard's, the summary's, the plots'
         configs=len(records),
         max_resource=job.max_resource,

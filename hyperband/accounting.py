@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 
 @dataclass(frozen=True)
-class TrialRung:
+class RungResult:
     """One trial trained and evaluated at one rung."""
 
     trial_id: str
@@ -58,7 +58,7 @@ class Summary:
 
 
 def summarise(
-    rows: Iterable[TrialRung],
+    rows: Iterable[RungResult],
     *,
     metric: str,
     configs: int,
@@ -104,7 +104,7 @@ def summarise(
     )
 
 
-def longest_idle(rows: Iterable[TrialRung]) -> float:
+def longest_idle(rows: Iterable[RungResult]) -> float:
     """The longest time between the first trial-rung's start and the last one's end with none running."""
     spans = sorted((r.started, r.ended) for r in rows if r.started is not None and r.ended is not None)
     gap, reach = 0.0, spans[0][1] if spans else 0.0

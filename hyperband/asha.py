@@ -1,6 +1,6 @@
 """Asynchronous successive halving (ASHA, Li et al., MLSys 2020, Algorithm 2) over Hyperband's brackets.
 
-No rung ever waits for a full cohort. Whenever a worker is free, ``next_job`` looks for a trial
+No rung ever waits for a full cohort. Whenever a worker is free, ``next_trial_rung`` looks for a trial
 in rung k that is among the top ⌊|rung k|/η⌋ results recorded there so far and has not gone
 up yet, and promotes it to rung k+1; if there is none, it starts a new config at rung 0.
 
@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 from prefect_hyperband.hyperband.promotion import (Directions, Score, as_direction, as_score, failed, promote, several,
                                                    sign, sort_key)
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
-from prefect_hyperband.hyperband.trial import Status, TrialJob, trial_id as make_trial_id
+from prefect_hyperband.hyperband.trial import Status, TrialRung, trial_id as make_trial_id
 
 
 
@@ -50,7 +50,7 @@ class AshaTrial:
     trial_id: str
     bracket: int
     config: dict[str, Any]
-    rung: int = 0  # rung of its latest job (being trained when in flight, else recorded)
+    rung: int = 0  # rung of its latest trial-rung (being trained when in flight, else recorded)
     resource: int = 0  # units held by ``checkpoint``
     checkpoint: str | None = None
     status: Status = "running"
@@ -140,7 +140,7 @@ class AshaState:
         return [t for t, v in self.trials.items() if v.in_flight]
 
     def promotable(self) -> list[tuple[int, int, str]]:
-        """Every (s, k, trial id) that may go from rung k to k+1 now, in the order ``next_job`` takes them.
+        """Every (s, k, trial id) that may go from rung k to k+1 now, in the order ``next_trial_rung`` takes them.
 
         Per bracket, rung k offers the top ⌊|rung k|/η⌋ of its recorded results (best first,
         ties by id, failed never) less those already promoted; across brackets and rungs the
@@ -189,10 +189,10 @@ class AshaState:
         return not can_start_new and not self.in_flight() and self.next_promotion() is None
 
     # -- decisions ----------------------------------------------------------------------------
-    def next_job(self, new_config: Callable[[], Mapping[str, Any]], can_start_new: bool) -> TrialJob | None:
+    def next_trial_rung(self, new_config: Callable[[], Mapping[str, Any]], can_start_new: bool) -> TrialRung | None:
         """Algorithm 2's get_job: promote if any trial is promotable, else start ``new_config()`` if allowed.
 
-        The trial of the returned job is marked in flight until ``report``.
+        The trial of the returned trial-rung is marked in flight until ``report``.
         """
         candidate = self.next_promotion()
         if candidate:
@@ -206,7 +206,7 @@ class AshaState:
                 insort(self._up[s, k], key)
             trial.rung, trial.in_flight = k + 1, True
             resource = self._plan[s].rungs[k + 1].resource
-            return TrialJob(trial_id, s, k + 1, resource, dict(trial.config), trial.checkpoint)
+            return TrialRung(trial_id, s, k + 1, resource, dict(trial.config), trial.checkpoint)
         if not can_start_new:
             return None
         s = self.next_bracket()
@@ -216,7 +216,7 @@ class AshaState:
         trial_id = make_trial_id(s, self.started[s])
         self.started[s] += 1
         self.trials[trial_id] = AshaTrial(trial_id, s, dict(config))
-        return TrialJob(trial_id, s, 0, self._plan[s].rungs[0].resource, dict(config), None)
+        return TrialRung(trial_id, s, 0, self._plan[s].rungs[0].resource, dict(config), None)
 
     def report(
         self,
@@ -226,12 +226,12 @@ class AshaState:
         checkpoint: str | None = None,
         error: str | None = None,
     ) -> None:
-        """Record the result of an in-flight job in the rung of ``resource``; ``score=None`` (or NaN) marks a failure."""
+        """Record the result of an in-flight trial-rung in the rung of ``resource``; ``score=None`` (or NaN) marks a failure."""
         trial = self.trials.get(trial_id)
         if trial is None:
             raise ValueError(f"unknown trial {trial_id!r}")
         if not trial.in_flight:
-            raise ValueError(f"trial {trial_id} has no job in flight; report each job once")
+            raise ValueError(f"trial {trial_id} has no trial-rung in flight; report each once")
         expected = self._plan[trial.bracket].rungs[trial.rung].resource
         if resource != expected:
             raise ValueError(
@@ -254,7 +254,7 @@ class AshaState:
         """At the end of the run: mark the trials still waiting in a rung as stopped; returns their ids."""
         flying = self.in_flight()
         if flying:
-            raise ValueError(f"cannot finish with jobs in flight: report {', '.join(flying)} first")
+            raise ValueError(f"cannot finish with trial-rungs in flight: report {', '.join(flying)} first")
         stopped = [t for t, v in self.trials.items() if v.status == "running"]
         for t in stopped:
             self.trials[t].status = "stopped"

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from prefect_hyperband.hyperband.promotion import Directions, Score, failed, first, sign
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, TrialRecord
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import TrialRung
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,10 @@ class Stopping:
 
     # -- the scheduler's members
 
-    def next_job(self) -> TrialJob | None:
+    def next_trial_rung(self) -> TrialRung | None:
         if self.reason is None:
             self.reason = self._spent()
-        return None if self.reason is not None else self.inner.next_job()
+        return None if self.reason is not None else self.inner.next_trial_rung()
 
     def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
                error: str | None = None) -> list[Decision]:

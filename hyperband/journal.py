@@ -1,6 +1,6 @@
 """A scheduler's calls, in order, so that a saved state plus its journal is the scheduler at its last call.
 
-Every scheduler here is deterministic given its saved state: the same calls (``next_job`` handing out the same
+Every scheduler here is deterministic given its saved state: the same calls (``next_trial_rung`` handing out the same
 trial-rungs, ``report`` told the same results) leave it in the same state, sampler included. So a job keeps its
 state as a snapshot (``to_json``, now and then) plus the calls made since (``Journaled.take``, appended after
 each result), and ``replay`` makes those calls again on the loaded snapshot. A result costs one appended
@@ -15,9 +15,9 @@ from typing import Any, Iterable, Iterator
 
 from prefect_hyperband.hyperband.promotion import Score, as_score
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, TrialRecord
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import TrialRung
 
-#: a call as journaled: ["job", trial_id, resource] (next_job handed it out), ["report", trial_id, resource,
+#: a call as journaled: ["job", trial_id, resource] (next_trial_rung handed it out), ["report", trial_id, resource,
 #: score, checkpoint, error] or ["finish"]
 Call = list[Any]
 
@@ -33,11 +33,11 @@ class Journaled:
     inner: Scheduler
     calls: list[Call] = field(default_factory=list)
 
-    def next_job(self) -> TrialJob | None:
-        job = self.inner.next_job()
-        if job is not None:
-            self.calls.append(["job", job.trial_id, job.resource])
-        return job
+    def next_trial_rung(self) -> TrialRung | None:
+        trial_rung = self.inner.next_trial_rung()
+        if trial_rung is not None:
+            self.calls.append(["job", trial_rung.trial_id, trial_rung.resource])  # "job": the saved format's word
+        return trial_rung
 
     def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
                error: str | None = None) -> list[Decision]:
@@ -70,7 +70,7 @@ class Journaled:
 
 
 def replay(scheduler: Scheduler, calls: Iterable[Call]) -> int:
-    """Make ``calls`` again on ``scheduler`` (loaded with its jobs in flight still out); the number made.
+    """Make ``calls`` again on ``scheduler`` (loaded with its trial-rungs in flight still out); the number made.
     ``Diverged`` at the first that does not apply (the scheduler keeps the calls before it)."""
     made = 0
     with _unbounded(scheduler):
@@ -88,9 +88,9 @@ def replay(scheduler: Scheduler, calls: Iterable[Call]) -> int:
 def _make(scheduler: Scheduler, call: Call) -> None:
     kind = call[0]
     if kind == "job":
-        job = scheduler.next_job()
-        if job is None or (job.trial_id, job.resource) != (call[1], call[2]):
-            got = "nothing" if job is None else f"{job.trial_id} to r={job.resource}"
+        trial_rung = scheduler.next_trial_rung()
+        if trial_rung is None or (trial_rung.trial_id, trial_rung.resource) != (call[1], call[2]):
+            got = "nothing" if trial_rung is None else f"{trial_rung.trial_id} to r={trial_rung.resource}"
             raise Diverged(f"the journal handed out {call[1]} to r={call[2]}; the state hands out {got}")
     elif kind == "report":
         _, trial_id, resource, score, checkpoint, error = call

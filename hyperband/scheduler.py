@@ -1,6 +1,6 @@
 """One scheduler interface for synchronous Hyperband and ASHA (Syne Tune's third layer).
 
-A driver keeps its slots busy with ``next_job()``, hands each result to ``report()``, which
+A driver keeps its slots busy with ``next_trial_rung()``, hands each result to ``report()``, which
 returns what the result decided (``Decision``: trials failed, completed, promoted or stopped, a rung
 closed), and stops when ``done``; ``finish()`` ends the trials still waiting. The synchronous rung
 barrier lives inside ``HyperbandScheduler``: the result that completes a rung closes it. Both
@@ -27,7 +27,7 @@ from prefect_hyperband.hyperband.priorband import first_rung
 from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, best_key, failed
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 from prefect_hyperband.hyperband.space import Space
-from prefect_hyperband.hyperband.trial import Status, TrialJob
+from prefect_hyperband.hyperband.trial import Status, TrialRung
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Sampler(Protocol):
 
 
 class Scheduler(Protocol):
-    def next_job(self) -> TrialJob | None: ...
+    def next_trial_rung(self) -> TrialRung | None: ...
     def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
                error: str | None = None) -> list[Decision]: ...
     def finish(self) -> list[Decision]: ...
@@ -126,7 +126,7 @@ class HyperbandScheduler:
                 self._start(b)
 
     def requeue(self) -> None:
-        """The jobs in flight (a loaded state's) are pending again: offered first."""
+        """The trial-rungs in flight (a loaded state's) are pending again: offered first."""
         self.in_flight = set()
 
     def _start(self, b: Bracket) -> BracketState:
@@ -147,13 +147,13 @@ class HyperbandScheduler:
                 return [state]
         return []
 
-    def next_job(self) -> TrialJob | None:
+    def next_trial_rung(self) -> TrialRung | None:
         for state in self._open():
             for t in state.pending():
                 if t not in self.in_flight:
                     self.in_flight.add(t)
                     trial = state.trials[t]
-                    return TrialJob(t, state.s, state.rung_index, state.current.resource, dict(trial.config), trial.checkpoint)
+                    return TrialRung(t, state.s, state.rung_index, state.current.resource, dict(trial.config), trial.checkpoint)
         return None
 
     def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
@@ -161,7 +161,7 @@ class HyperbandScheduler:
         """Record a result; the one that completes its rung closes it (the top ⌊n_i/η⌋ go up, the rest stop)."""
         state = self.states[_bracket_of(trial_id)]
         if trial_id not in self.in_flight:
-            raise ValueError(f"trial {trial_id} has no job in flight; report each job once")
+            raise ValueError(f"trial {trial_id} has no trial-rung in flight; report each once")
         i, rung = state.rung_index, state.current
         state.record(trial_id, resource, score, checkpoint, error)
         self.in_flight.discard(trial_id)
@@ -180,7 +180,7 @@ class HyperbandScheduler:
 
     def finish(self) -> list[Decision]:
         if self.in_flight:
-            raise ValueError(f"cannot finish with jobs in flight: report {', '.join(sorted(self.in_flight))} first")
+            raise ValueError(f"cannot finish with trial-rungs in flight: report {', '.join(sorted(self.in_flight))} first")
         return []
 
     @property
@@ -208,7 +208,7 @@ class HyperbandScheduler:
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], space: Space, sampler: Sampler | None,
                   requeue: bool = True) -> "HyperbandScheduler":
-        """As saved; ``requeue``: its jobs in flight are offered again (else they stay out: a journal's results
+        """As saved; ``requeue``: its trial-rungs in flight are offered again (else they stay out: a journal's results
         for them follow, ``journal.replay``)."""
         states = {int(s): BracketState.from_json(st) for s, st in raw["brackets"].items()}
         loaded = cls(raw["min_resource"], raw["max_resource"], raw["eta"], as_direction(raw["direction"]), space,
@@ -260,18 +260,18 @@ class AshaScheduler:
             return True
         return self.state.configs_started < self.max_trials and (self.time_budget is None or self.clock() < self.time_budget)
 
-    def next_job(self) -> TrialJob | None:
+    def next_trial_rung(self) -> TrialRung | None:
         if self.backlog:
             t = self.state.trials[self.backlog.pop(0)]
             resource = self.state.plan(t.bracket).rungs[t.rung].resource
-            return TrialJob(t.trial_id, t.bracket, t.rung, resource, dict(t.config), t.checkpoint)
+            return TrialRung(t.trial_id, t.bracket, t.rung, resource, dict(t.config), t.checkpoint)
         st = self.state
         ask = _asker(self.sampler, first_rung(st.min_resource, st.max_resource, st.eta, st.next_bracket()))
-        return st.next_job(ask, self._can_start())
+        return st.next_trial_rung(ask, self._can_start())
 
     def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
                error: str | None = None) -> list[Decision]:
-        """Record a result; ASHA never closes a rung (its promotions happen in ``next_job``)."""
+        """Record a result; ASHA never closes a rung (its promotions happen in ``next_trial_rung``)."""
         self.state.report(trial_id, resource, score, checkpoint if not failed(score) else None, error)
         trial = self.state.trials[trial_id]
         self.sampler.tell(trial.config, resource, None if failed(score) else score)
@@ -328,18 +328,18 @@ class PriorFirst:
     checkpoint: str | None = None
     error: str | None = None
 
-    def next_job(self) -> TrialJob | None:
+    def next_trial_rung(self) -> TrialRung | None:
         if self.status is None:
             self.status = "running"
-            return TrialJob(PRIOR_TRIAL, PRIOR_BRACKET, 0, self.max_resource, dict(self.config), None)
-        return self.inner.next_job()
+            return TrialRung(PRIOR_TRIAL, PRIOR_BRACKET, 0, self.max_resource, dict(self.config), None)
+        return self.inner.next_trial_rung()
 
     def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
                error: str | None = None) -> list[Decision]:
         if trial_id != PRIOR_TRIAL:
             return self.inner.report(trial_id, resource, score, checkpoint, error)
         if self.status != "running" or resource != self.max_resource:
-            raise ValueError(f"trial {trial_id} has no job to r={resource} in flight; report each job once")
+            raise ValueError(f"trial {trial_id} has no trial-rung to r={resource} in flight; report each once")
         lost = failed(score)
         self.status = "failed" if lost else "completed"
         self.score = as_score(score)
@@ -348,7 +348,7 @@ class PriorFirst:
 
     def finish(self) -> list[Decision]:
         if self.status == "running":
-            raise ValueError(f"cannot finish with jobs in flight: report {PRIOR_TRIAL} first")
+            raise ValueError(f"cannot finish with trial-rungs in flight: report {PRIOR_TRIAL} first")
         return self.inner.finish()
 
     @property

@@ -16,7 +16,7 @@ def trial_id(bracket: int, n: int) -> str:
 
 
 @dataclass(frozen=True)
-class TrialJob:
+class TrialRung:
     """Train ``trial_id`` to ``resource`` units (rung ``rung`` of bracket ``bracket``), resuming ``checkpoint``."""
 
     trial_id: str

@@ -103,15 +103,15 @@ CLOSE_THREADS = 8
 def close_trial_runs(job: Job, trials: list[TrialRecord], runs: dict[str, str]) -> None:
     """Status tags of trials whose fate is known (stopped, failed, completed); their runs (``runs``: trial id ->
     run id) end: against a tracking server, ``CLOSE_THREADS`` runs at once (a local store takes one writer)."""
-    todo = [(t, runs[t.trial_id]) for t in trials if t.trial_id in runs]
-    if len(todo) > 1 and str(job.tracking_uri).startswith(("http://", "https://")):
+    open_runs = [(t, runs[t.trial_id]) for t in trials if t.trial_id in runs]
+    if len(open_runs) > 1 and str(job.tracking_uri).startswith(("http://", "https://")):
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(min(CLOSE_THREADS, len(todo)), thread_name_prefix="hyperband-close") as pool:
-            for done in [pool.submit(_close_run, job, t, run_id) for t, run_id in todo]:
+        with ThreadPoolExecutor(min(CLOSE_THREADS, len(open_runs)), thread_name_prefix="hyperband-close") as pool:
+            for done in [pool.submit(_close_run, job, t, run_id) for t, run_id in open_runs]:
                 done.result()  # the first failure, past its retries, is the caller's
         return
-    for t, run_id in todo:
+    for t, run_id in open_runs:
         _close_run(job, t, run_id)
 
 

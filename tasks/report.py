@@ -25,7 +25,7 @@ from uuid import UUID
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from prefect_hyperband.hyperband.accounting import Summary, TrialRung, table
+from prefect_hyperband.hyperband.accounting import Summary, RungResult, table
 from prefect_hyperband.hyperband.promotion import best_key, failed
 
 PROGRESS_KEY = "hyperband-progress"
@@ -40,12 +40,12 @@ PLOT_BEST_VS_WORKER_SECONDS = "plots/best_vs_worker_seconds.png"
 
 _KEY = re.compile(r"^[a-z0-9-]+$")
 
-Row = TrialRung | Mapping[str, Any]
+Row = RungResult | Mapping[str, Any]
 
 
-def _rows(rows: Iterable[Row]) -> list[TrialRung]:
-    """``TrialRung`` rows, also from their dict form (what the bracket and ASHA subflows return)."""
-    return [r if isinstance(r, TrialRung) else TrialRung(**r) for r in rows]
+def _rows(rows: Iterable[Row]) -> list[RungResult]:
+    """``RungResult`` rows, also from their dict form (what the bracket and ASHA subflows return)."""
+    return [r if isinstance(r, RungResult) else RungResult(**r) for r in rows]
 
 
 def _check_key(key: str) -> str:
@@ -97,7 +97,7 @@ def leaderboard(
     ``trial@resource``: ties by trial id, then the smaller resource); one pass over the rows and a heap of ``top``,
     once per job. ``runs`` (trial id -> MLflow child run) adds each trial's ``run_id``."""
     key = lambda r: best_key(r.trial_id, r.resource, r.score, direction)  # noqa: E731  (best_of's key)
-    best: dict[str, TrialRung] = {}
+    best: dict[str, RungResult] = {}
     for r in _rows(rows):
         if failed(r.score):
             continue
@@ -186,7 +186,7 @@ def plot_metric_vs_resource(rows: Iterable[Row], metric: str, direction: str):
     rows = [r for r in _rows(rows) if not failed(r.score)]
     fig = figure()
     ax = fig.add_subplot(1, 1, 1)
-    by_trial: dict[str, list[TrialRung]] = {}
+    by_trial: dict[str, list[RungResult]] = {}
     for r in rows:
         by_trial.setdefault(r.trial_id, []).append(r)
     colours = _bracket_colours([r.bracket for r in rows])

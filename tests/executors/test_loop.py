@@ -17,38 +17,38 @@ from prefect_hyperband.hyperband.sampler import RandomSampler
 from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, PriorFirst
 from prefect_hyperband.hyperband.space import parse
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.trainers.base import Evaluation, TrainResult
 
 SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}})
 HANG = float("inf")
 
 
-def score(todo: TrialJob) -> float:
+def score(trial_rung: TrialRung) -> float:
     """Lower is better; improves with resource."""
-    return todo.config["x"] + 1.0 / todo.resource
+    return trial_rung.config["x"] + 1.0 / trial_rung.resource
 
 
-def trained(todo: TrialJob, seconds: float) -> Outcome:
-    done = TrainResult(f"ck/{todo.trial_id}/{todo.resource}", todo.resource,
-                       todo.resource - (0 if todo.checkpoint is None else int(todo.checkpoint.rsplit("/", 1)[1])),
+def trained(trial_rung: TrialRung, seconds: float) -> Outcome:
+    done = TrainResult(f"ck/{trial_rung.trial_id}/{trial_rung.resource}", trial_rung.resource,
+                       trial_rung.resource - (0 if trial_rung.checkpoint is None else int(trial_rung.checkpoint.rsplit("/", 1)[1])),
                        seconds, 1)
-    return Outcome(todo, done, Evaluation(score(todo), 0.0), None)
+    return Outcome(trial_rung, done, Evaluation(score(trial_rung), 0.0), None)
 
 
 class Sim:
-    """The loop's Executor and Clock in one. ``behave(todo, attempt)`` gives (seconds, Outcome or Exception)."""
+    """The loop's Executor and Clock in one. ``behave(trial_rung, attempt)`` gives (seconds, Outcome or Exception)."""
 
     def __init__(self, behave=None) -> None:
-        self.behave = behave or (lambda todo, attempt: (float(todo.resource), trained(todo, float(todo.resource))))
+        self.behave = behave or (lambda trial_rung, attempt: (float(trial_rung.resource), trained(trial_rung, float(trial_rung.resource))))
         self.t = 0.0
         self.queue: list = []
         self.seq = itertools.count()
         self.began_at: dict[Future, float] = {}
-        self.submitted: list[TrialJob] = []
-        self.given_up: list[TrialJob] = []
+        self.submitted: list[TrialRung] = []
+        self.given_up: list[TrialRung] = []
         self.flying = self.most = self.interrupted = 0
-        self.on_submit = lambda todo: None
+        self.on_submit = lambda trial_rung: None
 
     # -- Clock
     def now(self) -> float:
@@ -66,23 +66,23 @@ class Sim:
         return {f for f in futures if f.done()}
 
     # -- Executor
-    def submit(self, todo: TrialJob) -> Future:
-        attempt = sum(1 for s in self.submitted if (s.trial_id, s.resource) == (todo.trial_id, todo.resource))
-        self.submitted.append(todo)
-        self.on_submit(todo)
+    def submit(self, trial_rung: TrialRung) -> Future:
+        attempt = sum(1 for s in self.submitted if (s.trial_id, s.resource) == (trial_rung.trial_id, trial_rung.resource))
+        self.submitted.append(trial_rung)
+        self.on_submit(trial_rung)
         future: Future = Future()
-        seconds, result = self.behave(todo, attempt)
+        seconds, result = self.behave(trial_rung, attempt)
         self.began_at[future] = self.t
         self.flying += 1
         self.most = max(self.most, self.flying)
-        heapq.heappush(self.queue, (self.t + seconds, next(self.seq), future, result, todo))
+        heapq.heappush(self.queue, (self.t + seconds, next(self.seq), future, result, trial_rung))
         return future
 
     def began(self, future):
         return self.began_at.get(future)
 
     def give_up(self, future):
-        self.given_up.extend(todo for _, _, f, _, todo in self.queue if f is future)
+        self.given_up.extend(trial_rung for _, _, f, _, trial_rung in self.queue if f is future)
 
     def interrupt(self):
         self.interrupted += 1
@@ -97,20 +97,20 @@ class Tracker:
         self.fail_record = fail_record
         self.drained = False
 
-    def start(self, todo):
-        self.started.append(todo.trial_id)
+    def start(self, trial_rung):
+        self.started.append(trial_rung.trial_id)
 
     def record(self, out):
         future: Future = Future()
         if self.fail_record(out, len(self.recorded)):
             future.set_exception(ConnectionError("simulated: the tracking store is down"))
         else:
-            self.recorded.append((out.job.trial_id, out.job.resource))
+            self.recorded.append((out.trial_rung.trial_id, out.trial_rung.resource))
             future.set_result(out)
         return future
 
     def record_failure(self, out):
-        self.failures.append((out.job.trial_id, out.error))
+        self.failures.append((out.trial_rung.trial_id, out.error))
         return out
 
     def close(self, trial_ids):
@@ -217,7 +217,7 @@ def test_a_stop_ends_the_loop_saved_and_a_resume_reaches_the_uninterrupted_resul
     make(whole, Sim()).run()
 
     sim, stop, saves = Sim(), Stop(), []
-    sim.on_submit = lambda todo: stop.request(15) if len(sim.submitted) == 20 else None
+    sim.on_submit = lambda trial_rung: stop.request(15) if len(sim.submitted) == 20 else None
     cut = hyperband(27, seed=3)
     with pytest.raises(JobStopped) as stopped:
         make(cut, sim, stop=stop, saves=saves).run()
@@ -236,7 +236,7 @@ def test_a_stop_ends_the_loop_saved_and_a_resume_reaches_the_uninterrupted_resul
 
 def test_a_stop_for_a_reason_names_it():
     sim, stop = Sim(), Stop()
-    sim.on_submit = lambda todo: stop.request(0, "the Dask scheduler at tcp://head:8786 is unreachable") \
+    sim.on_submit = lambda trial_rung: stop.request(0, "the Dask scheduler at tcp://head:8786 is unreachable") \
         if len(sim.submitted) == 5 else None
     with pytest.raises(JobStopped, match=r"^stopped: the Dask scheduler at tcp://head:8786 is unreachable$"):
         make(hyperband(9, seed=1), sim, stop=stop).run()
@@ -247,10 +247,10 @@ def test_a_full_disk_under_the_tracking_store_stops_the_job_instead_of_failing_t
     and names it, the trial-rung is not a row (--resume trains it)."""
     import sqlite3
 
-    def behave(todo, attempt):
-        if todo.trial_id == "s2-0002":
+    def behave(trial_rung, attempt):
+        if trial_rung.trial_id == "s2-0002":
             return 1.0, sqlite3.OperationalError("database or disk is full")
-        return 1.0, trained(todo, 1.0)
+        return 1.0, trained(trial_rung, 1.0)
 
     sim, tracker, sched = Sim(behave), Tracker(), hyperband()
     with pytest.raises(JobStopped, match=r"^stopped: no space left on device \(OperationalError: database or disk"):
@@ -260,11 +260,11 @@ def test_a_full_disk_under_the_tracking_store_stops_the_job_instead_of_failing_t
 
 
 def test_a_stop_gives_the_trainings_in_flight_their_grace_then_abandons_them():
-    def behave(todo, attempt):
-        return (HANG, None) if todo.trial_id == "s1-0000" else (1.0, trained(todo, 1.0))
+    def behave(trial_rung, attempt):
+        return (HANG, None) if trial_rung.trial_id == "s1-0000" else (1.0, trained(trial_rung, 1.0))
 
     sim, stop = Sim(behave), Stop()
-    sim.on_submit = lambda todo: stop.request() if len(sim.submitted) == 4 else None
+    sim.on_submit = lambda trial_rung: stop.request() if len(sim.submitted) == 4 else None
     with pytest.raises(JobStopped) as stopped:
         make(hyperband(3), sim, stop=stop, concurrency=4, grace=8.0).run()
     assert stopped.value.abandoned == 1
@@ -273,8 +273,8 @@ def test_a_stop_gives_the_trainings_in_flight_their_grace_then_abandons_them():
 
 
 def test_a_trial_rung_past_its_timeout_fails_its_trial_and_the_job_goes_on():
-    def behave(todo, attempt):
-        return (HANG, None) if todo.trial_id == "s2-0004" else (1.0, trained(todo, 1.0))
+    def behave(trial_rung, attempt):
+        return (HANG, None) if trial_rung.trial_id == "s2-0004" else (1.0, trained(trial_rung, 1.0))
 
     sim, tracker = Sim(behave), Tracker()
     sched = hyperband()
@@ -288,12 +288,12 @@ def test_a_trial_rung_past_its_timeout_fails_its_trial_and_the_job_goes_on():
 
 
 def test_an_orchestration_error_runs_the_trial_rung_again_and_past_its_retries_fails_the_trial():
-    def behave(todo, attempt):
-        if todo.trial_id == "s2-0000" and attempt < ORCHESTRATION_RETRIES:
+    def behave(trial_rung, attempt):
+        if trial_rung.trial_id == "s2-0000" and attempt < ORCHESTRATION_RETRIES:
             return 1.0, RuntimeError("simulated: Prefect API answered 503")
-        if todo.trial_id == "s1-0000":
+        if trial_rung.trial_id == "s1-0000":
             return 1.0, RuntimeError("simulated: API down for this trial")
-        return 1.0, trained(todo, 1.0)
+        return 1.0, trained(trial_rung, 1.0)
 
     sim, tracker, sched = Sim(behave), Tracker(), hyperband()
     make(sched, sim, tracker, concurrency=1).run()
@@ -308,7 +308,7 @@ def test_a_tracking_store_down_past_its_retries_stops_the_job_not_the_trial():
     """Its client retried for minutes (MLflow's), then the writer (1, 5, 15 s): the job stops and names it (exit 75,
     --resume goes on); the trial-rung is not a row and no trial failed."""
     def fail_record(out, n):
-        return out.job.trial_id == "s2-0003"
+        return out.trial_rung.trial_id == "s2-0003"
 
     sim, tracker, sched = Sim(), Tracker(fail_record), hyperband()
     with pytest.raises(JobStopped, match=r"^stopped: a server did not answer past its retries \(ConnectionError: "
@@ -319,10 +319,10 @@ def test_a_tracking_store_down_past_its_retries_stops_the_job_not_the_trial():
 
 
 def test_a_trainer_error_fails_its_trial_which_is_closed_and_never_promoted():
-    def behave(todo, attempt):
-        if todo.trial_id == "s2-0001":
-            return 1.0, Outcome(todo, None, None, "ValueError: diverged")
-        return 1.0, trained(todo, 1.0)
+    def behave(trial_rung, attempt):
+        if trial_rung.trial_id == "s2-0001":
+            return 1.0, Outcome(trial_rung, None, None, "ValueError: diverged")
+        return 1.0, trained(trial_rung, 1.0)
 
     sim, tracker, sched = Sim(behave), Tracker(), hyperband()
     drive = make(sched, sim, tracker).run()
@@ -335,7 +335,7 @@ def test_a_trainer_error_fails_its_trial_which_is_closed_and_never_promoted():
 def test_the_baseline_takes_a_slot_and_its_score_comes_back():
     base: Future = Future()
     sim = Sim()
-    sim.on_submit = lambda todo: base.set_result(0.7) if len(sim.submitted) == 3 and not base.done() else None
+    sim.on_submit = lambda trial_rung: base.set_result(0.7) if len(sim.submitted) == 3 and not base.done() else None
     drive = make(hyperband(), sim, concurrency=2, baseline=base).run()
     assert drive.default_score == 0.7
     assert sim.most == 2

@@ -11,18 +11,18 @@ import pytest
 from prefect_hyperband.flows.groups import Groups
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, Decision
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import TrialRung
 
 
-def _todo(i: int, bracket: int = 0, resource: int = 1) -> TrialJob:
-    return TrialJob(f"{i:04d}", bracket, 0, resource, {}, None)
+def _trial_rung(i: int, bracket: int = 0, resource: int = 1) -> TrialRung:
+    return TrialRung(f"{i:04d}", bracket, 0, resource, {}, None)
 
 
 def test_asha_groups_by_rung_open_until_the_job_ends(monkeypatch):
     started: list[str] = []
     groups = Groups("asha", size=2)
     monkeypatch.setattr(groups, "_start", lambda g: (started.append(g.title), g.ready.set()))
-    taken = [groups._take(_todo(i, resource=r)) for i, r in enumerate([1, 1, 3, 1])]
+    taken = [groups._take(_trial_rung(i, resource=r)) for i, r in enumerate([1, 1, 3, 1])]
     assert started == ["r=1 · trial-rungs", "r=3 · trial-rungs"]  # a rung is not split by count (flows.groups)
     assert taken[0] is taken[1] is taken[3]
     for g in taken:
@@ -30,13 +30,13 @@ def test_asha_groups_by_rung_open_until_the_job_ends(monkeypatch):
     assert not taken[0].done.is_set()
     groups.close()
     assert taken[0].done.is_set() and taken[2].done.is_set() and not groups.open
-    assert groups._take(_todo(9, bracket=PRIOR_BRACKET)) is None  # the priors' mode stays in the job's run
+    assert groups._take(_trial_rung(9, bracket=PRIOR_BRACKET)) is None  # the priors' mode stays in the job's run
 
 
 def test_a_bracket_is_one_group_that_ends_with_its_last_rung_and_holds_its_promotes(monkeypatch):
     groups = Groups("hyperband", size=3)
     monkeypatch.setattr(groups, "_start", lambda g: g.ready.set())
-    taken = [groups._take(_todo(i, bracket=2)) for i in range(4)]
+    taken = [groups._take(_trial_rung(i, bracket=2)) for i in range(4)]
     assert [g.title for g in taken] == ["bracket s=2"] * 3 + ["bracket s=2 · part 2"]
     for g in taken:
         groups._release(g)
@@ -66,8 +66,8 @@ def test_a_group_whose_subflow_run_does_not_start_runs_its_trial_rungs_in_the_jo
         group.thread.start()
 
     monkeypatch.setattr(groups, "_start", broken)
-    assert groups.run(_todo(0), lambda: "trained") == "trained"
-    assert groups.run(_todo(1), lambda: "again") == "again"
+    assert groups.run(_trial_rung(0), lambda: "trained") == "trained"
+    assert groups.run(_trial_rung(1), lambda: "again") == "again"
     assert len(warned) == 1 and "RuntimeError: no API" in warned[0]
     groups.close()
 

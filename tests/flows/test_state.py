@@ -28,7 +28,7 @@ def new_scheduler():
 
 
 def build(raw):
-    """As ``flows.state.make_scheduler``: as saved, its jobs in flight still out."""
+    """As ``flows.state.make_scheduler``: as saved, its trial-rungs in flight still out."""
     return AshaScheduler(AshaState.from_json(raw["state"]), RandomSampler.from_json(SPACE, raw["sampler"]),
                          raw["max_trials"], raw["time_budget"], requeued=False)
 
@@ -48,7 +48,7 @@ class Job:
 
     def passes(self, n: int) -> None:
         for _ in range(n):
-            while len(self.flying) < self.width and (job := self.scheduler.next_job()) is not None:
+            while len(self.flying) < self.width and (job := self.scheduler.next_trial_rung()) is not None:
                 self.flying.append(job)
                 self.runs.setdefault(job.trial_id, f"run-{job.trial_id}")
             for _ in range(int(self.rng.integers(1, 3))):  # one or two results a pass, as they arrive
@@ -61,7 +61,7 @@ class Job:
             self.writer.save(self.rows, float(len(self.rows)), 0.0)
 
     def expected(self):
-        """The state a resume must find: this scheduler, its jobs in flight offered again."""
+        """The state a resume must find: this scheduler, its trial-rungs in flight offered again."""
         raw = json.loads(json.dumps(self.scheduler.to_json()))
         again = build(raw)
         again.requeue()
@@ -273,7 +273,7 @@ def test_a_resumed_asha_job_takes_the_time_budget_it_is_resumed_with():
     """``--time-budget`` may change on resume: ASHA's saved budget does not hold the job to the old one."""
     job = SimpleNamespace(space=SPACE.to_dict(), prior_first=False, mode="asha", sampler="random", warm=None, seed=3)
     ran_out = AshaScheduler(AshaState.create(1, 27, 3, "min"), RandomSampler(SPACE, 3), 400, 1.0, lambda: 5.0)
-    assert ran_out.next_job() is None  # 5 s in, a budget of 1 s: no new config
+    assert ran_out.next_trial_rung() is None  # 5 s in, a budget of 1 s: no new config
     saved = json.loads(json.dumps(ran_out.to_json()))
     looser = state_mod.make_scheduler(job, 400, 60.0, lambda: 5.0, saved)
-    assert looser.time_budget == 60.0 and looser.next_job() is not None
+    assert looser.time_budget == 60.0 and looser.next_trial_rung() is not None

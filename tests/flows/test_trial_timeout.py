@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from prefect_hyperband.executors.loop import Timeouts as _Timeouts
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.trainers.base import TrainResult
 
 HUNG_FUNCTION = """
@@ -84,10 +84,10 @@ def test_a_hung_training_fails_its_trial_on_the_timeout_and_the_job_exits(kind, 
 
 def test_the_default_timeout_follows_the_measured_pace():
     limits = _Timeouts(None)
-    job = TrialJob("s0-0000", 0, 0, 9, {}, None)
+    job = TrialRung("s0-0000", 0, 0, 9, {}, None)
     assert limits.limit(job) == _Timeouts.FIRST  # nothing measured yet
     for seconds in (1.0, 2.0, 3.0):
         limits.observe(TrainResult("c", 3, 3, seconds * 3, 1))
     assert limits.limit(job) == max(_Timeouts.FLOOR, 20 * 2.0 * 9)  # 90th percentile of 1, 2, 3 s/unit (index 1)
-    assert limits.limit(TrialJob("s0-0000", 0, 0, 81, {}, None)) == 20 * 2.0 * 81
+    assert limits.limit(TrialRung("s0-0000", 0, 0, 81, {}, None)) == 20 * 2.0 * 81
     assert _Timeouts(7.5).limit(job) == 7.5

@@ -13,7 +13,7 @@ from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.promotion import sort_key
 from prefect_hyperband.hyperband.schedule import brackets
 from prefect_hyperband.hyperband.space import parse
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import TrialRung
 
 SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}, "y": {"type": "int", "low": 1, "high": 9}})
 
@@ -32,9 +32,9 @@ def best(state: AshaState) -> tuple[str, int, float] | None:
     return top["trial_id"], top["resource"], top["score"]
 
 
-def start(state: AshaState, count: int) -> list[TrialJob]:
+def start(state: AshaState, count: int) -> list[TrialRung]:
     new = counter_configs()
-    jobs = [state.next_job(new, True) for _ in range(count)]
+    jobs = [state.next_trial_rung(new, True) for _ in range(count)]
     assert all(j is not None and j.rung == 0 and j.checkpoint is None for j in jobs)
     return jobs  # type: ignore[return-value]
 
@@ -53,7 +53,7 @@ def test_promotions_follow_top_n_over_eta_in_rung_0() -> None:
     jobs = start(state, 9)
     ids = dict(zip("abcdefghi", [j.trial_id for j in jobs]))
     name = {v: k for k, v in ids.items()}
-    sequence = [  # (trial, score at r=1, trial promoted by next_job right after, or None)
+    sequence = [  # (trial, score at r=1, trial promoted by next_trial_rung right after, or None)
         ("a", 0.5, None),  # 1 result: ⌊1/3⌋ = 0
         ("b", 0.7, None),  # 2 results: 0
         ("c", 0.6, "b"),  # 3 results: top 1 = b
@@ -66,27 +66,27 @@ def test_promotions_follow_top_n_over_eta_in_rung_0() -> None:
     ]
     for trial, score, promoted in sequence:
         state.report(ids[trial], 1, score, None if score is None else f"ck/{trial}@1")
-        job = state.next_job(no_new, False)
+        job = state.next_trial_rung(no_new, False)
         if promoted is None:
             assert job is None, (trial, job)
         else:
             assert job is not None and name[job.trial_id] == promoted
             assert (job.rung, job.resource, job.checkpoint) == (1, 3, f"ck/{promoted}@1")
             assert job.config == jobs["abcdefghi".index(promoted)].config
-            assert state.next_job(no_new, False) is None  # never twice
+            assert state.next_trial_rung(no_new, False) is None  # never twice
     assert state.trials[ids["e"]].status == "failed"
     assert sorted(name[t] for t in state.promoted[2][0]) == ["b", "d", "f", "i"]
 
     # rung 1 (resource 3): b, d, f, i report; top ⌊n/3⌋ go to R = 9
     state.report(ids["b"], 3, 0.75, "ck/b@3")
-    assert state.next_job(no_new, False) is None
+    assert state.next_trial_rung(no_new, False) is None
     state.report(ids["d"], 3, 0.92, "ck/d@3")
-    assert state.next_job(no_new, False) is None
+    assert state.next_trial_rung(no_new, False) is None
     state.report(ids["f"], 3, 0.85, "ck/f@3")
-    job = state.next_job(no_new, False)
+    job = state.next_trial_rung(no_new, False)
     assert job is not None and (name[job.trial_id], job.rung, job.resource, job.checkpoint) == ("d", 2, 9, "ck/d@3")
     state.report(ids["i"], 3, 0.97, "ck/i@3")
-    job = state.next_job(no_new, False)
+    job = state.next_trial_rung(no_new, False)
     assert job is not None and (name[job.trial_id], job.resource) == ("i", 9)
     state.report(ids["d"], 9, 0.93, "ck/d@9")
     state.report(ids["i"], 9, 0.96, "ck/i@9")
@@ -104,13 +104,13 @@ def test_failed_never_promoted_and_ties_by_id_min_direction() -> None:
     state.report(a, 1, None)
     state.report(b, 1, float("nan"))
     state.report(c, 1, None)
-    assert state.next_job(no_new, False) is None  # 3 results, none usable
+    assert state.next_trial_rung(no_new, False) is None  # 3 results, none usable
     state.report(d, 1, 0.2, "ck/d")
     state.report(e, 1, 0.2, "ck/e")
     state.report(f, 1, 0.3, "ck/f")
     # 6 results: top 2 by loss (failed last) = d, e (tie at 0.2 broken by id)
-    assert [state.next_job(no_new, False).trial_id for _ in range(2)] == [d, e]  # type: ignore[union-attr]
-    assert state.next_job(no_new, False) is None
+    assert [state.next_trial_rung(no_new, False).trial_id for _ in range(2)] == [d, e]  # type: ignore[union-attr]
+    assert state.next_trial_rung(no_new, False) is None
     assert state.trials[b].status == "failed" and state.rungs[2][0][b] is None
 
 
@@ -124,16 +124,16 @@ def test_highest_rung_first_within_a_bracket() -> None:
     for i, t in enumerate(ids[:9]):
         state.report(t, 1, float(i), f"ck/{t}")
     # 9 results in rung 0: top 3 = ids[8], ids[7], ids[6]
-    up = [state.next_job(no_new, False) for _ in range(3)]
+    up = [state.next_trial_rung(no_new, False) for _ in range(3)]
     assert [j.trial_id for j in up] == [ids[8], ids[7], ids[6]]  # type: ignore[union-attr]
     for j in up:
         state.report(j.trial_id, 3, 10.0 + float(j.trial_id[-2:]), f"ck/{j.trial_id}@3")  # type: ignore[union-attr]
     # rung 1 has 3 results (top 1 = ids[8]); rung 0 gets three more so that ids[11] is promotable too
     for i, t in enumerate(ids[9:12]):
         state.report(t, 1, 100.0 + i, f"ck/{t}")
-    first = state.next_job(no_new, False)
+    first = state.next_trial_rung(no_new, False)
     assert first is not None and (first.trial_id, first.rung, first.resource) == (ids[8], 2, 9)
-    second = state.next_job(no_new, False)
+    second = state.next_trial_rung(no_new, False)
     assert second is not None and (second.trial_id, second.rung) == (ids[11], 1)
     # top 4 of rung 0's 12 results: ids[11], ids[10], ids[9], ids[8]; two are left, best first
     assert state.promotable() == [(3, 0, ids[10]), (3, 0, ids[9])]
@@ -142,7 +142,7 @@ def test_highest_rung_first_within_a_bracket() -> None:
 def test_across_brackets_highest_resource_then_larger_s() -> None:
     state = AshaState.create(1, 9, 3, "max", brackets=[2, 1])  # s=2: 1, 3, 9; s=1: 3, 9
     new = counter_configs()
-    jobs = [state.next_job(new, True) for _ in range(20)]
+    jobs = [state.next_trial_rung(new, True) for _ in range(20)]
     by_s = {s: [j.trial_id for j in jobs if j.bracket == s] for s in (2, 1)}  # type: ignore[union-attr]
     assert len(by_s[2]) >= 9 and len(by_s[1]) >= 3
     for i, t in enumerate(by_s[2][:3]):
@@ -150,19 +150,19 @@ def test_across_brackets_highest_resource_then_larger_s() -> None:
     for i, t in enumerate(by_s[1][:3]):
         state.report(t, 3, float(i), f"ck/{t}")
     # s=2 promotes to 3, s=1 promotes to 9: the one going to the higher resource first
-    order = [(j.bracket, j.rung, j.resource) for j in (state.next_job(no_new, False), state.next_job(no_new, False))]  # type: ignore[union-attr]
+    order = [(j.bracket, j.rung, j.resource) for j in (state.next_trial_rung(no_new, False), state.next_trial_rung(no_new, False))]  # type: ignore[union-attr]
     assert order == [(1, 1, 9), (2, 1, 3)]
 
 
 def test_same_target_resource_prefers_larger_s() -> None:
     state = AshaState.create(1, 9, 3, "max", brackets=[2, 1])
     new = counter_configs()
-    jobs = [state.next_job(new, True) for _ in range(30)]
+    jobs = [state.next_trial_rung(new, True) for _ in range(30)]
     by_s = {s: [j.trial_id for j in jobs if j.bracket == s] for s in (2, 1)}  # type: ignore[union-attr]
     # s=2: nine at rung 0, promote three to rung 1 (resource 3), all report there
     for i, t in enumerate(by_s[2][:9]):
         state.report(t, 1, float(i), f"ck/{t}")
-    up = [state.next_job(no_new, False) for _ in range(3)]
+    up = [state.next_trial_rung(no_new, False) for _ in range(3)]
     assert all(j is not None and j.bracket == 2 and j.resource == 3 for j in up)
     for j in up:
         state.report(j.trial_id, 3, 1.0, f"ck/{j.trial_id}@3")  # type: ignore[union-attr]
@@ -171,7 +171,7 @@ def test_same_target_resource_prefers_larger_s() -> None:
         state.report(t, 3, float(i), f"ck/{t}")
     # both brackets now have a promotion to R = 9
     assert sorted({(s, state.plan(s).rungs[k + 1].resource) for s, k, _ in state.promotable()}) == [(1, 9), (2, 9)]
-    first, second = state.next_job(no_new, False), state.next_job(no_new, False)
+    first, second = state.next_trial_rung(no_new, False), state.next_trial_rung(no_new, False)
     assert (first.bracket, first.rung, first.resource) == (2, 2, 9)  # type: ignore[union-attr]
     assert (second.bracket, second.rung, second.resource) == (1, 1, 9)  # type: ignore[union-attr]
 
@@ -188,7 +188,7 @@ def test_new_configs_split_in_hyperband_proportions(r: int, R: int, eta: int) ->
     new = counter_configs()
     seen: Counter[int] = Counter()
     for t in range(1, 2 * total + 1):
-        job = state.next_job(new, True)
+        job = state.next_trial_rung(new, True)
         assert job is not None and job.rung == 0 and job.resource == state.plan(job.bracket).rungs[0].resource
         seen[job.bracket] += 1
         for s in n:  # lower quota at every prefix: never behind its share by a whole config
@@ -201,7 +201,7 @@ def test_new_configs_split_in_hyperband_proportions(r: int, R: int, eta: int) ->
 def test_bracket_shares_27_12_6_4() -> None:
     state = AshaState.create(1, 27, 3)
     new = counter_configs()
-    shares = Counter(state.next_job(new, True).bracket for _ in range(49))  # type: ignore[union-attr]
+    shares = Counter(state.next_trial_rung(new, True).bracket for _ in range(49))  # type: ignore[union-attr]
     assert [shares[s] for s in (3, 2, 1, 0)] == [27, 12, 6, 4]
     assert state.started == {3: 27, 2: 12, 1: 6, 0: 4}
     # D'Hondt: 9 quotients n_s/(c+1) exceed 4 (27/1..27/6, 12/1, 12/2, 6/1); 12/3 = 4/1 ties and goes to s=2,
@@ -221,13 +221,13 @@ def score(config: dict, resource: int) -> float | None:
 
 def simulate(state: AshaState, rng: np.random.Generator, n_configs: int, workers: int, steps: int | None = None,
              queue: deque | None = None) -> tuple[list[tuple], deque]:
-    """Up to ``workers`` jobs in flight; the oldest reports first. Returns the jobs handed out."""
+    """Up to ``workers`` trial-rungs in flight; the oldest reports first. Returns the jobs handed out."""
     queue = deque() if queue is None else queue
     log: list[tuple] = []
     step = 0
     while steps is None or step < steps:
         while len(queue) < workers:
-            job = state.next_job(lambda: SPACE.sample(rng), state.configs_started < n_configs)
+            job = state.next_trial_rung(lambda: SPACE.sample(rng), state.configs_started < n_configs)
             if job is None:
                 break
             log.append((job.trial_id, job.bracket, job.rung, job.resource, json.dumps(job.config), job.checkpoint))
@@ -262,10 +262,10 @@ def test_round_trip_preserves_promoted_sets_and_next_job() -> None:
     jobs = start(state, 6)
     for i, j in enumerate(jobs):
         state.report(j.trial_id, 1, float(i), f"ck/{j.trial_id}")
-    first = state.next_job(no_new, False)
+    first = state.next_trial_rung(no_new, False)
     copy_ = AshaState.from_json(json.loads(json.dumps(state.to_json())))
     assert copy_.promoted[2][0] == {first.trial_id}  # type: ignore[union-attr]
-    assert copy_.next_job(no_new, False) == state.next_job(no_new, False) == TrialJob(
+    assert copy_.next_trial_rung(no_new, False) == state.next_trial_rung(no_new, False) == TrialRung(
         jobs[4].trial_id, 2, 1, 3, jobs[4].config, f"ck/{jobs[4].trial_id}"
     )
 
@@ -310,7 +310,7 @@ def test_report_and_create_errors() -> None:
     with pytest.raises(ValueError, match="got resource 3"):
         state.report(job.trial_id, 3, 0.5)
     state.report(job.trial_id, 1, 0.5, "ck")
-    with pytest.raises(ValueError, match="no job in flight"):
+    with pytest.raises(ValueError, match="no trial-rung in flight"):
         state.report(job.trial_id, 1, 0.5)
     with pytest.raises(ValueError, match="s=5"):
         AshaState.create(1, 9, 3, brackets=[5])
@@ -319,7 +319,7 @@ def test_report_and_create_errors() -> None:
     with pytest.raises(ValueError, match="eta"):
         AshaState.create(1, 9, 1)
     with pytest.raises(ValueError, match="mapping"):
-        state.next_job(lambda: [1, 2], True)  # type: ignore[arg-type, return-value]
+        state.next_trial_rung(lambda: [1, 2], True)  # type: ignore[arg-type, return-value]
     (other,) = start(state, 1)
     with pytest.raises(ValueError, match="in flight"):
         state.finish()
@@ -338,10 +338,10 @@ def test_asha_with_synthetic_trainer_and_tpe(tmp_path) -> None:
     trainer = SyntheticTrainer(seed=0, fail_rate=0.1)
     sampler = TPESampler(parse(DEFAULT_SPACE), 0, trainer.direction)
     state = AshaState.create(1, 27, 3, trainer.direction)
-    queue: deque[TrialJob] = deque()
+    queue: deque[TrialRung] = deque()
     while True:
         while len(queue) < 4:
-            job = state.next_job(sampler.ask, state.configs_started < 60)
+            job = state.next_trial_rung(sampler.ask, state.configs_started < 60)
             if job is None:
                 break
             queue.append(job)

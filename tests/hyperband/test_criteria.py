@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect_hyperband.hyperband.criteria import Criteria, Stopping
 from prefect_hyperband.hyperband.scheduler import Decision
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import TrialRung
 
 
 class Queue:
@@ -13,11 +13,11 @@ class Queue:
     def __init__(self, jobs):
         self.jobs, self.reported, self.finished = list(jobs), [], False
 
-    def next_job(self):
+    def next_trial_rung(self):
         if not self.jobs:
             return None
         t, r = self.jobs.pop(0)
-        return TrialJob(t, 0, 0, r, {}, None)
+        return TrialRung(t, 0, 0, r, {}, None)
 
     def report(self, trial_id, resource, score, checkpoint, error=None):
         self.reported.append((trial_id, resource, score))
@@ -44,7 +44,7 @@ class Queue:
 def run(stopping, scores):
     """Hand out and report one job at a time; the (trial, resource) pairs trained."""
     trained = []
-    while (job := stopping.next_job()) is not None:
+    while (job := stopping.next_trial_rung()) is not None:
         trained.append((job.trial_id, job.resource))
         stopping.report(job.trial_id, job.resource, scores[job.trial_id, job.resource], None)
     return trained
@@ -97,7 +97,7 @@ def test_cost_and_time_are_checked_before_each_new_trial_rung():
 def test_a_resumed_job_counts_its_rows_again_and_a_looser_criterion_goes_on():
     rows = [{"trial_id": t, "resource": r, "score": SCORES[t, r]} for t, r in JOBS[:7]]
     again = Stopping(Queue(JOBS[7:]), Criteria(patience=2), "max", 9, rows=rows)
-    assert again.next_job() is None and again.reason.startswith("patience: 2 results at R=9")
+    assert again.next_trial_rung() is None and again.reason.startswith("patience: 2 results at R=9")
     looser = Stopping(Queue(JOBS[7:]), Criteria(patience=5), "max", 9, rows=rows)
     assert run(looser, SCORES) == JOBS[7:] and looser.reason is None
     assert looser.to_json() == {"jobs": []}  # the criteria are not in the saved state

@@ -1,4 +1,4 @@
-"""A snapshot plus the calls made since is the scheduler at its last call: every scheduler, mid-run, jobs in flight
+"""A snapshot plus the calls made since is the scheduler at its last call: every scheduler, mid-run, trial-rungs in flight
 across the snapshot, failures, and ASHA's promotions found without ranking every rung."""
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ def outcome(trial_id: str, resource: int) -> float | None:
 
 
 class Run:
-    """The loop in plain Python: ``width`` jobs in flight, results told in a seeded, shuffled order."""
+    """The loop in plain Python: ``width`` trial-rungs in flight, results told in a seeded, shuffled order."""
 
     def __init__(self, scheduler, width: int = 4, seed: int = 0) -> None:
         self.scheduler, self.width, self.rng, self.flying = scheduler, width, np.random.default_rng(seed), []
 
     def steps(self, n: int) -> bool:
         for _ in range(n):
-            while len(self.flying) < self.width and (job := self.scheduler.next_job()) is not None:
+            while len(self.flying) < self.width and (job := self.scheduler.next_trial_rung()) is not None:
                 self.flying.append(job)
             if not self.flying:
                 return False
@@ -100,7 +100,7 @@ def test_a_snapshot_and_the_calls_since_replay_to_the_same_scheduler(kind, cut):
     run.steps(25)
     calls = roundtrip(original.take())
     flying = set(snapshot_in_flight(snapshot))
-    assert flying or cut != 7  # early on, every scheduler has jobs in flight at the snapshot
+    assert flying or cut != 7  # early on, every scheduler has trial-rungs in flight at the snapshot
     assert all(any(c[0] == "report" and c[1] == t for c in calls) for t in flying)  # told after it
 
     loaded = load(snapshot, requeue=False)
@@ -159,7 +159,7 @@ def test_asha_next_promotion_is_the_first_promotable_at_every_step(seed):
     for step in range(600):
         assert state.next_promotion() == (state.promotable() or [None])[0]
         while len(flying) < 5:
-            job = state.next_job(lambda: {"x": float(rng.random())}, can_start_new=step < 450)
+            job = state.next_trial_rung(lambda: {"x": float(rng.random())}, can_start_new=step < 450)
             if job is None:
                 break
             flying.append(job)

@@ -125,10 +125,10 @@ def test_asha_promotes_by_fronts() -> None:
     rng = np.random.default_rng(0)
     letters = iter("abcdefghi")
     names: dict[str, str] = {}
-    jobs = [state.next_job(lambda: space.sample(rng), True) for _ in range(9)]  # all out before any result
+    jobs = [state.next_trial_rung(lambda: space.sample(rng), True) for _ in range(9)]  # all out before any result
     for job in jobs:
         assert job is not None and job.rung == 0
         names[job.trial_id] = next(letters)
         state.report(job.trial_id, job.resource, TWO[names[job.trial_id]], "ck")
-    promoted = [names[state.next_job(lambda: space.sample(rng), False).trial_id] for _ in range(3)]  # type: ignore[union-attr]
+    promoted = [names[state.next_trial_rung(lambda: space.sample(rng), False).trial_id] for _ in range(3)]  # type: ignore[union-attr]
     assert promoted == ["a", "c", "b"]  # ⌊9/3⌋ of rung 0, in the order of the ranking

@@ -136,13 +136,13 @@ def test_the_schedulers_tell_priorband_each_brackets_first_rung() -> None:
             return super().ask_at(rung)
 
     hb = HyperbandScheduler(1, 9, 3, "min", ONE, 0, Recording(ONE, 0, "min", 1, 9, 3), sequential=True)
-    while (job := hb.next_job()) is not None:
+    while (job := hb.next_trial_rung()) is not None:
         hb.report(job.trial_id, job.resource, job.config["x"], "ck")
     assert seen == [0] * 9 + [1] * 5 + [2] * 3  # brackets s = 2, 1, 0 in turn: 9, 5 and 3 configs
     seen.clear()
     asha = AshaScheduler(AshaState.create(1, 9, 3, "min", brackets=(2, 0)), Recording(ONE, 0, "min", 1, 9, 3), 4)
     for _ in range(4):
-        asha.next_job()
+        asha.next_trial_rung()
     assert sorted(seen) == [0, 0, 0, 2]  # D'Hondt over n = 9 and 3
 
 

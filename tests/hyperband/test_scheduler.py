@@ -14,7 +14,7 @@ from prefect_hyperband.hyperband.sampler import RandomSampler
 from prefect_hyperband.hyperband.scheduler import (PRIOR_BRACKET, PRIOR_TRIAL, AshaScheduler, Decision,
                                                    HyperbandScheduler, PriorFirst, TrialRecord, best_of, ended)
 from prefect_hyperband.hyperband.space import parse
-from prefect_hyperband.hyperband.trial import TrialJob
+from prefect_hyperband.hyperband.trial import TrialRung
 
 SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}})
 
@@ -29,7 +29,7 @@ def run(scheduler, concurrency=2, stop_after=None):
     jobs, flying = [], []
     while True:
         while len(flying) < concurrency:
-            job = scheduler.next_job()
+            job = scheduler.next_trial_rung()
             if job is None:
                 break
             jobs.append(job)
@@ -83,7 +83,7 @@ def test_sequential_brackets_start_one_after_another_with_configs_asked_then():
 
     told: list[int] = []
     sched = HyperbandScheduler(1, 9, 3, "min", SPACE, seed=0, sampler=Recording(SPACE, 0), sequential=True)
-    first = sched.next_job()
+    first = sched.next_trial_rung()
     assert first.bracket == 2 and len(asked) == 9  # only bracket s=2 has sampled
     sched.report(first.trial_id, first.resource, score(first.config, 1), "ck")
     jobs = [first] + run(sched, concurrency=50)
@@ -94,7 +94,7 @@ def test_sequential_brackets_start_one_after_another_with_configs_asked_then():
 
 def test_a_failed_trial_ends_at_its_report_and_is_never_promoted():
     sched = HyperbandScheduler(1, 3, 3, "min", SPACE, seed=0)
-    jobs = [sched.next_job() for _ in range(3)]
+    jobs = [sched.next_trial_rung() for _ in range(3)]
     assert [j.bracket for j in jobs] == [1, 1, 1]
     assert sched.report(jobs[0].trial_id, 1, None, None, "boom") == [Decision("failed", 1, 0, 1, jobs[0].trial_id, 2)]
     assert sched.report(jobs[1].trial_id, 1, 0.9, "ck") == []  # the rung still waits for jobs[2]
@@ -105,7 +105,7 @@ def test_a_failed_trial_ends_at_its_report_and_is_never_promoted():
         Decision("rung_closed", 1, 0, 1, None, 2),
     ]
     assert ended(closing) == [jobs[1].trial_id]
-    with pytest.raises(ValueError, match="report each job once"):
+    with pytest.raises(ValueError, match="report each once"):
         sched.report(jobs[1].trial_id, 1, 0.5, "ck")
 
 
@@ -128,9 +128,9 @@ def test_asha_time_budget_reads_the_clock_passed_in():
     now = {"t": 0.0}
     sched = AshaScheduler(AshaState.create(1, 9, 3, "min"), RandomSampler(SPACE, 1), max_trials=1000,
                           time_budget=10.0, clock=lambda: now["t"])
-    assert sched.next_job() is not None
+    assert sched.next_trial_rung() is not None
     now["t"] = 11.0
-    assert sched.next_job() is None or sched.state.configs_started == 1
+    assert sched.next_trial_rung() is None or sched.state.configs_started == 1
 
 
 def test_best_of_ranks_with_the_promotion_key():
@@ -160,7 +160,7 @@ def prior_first(mode="hyperband"):
 def test_the_priors_mode_trains_to_r_first_beside_the_schedule_and_is_not_told_to_the_sampler(mode):
     sched, sampler = prior_first(mode)
     jobs = run(sched, concurrency=2)
-    assert jobs[0] == TrialJob(PRIOR_TRIAL, PRIOR_BRACKET, 0, 9, {"x": 0.0}, None)
+    assert jobs[0] == TrialRung(PRIOR_TRIAL, PRIOR_BRACKET, 0, 9, {"x": 0.0}, None)
     assert jobs[1].trial_id != PRIOR_TRIAL and jobs[1].resource == 1  # the second slot starts the schedule meanwhile
     assert sum(j.trial_id == PRIOR_TRIAL for j in jobs) == 1 and sched.done
     prior = [t for t in sched.records() if t.trial_id == PRIOR_TRIAL]
@@ -173,24 +173,24 @@ def test_the_priors_mode_trains_to_r_first_beside_the_schedule_and_is_not_told_t
 
 def test_the_prior_first_is_offered_again_after_a_kill_and_never_twice():
     sched, _ = prior_first()
-    first = sched.next_job()
+    first = sched.next_trial_rung()
     assert first.trial_id == PRIOR_TRIAL
     saved = json.loads(json.dumps(sched.to_json()))  # killed while it trains
     again = PriorFirst.from_json(saved, HyperbandScheduler.from_json(saved, PRIORS, None))
-    assert again.next_job() == first
+    assert again.next_trial_rung() == first
     decisions = again.report(PRIOR_TRIAL, 9, 0.3, "ck/prior/9")
     assert decisions == [Decision("completed", PRIOR_BRACKET, 0, 9, PRIOR_TRIAL, 1)]
     saved = json.loads(json.dumps(again.to_json()))
     resumed = PriorFirst.from_json(saved, HyperbandScheduler.from_json(saved, PRIORS, None))
-    assert resumed.next_job().trial_id != PRIOR_TRIAL
+    assert resumed.next_trial_rung().trial_id != PRIOR_TRIAL
     assert [t.scores for t in resumed.records() if t.trial_id == PRIOR_TRIAL] == [{9: 0.3}]
-    with pytest.raises(ValueError, match="report each job once"):
+    with pytest.raises(ValueError, match="report each once"):
         resumed.report(PRIOR_TRIAL, 9, 0.3, "ck/prior/9")
 
 
 def test_a_failed_prior_first_is_recorded_and_the_job_goes_on():
     sched, _ = prior_first()
-    assert sched.next_job().trial_id == PRIOR_TRIAL
+    assert sched.next_trial_rung().trial_id == PRIOR_TRIAL
     assert sched.report(PRIOR_TRIAL, 9, None, None, "boom") == [Decision("failed", PRIOR_BRACKET, 0, 9, PRIOR_TRIAL, 1)]
     jobs = run(sched)
     assert jobs and sched.done

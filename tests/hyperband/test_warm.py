@@ -93,5 +93,5 @@ def test_the_first_bracket_or_asha_starts_with_the_first_configs(mode):
         sched = AshaScheduler(AshaState.create(1, 9, 3, "min"), sampler, 10)
     else:
         sched = HyperbandScheduler(1, 9, 3, "min", space, 0, sampler)
-    configs = [sched.next_job().config for _ in range(3)]
+    configs = [sched.next_trial_rung().config for _ in range(3)]
     assert configs[:2] == first and configs[2] not in first

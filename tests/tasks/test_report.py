@@ -6,17 +6,17 @@ import json
 
 import pytest
 
-from prefect_hyperband.hyperband.accounting import TrialRung, summarise
+from prefect_hyperband.hyperband.accounting import RungResult, summarise
 from prefect_hyperband.tasks import report
 
 # bracket s=1: a, b, c at r=1, b promoted to r=3; bracket s=0: d, e at r=3 (e failed)
 ROWS = [
-    TrialRung("s1-a", 1, 0, 1, 1, 1.0, 0.1, 2, 0.70),
-    TrialRung("s1-b", 1, 0, 1, 1, 1.0, 0.1, 2, 0.80),
-    TrialRung("s1-c", 1, 0, 1, 1, 1.0, 0.1, 2, 0.60),
-    TrialRung("s1-b", 1, 1, 3, 2, 2.0, 0.1, 2, 0.85),
-    TrialRung("s0-d", 0, 0, 3, 3, 3.0, 0.1, 2, 0.75),
-    TrialRung("s0-e", 0, 0, 3, 0, 0.0, 0.0, 1, None),
+    RungResult("s1-a", 1, 0, 1, 1, 1.0, 0.1, 2, 0.70),
+    RungResult("s1-b", 1, 0, 1, 1, 1.0, 0.1, 2, 0.80),
+    RungResult("s1-c", 1, 0, 1, 1, 1.0, 0.1, 2, 0.60),
+    RungResult("s1-b", 1, 1, 3, 2, 2.0, 0.1, 2, 0.85),
+    RungResult("s0-d", 0, 0, 3, 3, 3.0, 0.1, 2, 0.75),
+    RungResult("s0-e", 0, 0, 3, 0, 0.0, 0.0, 1, None),
 ]
 CONFIGS = {t: {"eta": 0.1 * (i + 1), "max_depth": 3 + i} for i, t in enumerate(["s1-a", "s1-b", "s1-c", "s0-d", "s0-e"])}
 
@@ -71,7 +71,7 @@ def test_best_so_far_in_completion_order():
 
 
 def test_leaderboard_takes_rows_as_dicts_or_trial_rungs():
-    """The state file holds rows as dicts; the summary holds ``TrialRung``s: both rank the same."""
+    """The state file holds rows as dicts; the summary holds ``RungResult``s: both rank the same."""
     board = report.leaderboard([r.__dict__ for r in ROWS], CONFIGS, "val_auc", "max")
     assert board == report.leaderboard(ROWS, CONFIGS, "val_auc", "max")
 
@@ -185,7 +185,7 @@ def test_report_tasks_are_best_effort(prefect_harness, tracking_uri, monkeypatch
 
 
 def test_the_leaderboard_holds_the_top_trials_of_a_large_job_not_all_of_them():
-    rows = [TrialRung(f"{i:05d}", 0, 0, 1, 1, 0.1, 0.0, 1, i / 5000 if i % 7 else None) for i in range(5000)]
+    rows = [RungResult(f"{i:05d}", 0, 0, 1, 1, 0.1, 0.0, 1, i / 5000 if i % 7 else None) for i in range(5000)]
     board = report.leaderboard(rows, {}, "val_auc", "max")
     assert len(board) == report.LEADERBOARD_TOP
     expected = sorted((r for r in rows if r.score is not None), key=lambda r: -r.score)[:report.LEADERBOARD_TOP]
@@ -208,7 +208,7 @@ def test_a_metric_keeps_its_one_name_on_the_leaderboard_the_summary_and_the_plot
 def test_the_leaderboard_ranks_ties_as_the_champion_does():
     from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
 
-    rows = [TrialRung(trial_id=t, bracket=0, rung=k, resource=r, resource_trained=1, train_seconds=1.0,
+    rows = [RungResult(trial_id=t, bracket=0, rung=k, resource=r, resource_trained=1, train_seconds=1.0,
                       eval_seconds=0.1, workers=1, score=0.9)
             for t, k, r in [("s0-b", 0, 1), ("s0-b", 1, 3), ("s0-a", 1, 3)]]
     board = report.leaderboard(rows, {}, "val_auc", "max")
