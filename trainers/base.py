@@ -73,6 +73,25 @@ class Placement(Protocol):
         """Leave the cluster (one the placement started is shut down, an external one keeps running)."""
 
 
+class Placed:
+    """What a trainer given a placement by its plug-in shares (the user's function and script, torch): the
+    placement (``_dask``, from ``placement(self)`` in the trainer's constructor), its groups of workers, and
+    leaving it when the trainer closes."""
+
+    _dask: Placement | None = None
+
+    @property
+    def worker_groups(self) -> Any:
+        """The Dask workers' groups a trial-rung runs on (None: this machine)."""
+        return self._dask.worker_groups if self._dask is not None else None
+
+    def leave_placement(self) -> None:
+        """Leave the cluster, once (an external one keeps running)."""
+        if self._dask is not None:
+            self._dask.close()
+            self._dask = None
+
+
 def measure(trainer: Any, checkpoint: str) -> tuple[float, dict[str, float]]:
     """A checkpoint's metric and what else the trainer measures with it (``predict_ms``, a user's metrics): its
     ``measure`` when it has one, else ``evaluate`` alone."""

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from prefect_hyperband.trainers import stopping
-from prefect_hyperband.trainers.base import Placement, TrainResult, write_json_atomic
+from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_json_atomic
 from prefect_hyperband.trainers.errors import InputError
 
 #: callables handed to ``prefect_hyperband.tune`` in this process that have no importable name
@@ -155,7 +155,7 @@ def _check_signature(fn: Any, entry: str) -> Callable[[Trial], Mapping[str, Any]
     return fn
 
 
-class FunctionTrainer:
+class FunctionTrainer(Placed):
     """The Trainer protocol over a user function; ``evaluate`` reads the metric the function returned."""
 
     model = "function"
@@ -170,10 +170,6 @@ class FunctionTrainer:
         #: with ``--dask-address``: each trial-rung on a free worker of the cluster (``executors.dask_function``)
         self._dask = placement(self) if placement is not None else None
 
-    @property
-    def worker_groups(self):
-        """The Dask workers (groups of one) the trial-rungs run on (None: the job's own threads)."""
-        return self._dask.worker_groups if self._dask is not None else None
 
     def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:
         start = _held(checkpoint)
@@ -203,9 +199,7 @@ class FunctionTrainer:
 
     def close(self) -> None:
         """Leave the Dask cluster, if any (in the job's own threads there is nothing to release)."""
-        if self._dask is not None:
-            self._dask.close()
-            self._dask = None
+        self.leave_placement()
 
 
 def call(fn: Callable[[Trial], Any], trial: Trial) -> tuple[Any, float]:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from prefect_hyperband.trainers import stopping
-from prefect_hyperband.trainers.base import Placement, TrainResult, write_json_atomic
+from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_json_atomic
 from prefect_hyperband.trainers.errors import InputError
 
 #: lines of the script's output kept on a failed trial's run
@@ -45,7 +45,7 @@ class ScriptFailed(RuntimeError):
     """The script exited non-zero, timed out, or did not report the job's metric."""
 
 
-class ScriptTrainer:
+class ScriptTrainer(Placed):
     """The Trainer protocol over a training script; ``evaluate`` reads the metric rank 0 reported."""
 
     model = "script"
@@ -76,10 +76,6 @@ class ScriptTrainer:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                 "--nproc-per-node", str(self.workers), self.script, *self.args(config)]
 
-    @property
-    def worker_groups(self):
-        """The Dask workers' groups a trial-rung's ranks run on (None: this machine's launcher)."""
-        return self._dask.worker_groups if self._dask is not None else None
 
     def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:
         start = int(json.loads(Path(checkpoint).read_text())["resource"]) if checkpoint else 0
@@ -161,9 +157,7 @@ class ScriptTrainer:
             running = list(self._running)
         for proc in running:
             _kill_group(proc)
-        if self._dask is not None:
-            self._dask.close()
-            self._dask = None
+        self.leave_placement()
 
 
 def script_env(tuner: Mapping[str, str], previous: Path | None, directory: Path, reports: Path,

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from prefect_hyperband.trainers.base import Placement, TrainResult, checkpoint_resource, write_json_atomic, write_sidecar
+from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, checkpoint_resource, write_json_atomic, write_sidecar
 from prefect_hyperband.trainers.data import DataSpec, Dataset, load, metric_direction, score
 from prefect_hyperband.trainers.launch import failure_message, terminate
 from prefect_hyperband.trainers.torch_config import _as_float, _as_int, _check, check_metric, effective_lr, resolve_config
@@ -85,7 +85,7 @@ def timed_predict(checkpoint: str, X: np.ndarray) -> tuple[np.ndarray, float]:
 # ---------------------------------------------------------------------------- the trainer
 
 
-class TorchTrainer:
+class TorchTrainer(Placed):
     """Trainer protocol for PyTorch; one instance per job, shared by its trials (and threads).
 
     ``threads_per_rank`` defaults to cpu_count // (workers * concurrent_trials): pass the number
@@ -166,10 +166,6 @@ class TorchTrainer:
 
     # -- protocol ------------------------------------------------------------------------
 
-    @property
-    def worker_groups(self):
-        """The Dask workers' groups a trial-rung's ranks run on (None: this machine's launcher)."""
-        return self._dask.worker_groups if self._dask is not None else None
 
     def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:
         """Train ``config`` to ``resource`` epochs (resuming ``checkpoint``), checkpoint to ``out``."""
@@ -228,9 +224,7 @@ class TorchTrainer:
         self._closed = True
         if self._pools is not None:
             self._pools.close()
-        if self._dask is not None:
-            self._dask.close()
-            self._dask = None
+        self.leave_placement()
 
     @property
     def pools(self) -> list[Any]:
