@@ -2,8 +2,9 @@
 
 Starts PostgreSQL itself (Debian's ``postgresql`` package: ``initdb`` and ``postgres`` on 127.0.0.1,
 a port of its own, trust auth), a Prefect server with ``PREFECT_API_DATABASE_CONNECTION_URL`` on it and
-an MLflow server with a PostgreSQL backend store. Ten synthetic jobs run at once, each its own process and
-experiment, while PostgreSQL and then the Prefect server restart under them; then three jobs are SIGKILLed at
+an MLflow server with a PostgreSQL backend store. Ten jobs run at once, each its own process and experiment
+(eight from the CLI, two as deployment runs through a process worker), while PostgreSQL and then the Prefect
+server restart under them; then three jobs are SIGKILLed at
 once (the controller's machine lost) and resumed. Nothing of one job is in another's runs; no run is lost,
 repeated or left open.
 """
@@ -13,11 +14,13 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,10 @@ from stack import Stack, running, _exe, _free_port, _http, _wait_http, _wait_log
 
 pytestmark = pytest.mark.slow
 EXPERIMENT = "pg-hyperband"
+POOL = "hyperband-process"
+#: the jobs that run as deployment runs through the pool's worker, each a run of its own bundled deployment (each
+#: has ``concurrency_limit: 1``), with the job's parameters given at the run
+DEPLOYED = {"load-7": "xgboost-bank-marketing", "load-8": "torch-digits"}
 
 
 def _pg_bin() -> Path:
@@ -64,25 +71,36 @@ def test_ten_jobs_on_postgresql_outlive_its_restart_and_the_prefect_servers_then
     mlflow_url = _servers(s, tmp_path)
     # eight synthetic (1, 27, 3) jobs, one synthetic (1, 9, 3) job (the lost jobs' reference, below) and the default
     # one (XGBoost on bank-marketing, (1, 9, 3)), whose champion is registered
+    # eight from the CLI; load-7 and load-8 as runs of a deployment, started by a process worker
+    deployed = _deployment_runs(s, tmp_path, mlflow_url)
     jobs = [_job(s, tmp_path, f"load-{i}", mlflow_url, xgboost=i == 0, max_resource="9" if i == 9 else "27")
-            for i in range(10)]
+            for i in range(10) if f"load-{i}" not in DEPLOYED]
     time.sleep(15)  # the ten are still starting (imports, their flow runs) on 2 cores
+    pg_down = time.time()
     postgres = s.halt("postgres", signal.SIGINT)  # a fast shutdown: every connection dropped
     time.sleep(6)
     s.start("postgres", postgres, cwd=s.pg_data)
     _wait_log(s, "postgres", r"ready to accept connections", 2)
     time.sleep(10)
     assert all(proc.poll() is None for _, proc, _ in jobs), "a job ended before the Prefect server's restart"
+    prefect_down = time.time()
     prefect = s.halt("prefect-server")
     time.sleep(5)
     s.start("prefect-server", prefect)
     _wait_http(f"http://127.0.0.1:{s.prefect_port}/api/health", s, "prefect server")
     results = [_ended(job) for job in jobs]
     said = [line for _, _, out in jobs for line in out.read_text(errors="replace").splitlines() if "warning" in line.lower()]
-    print(f"{len(said)} warning lines from the ten jobs:", *said[:20], sep="\n")
+    print(f"{len(said)} warning lines from the eight CLI jobs:", *said[:20], sep="\n")
     for (name, _, _), result in zip(jobs, results):
         _check_experiment(mlflow_url, name, result, configs=17 if name in ("load-0", "load-9") else 49)
     _check_champion(mlflow_url, "load-0", results[0])
+    for name, flow_run_id in deployed:
+        _check_experiment(mlflow_url, name, _deployment_ended(s, mlflow_url, name, flow_run_id), configs=49)
+        run = _http("GET", f"http://127.0.0.1:{s.prefect_port}/api/flow_runs/{flow_run_id}")
+        began, ended = (datetime.fromisoformat(run[k]).timestamp() for k in ("start_time", "end_time"))
+        assert began < prefect_down and ended > pg_down, f"{name} ran {began - pg_down:+.0f} s to {ended - pg_down:+.0f} s " \
+            f"from PostgreSQL's stop; the Prefect server stopped at {prefect_down - pg_down:+.0f} s: not under the restarts"
+    results = {name: result for (name, _, _), result in zip(jobs, results)}
     flow_runs = _flow_runs(s)
     assert {fr["state"]["type"] for fr in flow_runs} == {"COMPLETED"}
     assert len([fr for fr in flow_runs if fr["parent_task_run_id"] is None]) == 10
@@ -102,7 +120,7 @@ def test_ten_jobs_on_postgresql_outlive_its_restart_and_the_prefect_servers_then
         proc.wait(timeout=30)
         assert len(saved_rows(tmp_path / "jobs" / name)) < 22, f"{name} ended before it was killed"
     resumed = [_job(s, tmp_path, name, mlflow_url, resume=True) for name, _, _ in lost]
-    uninterrupted = results[9]  # load-9: the same synthetic (1, 9, 3) job (seed 0), never killed
+    uninterrupted = results["load-9"]  # load-9: the same synthetic (1, 9, 3) job (seed 0), never killed
     for (name, _, _), job, holder in zip(lost, resumed, holders):
         result = _ended(job)
         _check_experiment(mlflow_url, name, result, configs=17)
@@ -142,6 +160,63 @@ def _servers(s: Stack, tmp_path: Path) -> str:
                             capture_output=True, text=True, check=True).stdout.strip()
     assert tables == "1"
     return mlflow_url
+
+
+def _deployment_runs(s: Stack, tmp_path: Path, mlflow_url: str) -> list[tuple[str, str]]:
+    """The bundled deployment (``hyperband deploy``, as from an installed package) on a process pool, a worker for
+    it, and a run of it per job of ``DEPLOYED`` with that job's parameters (a synthetic (1, 27, 3) job, as the
+    CLI's); (name, flow run id) each."""
+    s.run("work-pool", [_exe("prefect"), "work-pool", "create", POOL, "--type", "process"])
+    names = [arg for name in DEPLOYED.values() for arg in ("--name", name)]
+    out = s.run("hyperband-deploy", [_exe("hyperband"), "deploy", "--pool", POOL, *names, "--working-dir", str(tmp_path),
+                                     "--no-schedule"], cwd=tmp_path)
+    assert all(f"deployed hyperband-tune/{name} on pool {POOL}" in out for name in DEPLOYED.values()), out
+    worker_dir = tmp_path / "worker"
+    worker_dir.mkdir()
+    s.env["PREFECT_WORKER_QUERY_SECONDS"] = "2"  # the worker's poll: its runs start before the restarts below
+    s.start("prefect-worker", [_exe("prefect"), "worker", "start", "--pool", POOL, "--name", "load-worker",
+                               "--limit", str(len(DEPLOYED))], cwd=worker_dir)
+    runs = []
+    for name, deployment in DEPLOYED.items():
+        # 0.2 s units (the CLI's jobs: 0.05 s): started before the CLI's jobs, they still run under the restarts
+        params = {"model": "synthetic", "max_resource": 27, "unit_seconds": 0.2, "eta": 3, "concurrency": 2,
+                  "experiment": name, "job_id": name, "tracking_uri": mlflow_url, "job_dir": str(tmp_path / "jobs")}
+        out = s.run(f"run-{name}", [_exe("prefect"), "deployment", "run", f"hyperband-tune/{deployment}", "--params",
+                                    json.dumps({"params": params})])
+        match = re.search(r"UUID: ([0-9a-f-]{36})", out)
+        assert match, out
+        runs.append((name, match.group(1)))
+    deadline = time.monotonic() + 120  # both started by the worker before the CLI's jobs start
+    while any(_http("GET", f"http://127.0.0.1:{s.prefect_port}/api/flow_runs/{run_id}")["start_time"] is None
+              for _, run_id in runs):
+        assert time.monotonic() < deadline, "the worker did not start the deployment runs within 120 s"
+        time.sleep(0.5)
+    return runs
+
+
+def _deployment_ended(s: Stack, mlflow_url: str, name: str, flow_run_id: str, timeout: float = 600) -> dict:
+    """A deployment run's outcome, as ``_ended`` gives a CLI job's: its flow run COMPLETED, and the job's summary
+    (``summary.json`` on its parent run), best trial and parent run."""
+    deadline, state = time.monotonic() + timeout, {}
+    while time.monotonic() < deadline:
+        state = _http("GET", f"http://127.0.0.1:{s.prefect_port}/api/flow_runs/{flow_run_id}").get("state") or {}
+        if state.get("type") in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            break
+        time.sleep(2)
+    assert state.get("type") == "COMPLETED", f"{name}: flow run ended {state.get('type')}: {state.get('message')}"
+    api = f"{mlflow_url}/api/2.0/mlflow"
+    experiment = _http("GET", f"{api}/experiments/get-by-name?experiment_name={name}")["experiment"]
+    runs = _http("POST", f"{api}/runs/search", {"experiment_ids": [experiment["experiment_id"]], "max_results": 1000,
+                                                "filter": "tags.`hyperband.job_id` = '" + name + "'"})["runs"]
+    parent = [r["info"]["run_id"] for r in runs
+              if not any(t["key"] == "mlflow.parentRunId" for t in r["data"].get("tags", []))]
+    assert len(parent) == 1, f"{name}: {len(parent)} parent runs"
+    import urllib.request
+
+    with urllib.request.urlopen(f"{mlflow_url}/get-artifact?path=summary.json&run_uuid={parent[0]}", timeout=10) as r:
+        summary = json.loads(r.read())
+    return {"summary": summary, "parent_run_id": parent[0],
+            "best": {"trial_id": summary["best_trial"], "resource": summary["best_resource"]}}
 
 
 def _job(s: Stack, tmp_path: Path, name: str, mlflow_url: str, unit_seconds: str = "0.05", resume: bool = False,
