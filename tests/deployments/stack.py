@@ -176,16 +176,19 @@ def _wait_log(stack: Stack, name: str, pattern: str, count: int, timeout: float 
 
 
 class FlakyProxy:
-    """An HTTP proxy in front of a server (MLflow's) that answers 503 while told to: every request for a window
-    (``down_for``), or the artifact uploads (``PUT .../mlflow-artifacts/...``) for a window from the first one
-    (``artifacts_down_for``). Counts the 503s it gave."""
+    """An HTTP proxy in front of a server (MLflow's) that answers 503 to every request while told to (``down_for``)
+    and counts the 503s it gave. ``on_first_upload``: called once, before the first artifact upload
+    (``PUT .../mlflow-artifacts/...``) goes on to the server (a test makes the server's artifact store read-only
+    there); ``failed_uploads`` counts the uploads the server itself answered with a 5xx."""
 
     def __init__(self, upstream: str) -> None:
         import http.server
         import threading
 
-        self.upstream, self.until, self.artifacts_for, self.artifacts_until = upstream, 0.0, 0.0, None
-        self.refused = {"all": 0, "artifacts": 0}
+        self.upstream, self.until = upstream, 0.0
+        self.refused = {"all": 0}
+        self.on_first_upload: Any = None
+        self.uploads = self.failed_uploads = 0
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -213,6 +216,8 @@ class FlakyProxy:
                     status, data, got = err.code, err.read(), err.headers
                 except OSError:
                     status, data, got = 502, b"", {}
+                if status >= 500 and self.command == "PUT" and "mlflow-artifacts" in self.path:
+                    proxy.failed_uploads += 1
                 self.send_response(status)
                 for k, v in got.items():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -231,18 +236,13 @@ class FlakyProxy:
     def down_for(self, seconds: float) -> None:
         self.until = time.monotonic() + seconds
 
-    def artifacts_down_for(self, seconds: float) -> None:
-        self.artifacts_for = seconds
-
     def refusing(self, method: str, path: str) -> str | None:
-        now = time.monotonic()
-        if now < self.until:
+        if time.monotonic() < self.until:
             return "all"
-        if method == "PUT" and "mlflow-artifacts" in path and self.artifacts_for:
-            if self.artifacts_until is None:
-                self.artifacts_until = now + self.artifacts_for
-            if now < self.artifacts_until:
-                return "artifacts"
+        if method == "PUT" and "mlflow-artifacts" in path:
+            self.uploads += 1
+            if self.uploads == 1 and self.on_first_upload is not None:
+                self.on_first_upload()
         return None
 
     def close(self) -> None:
