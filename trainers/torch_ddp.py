@@ -90,7 +90,7 @@ class TorchTrainer(Placed):
 
     ``threads_per_rank`` defaults to cpu_count // (workers * concurrent_trials): pass the number
     of trials that run at once, since oversubscribed intra-op threads slow small models ~5x.
-    ``max_train_rows`` cuts the training split (tests); ``scratch_dir`` holds each call's job
+    ``scratch_dir`` holds each call's job
     folder. Ranks across machines run on a Dask cluster: ``placement`` (``executors.dask_ranks.torch_on``,
     given by the torch plug-in for ``--dask-address``).
 
@@ -118,7 +118,6 @@ class TorchTrainer(Placed):
         trial_timeout: float = 600.0,
         threads_per_rank: int | None = None,
         concurrent_trials: int = 1,
-        max_train_rows: int | None = None,
         scratch_dir: str | None = None,
         warm: bool | None = None,
         pool_size: int | None = None,
@@ -134,10 +133,6 @@ class TorchTrainer(Placed):
         default_threads = max(1, (os.cpu_count() or 1) // (self.workers * concurrent_trials))
         self.threads_per_rank = _as_int("threads_per_rank", threads_per_rank or default_threads)
         _check(self.threads_per_rank >= 1, f"threads_per_rank must be >= 1, got {threads_per_rank}")
-        if max_train_rows is not None:
-            max_train_rows = _as_int("max_train_rows", max_train_rows)
-            _check(max_train_rows >= 1, f"max_train_rows must be >= 1, got {max_train_rows}")
-        self.max_train_rows = max_train_rows
         self.spec, self.seed = spec, _as_int("seed", seed)
         self.scratch_dir = scratch_dir
         self.dataset: Dataset = load(spec)
@@ -274,18 +269,17 @@ class TorchTrainer(Placed):
             "metric": self.metric,
             "effective_lr": effective_lr(cfg, self.world_size),
             "threads_per_rank": self.threads_per_rank,
-            "max_train_rows": self.max_train_rows,
         }
 
     def arrays(self) -> dict[str, Any]:
-        """The split the ranks train on, in memory (training rows cut to ``max_train_rows``)."""
-        ds, rows = self.dataset, self.max_train_rows
-        return {"X_train": ds.X_train[:rows], "y_train": ds.y_train[:rows], "X_val": ds.X_val, "y_val": ds.y_val,
+        """The split the ranks train on, in memory."""
+        ds = self.dataset
+        return {"X_train": ds.X_train, "y_train": ds.y_train, "X_val": ds.X_val, "y_val": ds.y_val,
                 "task": ds.task, "n_classes": ds.n_classes,
                 "image_shape": list(ds.image_shape) if ds.image_shape is not None else None}
 
     def save_arrays(self, workdir: Path) -> dict[str, Any]:
-        """Write the split the ranks train on (training rows cut to ``max_train_rows``) beside the job."""
+        """Write the split the ranks train on beside the job."""
         split = self.arrays()
         path = workdir / "data.npz"
         np.savez(path, **{k: split.pop(k) for k in ("X_train", "y_train", "X_val", "y_val")})

@@ -22,7 +22,25 @@ class Fault:
     epoch: int = 1  # 1-based: the rank fails as this epoch starts
 
 
-class FaultyTorchTrainer(TorchTrainer):
+class _FewRows:
+    """A ``TorchTrainer`` whose ranks train on the first ``max_train_rows`` training rows (a test's speed; the
+    product has no such knob)."""
+
+    def __init__(self, *args: Any, max_train_rows: int | None = None, **kwargs: Any) -> None:
+        self.max_train_rows = max_train_rows  # before the trainer's own set-up, which may hand its arrays out
+        super().__init__(*args, **kwargs)
+
+    def arrays(self) -> dict[str, Any]:
+        split = super().arrays()  # type: ignore[misc]
+        rows = self.max_train_rows
+        return {**split, "X_train": split["X_train"][:rows], "y_train": split["y_train"][:rows]}
+
+
+class SmallTorchTrainer(_FewRows, TorchTrainer):
+    """The product's ``TorchTrainer`` on fewer training rows."""
+
+
+class FaultyTorchTrainer(_FewRows, TorchTrainer):
     worker_module = "faulty_torch"
 
     def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from faulty_torch import Fault, FaultyTorchTrainer
+from faulty_torch import Fault, FaultyTorchTrainer, SmallTorchTrainer
 from torch_helpers import max_difference, torch_descendants
 from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.trainers.errors import InputError
@@ -48,8 +48,8 @@ def digits_runs(tmp_path_factory):
 def test_gradient_averaging_two_replicas_equal_one_with_double_batch(tmp_path):
     """World size 2 x per-replica batch 32 == world size 1 x batch 64 after one epoch (also: two concurrent calls)."""
     rows = 1280  # divisible by 64: every batch is full on both sides
-    one = TorchTrainer(DIGITS, workers=1, warm=False, threads_per_rank=1, max_train_rows=rows)
-    two = TorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=rows)
+    one = SmallTorchTrainer(DIGITS, workers=1, warm=False, threads_per_rank=1, max_train_rows=rows)
+    two = SmallTorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=rows)
     with ThreadPoolExecutor(2) as pool:  # train runs in worker threads, two at once, as under Prefect
         a = pool.submit(one.train, {**PLAIN, "batch_size": 64}, 1, None, str(tmp_path / "one.pt"))
         b = pool.submit(two.train, {**PLAIN, "batch_size": 32}, 1, None, str(tmp_path / "two.pt"))
@@ -101,7 +101,7 @@ def test_killed_rank_fails_only_its_call_fast_and_leaves_no_processes(tmp_path):
     scratch = tmp_path / "failing"
     scratch.mkdir()
     failing = FaultyTorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=256, scratch_dir=str(scratch))
-    healthy = TorchTrainer(DIGITS, workers=1, warm=False, threads_per_rank=1, max_train_rows=256)
+    healthy = SmallTorchTrainer(DIGITS, workers=1, warm=False, threads_per_rank=1, max_train_rows=256)
     with ThreadPoolExecutor(1) as pool:
         neighbour = pool.submit(healthy.train, {}, 3, None, str(tmp_path / "neighbour.pt"))
         started = time.monotonic()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from faulty_torch import Fault, FaultyTorchTrainer
+from faulty_torch import Fault, FaultyTorchTrainer, SmallTorchTrainer
 from torch_helpers import max_difference, torch_descendants
 from prefect_hyperband.executors.torch_pool import warm_pools
 from prefect_hyperband.trainers import registry
@@ -45,7 +45,7 @@ def warm(tmp_path_factory):
 
 
 def test_warm_equals_cold_and_startup_is_paid_once(warm, tmp_path):
-    cold = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=ROWS, warm=False)
+    cold = SmallTorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=ROWS, warm=False)
     first = warm.train({**DEFAULT_CONFIG, "width": 16, "seed": 5}, 1, None, str(tmp_path / "other.pt"))
     # the pool has trained something else (other width, seed, RNG history): the next call must not notice
     warm_run = warm.train(DEFAULT_CONFIG, 2, None, str(tmp_path / "warm.pt"))
@@ -68,7 +68,8 @@ def test_warm_resume_equals_training_at_once(warm, tmp_path):
     assert [h["step"] for h in resumed.history] == [4, 5, 6, 7, 8, 9]
     assert max_difference(weights(resumed.checkpoint), weights(full.checkpoint)) < 1e-6
     assert resumed.history[-1]["val_accuracy"] == pytest.approx(full.history[-1]["val_accuracy"])
-    assert all(r.info["warm_start"] == 1 for r in (full, part, resumed))
+    # the pool's first call may be ``full`` (xdist spreads this module's tests over its workers): the two after it are warm
+    assert all(r.info["warm_start"] == 1 for r in (part, resumed))
 
 
 def test_failing_rank_fails_only_its_call_then_the_pool_relaunches(warm, tmp_path):
@@ -100,7 +101,7 @@ def test_hanging_rank_is_killed_at_the_trial_timeout(warm, tmp_path):
 
 
 def test_concurrent_calls_get_a_pool_each_and_close_leaves_no_processes(tmp_path):
-    trainer = TorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=256, scratch_dir=str(tmp_path),
+    trainer = SmallTorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=256, scratch_dir=str(tmp_path),
                            pools=warm_pools)
     with ThreadPoolExecutor(2) as threads:
         runs = list(threads.map(lambda i: trainer.train({}, 1, None, str(tmp_path / f"c{i}.pt")), range(2)))
