@@ -144,8 +144,10 @@ class TuneParams(BaseModel):
         json_schema_extra={"metavar": "SECONDS", "on_resume": "may change"}
     )
     service_wait: float = Field(
-        300.0, gt=0, description="Seconds to wait for the Prefect API while it cannot start the job's flow run (its "
-        "server or database restarting); past it, one line and exit 75.",
+        300.0, gt=0, description="Seconds to wait for a service that does not answer: the Prefect API while it cannot "
+        "start the job's flow run (its server or database restarting), MLflow's server while it answers 5xx or is "
+        "gone (its client's retries are set to about this long, unless MLFLOW_HTTP_REQUEST_MAX_RETRIES is set); "
+        "past it, one line and exit 75.",
         json_schema_extra={"metavar": "SECONDS", "on_resume": "may change"}
     )
     validation_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of rows held out for validation.",

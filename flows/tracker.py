@@ -19,6 +19,7 @@ from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import trial_params
+from prefect_hyperband.tasks.tracking import client_waits
 from prefect_hyperband.tasks.writer import ProcessWriter, ThreadWriter, Writer, make_writer, writer_for
 from prefect_hyperband.trainers.stopping import StopToken
 
@@ -156,8 +157,8 @@ class _Waiting:
                     self.since = oldest
             if late:
                 self.warn(f"MLflow at {self.uri} has not answered for {self.WARN_AFTER:.0f} s; the job waits for it "
-                          "(its client retries a server error or a lost connection for about 4 minutes, then the job "
-                          "stops; --resume goes on)")
+                          f"(its client retries a server error or a lost connection for up to {client_waits():.0f} s, "
+                          "--service-wait; then the job stops and --resume goes on)")
 
     def close(self) -> None:
         self.done.set()

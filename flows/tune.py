@@ -34,6 +34,7 @@ from prefect_hyperband.tasks.record import (
 )
 from prefect_hyperband.tasks.writer import Writer, make_writer, writer_for
 from prefect_hyperband.trainers import factory, registry
+from prefect_hyperband.trainers.errors import first_line, unavailable
 
 
 def _run_name() -> str:
@@ -59,6 +60,7 @@ def tune(params: TuneParams) -> dict[str, Any]:
     logger = get_run_logger()
     began = time.perf_counter()
     params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
+    tracking.bound_client_waits(params.service_wait)  # before the writer's process starts: it inherits the bound
     job = prepare(params)
     with job_lock(job.job_dir, job.job_id, flow_run_id=str(flow_run.id)) as lost, factory.scope(), \
             job_lines_in_ui():  # one process per job
@@ -77,7 +79,15 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
     """The job from its start line to its summary: parent run, state (a resume's), the loop, the champion, reports."""
     plan = schedule.plan_summary(job.min_resource, job.max_resource, job.eta)
     max_trials = params.max_trials or plan["configs"]
-    job = _start(params, job, plan, max_trials, logger)
+    try:
+        job = _start(params, job, plan, max_trials, logger)
+    except Exception as exc:
+        if not unavailable(exc):
+            raise
+        # MLflow did not answer for --service-wait: nothing ran; one line (the CLI's exit 75), no traceback
+        return Cancelled(message=f"job {job.job_id} stopped: MLflow at {job.tracking_uri} did not answer within "
+                                 f"{params.service_wait:g} s (--service-wait): {first_line(exc)}; nothing ran, run the "
+                                 "same command again")
     clock = lambda: spent + time.perf_counter() - began  # noqa: E731  (ASHA's time budget, across resumes)
     found = load_state(job, lambda state: make_scheduler(job, max_trials, params.time_budget, clock, state))
     saved, scheduler = found if found else (None, make_scheduler(job, max_trials, params.time_budget, clock))
@@ -199,7 +209,7 @@ def _start(params: TuneParams, job: Job, plan: dict[str, Any], max_trials: int, 
     if job.warm:
         logger.info("%s", job.warm["note"])
     if job.parent_run_id is None:
-        job = job.with_parent(start_job_run(job, _run_params(job, params), params.nest_under))
+        job = job.with_parent(start_job_run(job, _run_params(job, params), params.nest_under, params.service_wait))
         if job.warm:  # the jobs it started from, and the data compared
             tracking.set_tags(job.tracking_uri, job.parent_run_id, {
                 "hyperband.warm_start": ",".join(job.warm["parents"]), "hyperband.warm_start.kind": job.warm["kind"],

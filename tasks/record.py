@@ -22,10 +22,15 @@ DELAYS = (1.0, 5.0, 15.0)
 RETRY = dict(retries=len(DELAYS), retry_delay_seconds=list(DELAYS), cache_policy=NO_CACHE)
 
 
-@task(name="start parent run", **RETRY)
-def start_job_run(job: Job, params: dict[str, Any], nest_under: str | None = None) -> str:
+def start_job_run(job: Job, params: dict[str, Any], nest_under: str | None = None, within: float | None = None) -> str:
     """The job's parent run, with its dataset inputs, in an experiment of MLflow's model development kind whose
-    primary metric is the job's (the first objective's)."""
+    primary metric is the job's (the first objective's). A plain call, retried (``retrying``) for at most ``within``
+    seconds (``--service-wait``): a server that does not answer stops the job before anything ran, in one line,
+    where a failed task would print its traceback (``flows.tune._start``)."""
+    return retrying(_start_job_run, job, params, nest_under, within=within)
+
+
+def _start_job_run(job: Job, params: dict[str, Any], nest_under: str | None) -> str:
     tags = {"hyperband.job_id": job.job_id, "hyperband.job_dir": job.job_dir, "hyperband.metric": job.metric}
     if nest_under:  # a job of a scaling study: its parent run sits under the study's run
         tags["mlflow.parentRunId"] = nest_under
@@ -49,13 +54,17 @@ def dataset_inputs(job: Job) -> list[Any]:
 # ---- per trial: plain calls from the driver's worker threads (no task run per write), each retried
 
 
-def retrying(fn: Callable[..., T], *args: Any, delays: tuple[float, ...] = DELAYS, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)``, tried again after each of ``delays`` seconds: a tracking server may blip mid-job."""
+def retrying(fn: Callable[..., T], *args: Any, delays: tuple[float, ...] = DELAYS, within: float | None = None,
+             **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)``, tried again after each of ``delays`` seconds: a tracking server may blip mid-job.
+    ``within``: no try starts later than that many seconds after the first (MLflow's client retries a server that
+    does not answer for about ``--service-wait`` itself: one such failure is the last)."""
+    began = time.monotonic()
     for delay in (*delays, None):
         try:
             return fn(*args, **kwargs)
         except Exception:
-            if delay is None:
+            if delay is None or (within is not None and time.monotonic() - began + delay > within):
                 raise
             time.sleep(delay)
     raise AssertionError("unreachable")

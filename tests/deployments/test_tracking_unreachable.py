@@ -76,7 +76,7 @@ def test_every_tracking_task_retries():
     from prefect_hyperband.tasks import record
 
     found = {name: t for name, t in vars(record).items() if isinstance(t, Task)}
-    assert {"start_job_run", "finish_job_run", "register_champion"} <= set(found)
+    assert {"finish_job_run", "register_champion"} <= set(found)  # start_job_run: a plain call, retried below
     assert {name: t.retries for name, t in found.items()} == {name: 3 for name in found}
 
 

@@ -140,3 +140,32 @@ def test_two_resumes_at_once_one_runs_the_other_is_refused_naming_the_holder(tmp
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=1000)
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == result["parent_run_id"]]
     assert len(children) == 17 and len({r.data.tags["hyperband.trial_id"] for r in children}) == 17
+
+
+def test_mlflow_not_answering_at_the_start_stops_the_job_in_one_line(tracking_uri, tmp_path, capsys, monkeypatch):
+    """The parent run cannot be made (MLflow's client gave up after --service-wait): exit 75, one line, no
+    traceback, nothing trained; the same command later runs the job."""
+    from mlflow.exceptions import MlflowException
+
+    from prefect_hyperband.tasks import record, tracking
+
+    calls = []
+
+    def down(*args, **kwargs):
+        calls.append(1)
+        raise MlflowException("API request to http://mlflow:5000/api/2.0/mlflow/runs/create failed with exception "
+                              "HTTPConnectionPool(host='mlflow', port=5000): Max retries exceeded with url: "
+                              "/api/2.0/mlflow/runs/create (Caused by ResponseError('too many 503 error responses'))")
+
+    monkeypatch.setattr(tracking, "start_parent", down)
+    monkeypatch.setattr(record.retrying, "__kwdefaults__", {"delays": (0.0, 0.0, 0.0), "within": None})  # no waits
+    jobs = tmp_path / "jobs"
+    code, _, err = run(capsys, *SMALL, "--job-dir", str(jobs), "--job-id", "mlflow-down", "--service-wait", "30")
+    assert code == 75, err
+    said = [line for line in err.splitlines() if line.startswith("hyperband: job mlflow-down stopped: ")]
+    assert len(said) == 1 and "did not answer within 30 s (--service-wait)" in said[0] and "Max retries exceeded" in said[0]
+    assert "Traceback" not in err and "Traceback" not in (jobs / "mlflow-down" / "job.log").read_text()
+    assert len(calls) == 4 and not saved_rows(jobs / "mlflow-down")  # tried 4 times (1, 5, 15 s apart; 0 here), nothing ran
+    monkeypatch.undo()
+    code, _, err = run(capsys, *SMALL, "--job-dir", str(jobs), "--job-id", "mlflow-down")
+    assert code == 0, err

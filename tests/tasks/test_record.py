@@ -59,7 +59,7 @@ def test_a_run_that_cannot_be_ended_past_its_retries_fails_the_call(monkeypatch,
             raise ConnectionError("gone")
 
     monkeypatch.setattr(tracking, "end_run", refuse)
-    monkeypatch.setattr(record.retrying, "__kwdefaults__", {"delays": ()})  # no waits between tries here
+    monkeypatch.setattr(record.retrying, "__kwdefaults__", {"delays": (), "within": None})  # no waits between tries here
     with pytest.raises(ConnectionError, match="gone"):
         record.close_trial_runs(SimpleNamespace(tracking_uri="https://mlflow"), _trials(8),
                                 {f"s0-{i:04d}": f"run-{i}" for i in range(8)})
