@@ -67,9 +67,11 @@ def deploy(
     workdir = Path(working_dir).resolve()
     if not workdir.is_dir():
         raise InputError(f"--working-dir {working_dir} is not a directory")
-    job_variables = {"working_dir": str(workdir), "env": {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}}
     deployments = []
     for d in chosen:
+        # the pool's environment as the packaged prefect.yaml gives it (the Prefect client's retries, no telemetry)
+        env = dict((d.get("work_pool") or {}).get("job_variables", {}).get("env") or {})
+        job_variables = {"working_dir": str(workdir), "env": env}
         crons = [s["cron"] for s in d.get("schedules") or []] if schedule else []
         module, _, name = d["entrypoint"].partition(":")  # a module path: the tune flow, or the scaling study's
         flow = getattr(importlib.import_module(module), name)

@@ -119,6 +119,16 @@ def test_the_packaged_prefect_yaml_is_this_one():
     assert {d["entrypoint"] for d in _deployments()} == {deploy.ENTRYPOINT}
 
 
+def test_every_bundled_deployment_runs_with_the_prefect_clients_retries_of_500():
+    """A deployment run's process retries what a Prefect server answers while its database restarts, as the CLI's
+    own process does (``app/cli.py``); ``hyperband deploy`` passes the pool's env of the packaged prefect.yaml."""
+    from prefect_hyperband.app import deploy
+
+    for d in deploy.bundled():
+        env = d["work_pool"]["job_variables"]["env"]
+        assert env["PREFECT_CLIENT_RETRY_EXTRA_CODES"] == "500" and env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+
+
 def test_the_scaling_study_deployment_is_the_scale_flow_with_valid_params():
     from prefect import Flow
 

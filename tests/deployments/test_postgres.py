@@ -171,6 +171,9 @@ def _deployment_runs(s: Stack, tmp_path: Path, mlflow_url: str) -> list[tuple[st
     out = s.run("hyperband-deploy", [_exe("hyperband"), "deploy", "--pool", POOL, *names, "--working-dir", str(tmp_path),
                                      "--no-schedule"], cwd=tmp_path)
     assert all(f"deployed hyperband-tune/{name} on pool {POOL}" in out for name in DEPLOYED.values()), out
+    for name in DEPLOYED.values():  # the runs' processes retry the 500s of the restarts below, as the CLI's jobs do
+        deployment = _http("GET", f"http://127.0.0.1:{s.prefect_port}/api/deployments/name/hyperband-tune/{name}")
+        assert deployment["job_variables"]["env"]["PREFECT_CLIENT_RETRY_EXTRA_CODES"] == "500", deployment
     worker_dir = tmp_path / "worker"
     worker_dir.mkdir()
     s.env["PREFECT_WORKER_QUERY_SECONDS"] = "2"  # the worker's poll: its runs start before the restarts below
