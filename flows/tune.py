@@ -81,13 +81,10 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
     max_trials = params.max_trials or plan["configs"]
     try:
         job = _start(params, job, plan, max_trials, logger)
-    except Exception as exc:
-        if not unavailable(exc):
-            raise
-        # MLflow did not answer for --service-wait: nothing ran; one line (the CLI's exit 75), no traceback
+    except _NoParentRun as no:  # MLflow did not answer for --service-wait: one line (the CLI's exit 75), no traceback
         return Cancelled(message=f"job {job.job_id} stopped: MLflow at {job.tracking_uri} did not answer within "
-                                 f"{params.service_wait:g} s (--service-wait): {first_line(exc)}; nothing ran, run the "
-                                 "same command again")
+                                 f"{params.service_wait:g} s (--service-wait): {first_line(no.__cause__)}; nothing ran, "
+                                 "run the same command again")
     clock = lambda: spent + time.perf_counter() - began  # noqa: E731  (ASHA's time budget, across resumes)
     found = load_state(job, lambda state: make_scheduler(job, max_trials, params.time_budget, clock, state))
     saved, scheduler = found if found else (None, make_scheduler(job, max_trials, params.time_budget, clock))
@@ -193,6 +190,10 @@ def _pause_open_runs(job: Job, records, runs: dict[str, str], reason: str) -> No
             tracking.end_run(job.tracking_uri, runs[t.trial_id], "FINISHED")
 
 
+class _NoParentRun(Exception):
+    """MLflow did not answer the parent run's creation past its retries (its cause says how)."""
+
+
 def _start(params: TuneParams, job: Job, plan: dict[str, Any], max_trials: int, logger) -> Job:
     """The job's start line, its trial pool's deployment, its parent run (made once) and its record."""
     logger.info("job %s (%s, %s sampler, %d slots): %s%s; dir %s", job.job_id, job.mode, job.sampler, job.concurrency,
@@ -209,7 +210,13 @@ def _start(params: TuneParams, job: Job, plan: dict[str, Any], max_trials: int, 
     if job.warm:
         logger.info("%s", job.warm["note"])
     if job.parent_run_id is None:
-        job = job.with_parent(start_job_run(job, _run_params(job, params), params.nest_under, params.service_wait))
+        try:
+            run_id = start_job_run(job, _run_params(job, params), params.nest_under, params.service_wait)
+        except Exception as exc:
+            if unavailable(exc):
+                raise _NoParentRun() from exc
+            raise
+        job = job.with_parent(run_id)
         if job.warm:  # the jobs it started from, and the data compared
             tracking.set_tags(job.tracking_uri, job.parent_run_id, {
                 "hyperband.warm_start": ",".join(job.warm["parents"]), "hyperband.warm_start.kind": job.warm["kind"],
