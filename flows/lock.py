@@ -27,38 +27,51 @@ def lock_path(job_dir: str | Path) -> Path:
     return Path(job_dir) / "lock"
 
 
-def _holder(job_dir: str | Path) -> dict[str, Any] | None:
-    """Who holds the job's lock, if a live process does: a dead process's lock on this host is stale, and so is
-    another host's lock not refreshed for ``STALE_AFTER`` seconds. The holder's ``silent`` is the lock's age."""
-    path = lock_path(job_dir)
+def _read(path: Path) -> dict[str, Any] | None:
+    """The lock's holder as it recorded itself, with ``silent``, the lock's age (seconds since its last refresh);
+    None when there is no lock."""
     try:
         holder = json.loads(path.read_text())
-        silent = max(0.0, time.time() - path.stat().st_mtime)
+        holder["silent"] = max(0.0, time.time() - path.stat().st_mtime)
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
         return {"host": "?", "pid": "?"}  # being written this instant: held
-    holder["silent"] = silent
+    return holder
+
+
+def _alive(holder: dict[str, Any]) -> bool:
+    """Whether the holder still runs: on this host, its process; on another host, a lock refreshed within
+    ``STALE_AFTER`` seconds."""
     if holder.get("host") == socket.gethostname():
         try:
             os.kill(int(holder["pid"]), 0)
         except ProcessLookupError:
-            return None
+            return False
         except (PermissionError, ValueError, KeyError):
             pass
-    elif silent > STALE_AFTER:
-        return None
-    return holder
+        return True
+    return holder.get("silent", 0.0) <= STALE_AFTER
+
+
+def _holder(job_dir: str | Path) -> dict[str, Any] | None:
+    """Who holds the job's lock, if a live process does (``_alive``)."""
+    holder = _read(lock_path(job_dir))
+    return holder if holder is not None and _alive(holder) else None
 
 
 def check_free(job_dir: str | Path, job_id: str) -> None:
     """``InputError`` naming the holder when another process runs this job."""
     holder = _holder(job_dir)
     if holder is not None:
-        seen = f", its lock refreshed {holder['silent']:.0f} s ago" if holder.get("host") != socket.gethostname() \
-            and "silent" in holder else ""
-        raise InputError(f"job {job_id!r} is already running (host {holder.get('host')}, pid {holder.get('pid')}{seen}); "
-                         "wait for it to end, or stop it, before running it again")
+        raise _busy(job_id, holder)
+
+
+def _busy(job_id: str, holder: dict[str, Any]) -> InputError:
+    seen = f", its lock refreshed {holder['silent']:.0f} s ago" if holder.get("host") != socket.gethostname() \
+        and "silent" in holder else ""
+    return InputError(f"job {job_id!r} is already running (host {holder.get('host')}, pid {holder.get('pid')}{seen}); "
+                      "wait for it to end, or stop it, before running it again")
 
 
 def took_over(stale: dict[str, Any] | None) -> str | None:
@@ -94,12 +107,10 @@ def job_lock(job_dir: str | Path, job_id: str, **about: str) -> Iterator[dict[st
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            check_free(job_dir, job_id)
-            try:
-                stale = json.loads(path.read_text())
-                stale["silent"] = max(0.0, time.time() - path.stat().st_mtime)
-            except (OSError, ValueError):
-                pass
+            found = _read(path)  # read once: who holds it, and for how long it has been silent
+            if found is not None and _alive(found):
+                raise _busy(job_id, found)
+            stale = found or stale
             path.unlink(missing_ok=True)  # stale: its process is gone
             continue
         with os.fdopen(fd, "w") as fh:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,19 @@ def test_every_bundled_deployment_runs_with_the_prefect_clients_retries_of_500()
     for d in deploy.bundled():
         env = d["work_pool"]["job_variables"]["env"]
         assert env["PREFECT_CLIENT_RETRY_EXTRA_CODES"] == "500" and env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false"
+
+
+def test_the_cli_and_the_bundled_pool_set_the_prefect_client_alike(monkeypatch):
+    """The two places these settings are written (``cli._env`` for the CLI's process, the packaged prefect.yaml's
+    pool env for a deployment run's) say the same."""
+    from prefect_hyperband.app import cli, deploy
+
+    for name in ("PREFECT_CLIENT_MAX_RETRIES", "PREFECT_CLIENT_RETRY_EXTRA_CODES", "PREFECT_SERVER_ANALYTICS_ENABLED"):
+        monkeypatch.setenv(name, "x")  # recorded, so that what ``_env`` sets is undone after the test
+        monkeypatch.delenv(name)
+    cli._env()
+    pool = deploy.bundled()[0]["work_pool"]["job_variables"]["env"]
+    assert {k: os.environ[k] for k in pool} == pool
 
 
 def test_the_scaling_study_deployment_is_the_scale_flow_with_valid_params():
