@@ -124,41 +124,52 @@ class _Waiting:
     WARN_AFTER = 10.0
     POLL = 1.0
 
-    def __init__(self, uri: str, warn: Callable[[str], None]) -> None:
-        self.uri, self.warn = uri, warn
+    def __init__(self, uri: str, warn: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
+                 watching: bool = True) -> None:
+        self.uri, self.warn, self.clock = uri, warn, clock
         self.pending: dict[int, float] = {}
         self.lock, self.done = threading.Lock(), threading.Event()
         self.since: float | None = None  # when the waiting that was said began
+        self.answered = clock()  # the last answer: writes queued before it have waited only since then
         self.thread = threading.Thread(target=self._watch, name="mlflow-waiting", daemon=True)
-        self.thread.start()
+        if watching:
+            self.thread.start()
 
     def watch(self, future: Future) -> Future:
         key = id(future)
         with self.lock:
-            self.pending[key] = time.monotonic()
+            self.pending[key] = self.clock()
         future.add_done_callback(lambda f: self._answered(key, f.exception() is None))
         return future
 
     def _answered(self, key: int, ok: bool) -> None:
+        now = self.clock()
         with self.lock:
             self.pending.pop(key, None)
             since = self.since
             if ok:
-                self.since = None
+                self.since, self.answered = None, now
         if since is not None and ok:
-            self.warn(f"MLflow at {self.uri} answers again after {time.monotonic() - since:.0f} s")
+            self.warn(f"MLflow at {self.uri} answers again after {now - since:.0f} s")
+
+    def check(self) -> None:
+        """One look: say so if the oldest pending write has waited ``WARN_AFTER`` seconds since MLflow last
+        answered (a backlog queued during an outage that has just ended is not a new outage)."""
+        now = self.clock()
+        with self.lock:
+            oldest = min(self.pending.values(), default=None)
+            waited_from = None if oldest is None else max(oldest, self.answered)
+            late = self.since is None and waited_from is not None and now - waited_from >= self.WARN_AFTER
+            if late:
+                self.since = waited_from
+        if late:
+            self.warn(f"MLflow at {self.uri} has not answered for {self.WARN_AFTER:.0f} s; the job waits for it "
+                      f"(its client retries a server error or a lost connection for up to {client_waits():.0f} s, "
+                      "--service-wait; then the job stops and --resume goes on)")
 
     def _watch(self) -> None:
         while not self.done.wait(self.POLL):
-            with self.lock:
-                oldest = min(self.pending.values(), default=None)
-                late = self.since is None and oldest is not None and time.monotonic() - oldest >= self.WARN_AFTER
-                if late:
-                    self.since = oldest
-            if late:
-                self.warn(f"MLflow at {self.uri} has not answered for {self.WARN_AFTER:.0f} s; the job waits for it "
-                          f"(its client retries a server error or a lost connection for up to {client_waits():.0f} s, "
-                          "--service-wait; then the job stops and --resume goes on)")
+            self.check()
 
     def close(self) -> None:
         self.done.set()
