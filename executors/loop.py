@@ -330,8 +330,8 @@ class Loop:
         self._settle(trial_rung, self.tracker.record_failure(out))
 
     def _service_down(self, exc: Exception) -> None:
-        """A full disk, or a server that did not answer past its client's retries (MLflow's: about --service-wait; then
-        the writer's 1, 5, 15 s): the job stops (exit 75), not the trial; --resume trains the trial-rung again."""
+        """A full disk, or a server that did not answer past its client's retries (MLflow's: about --service-wait):
+        the job stops (exit 75), not the trial; --resume trains the trial-rung again."""
         if not self.stop.requested():
             what = "no space left on device" if no_space(exc) else "a server did not answer past its retries"
             self.stop.request(reason=f"{what} ({type(exc).__name__}: {first_line(exc)})")

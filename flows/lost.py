@@ -61,6 +61,7 @@ def end_orphan_runs(job: Any, records: list, runs: dict[str, str], logger) -> li
     """Child runs of trials this job does not hold (created by a process killed before it saved them, and not
     sampled again): ended ``KILLED`` with ``hyperband.status`` ``abandoned``; their run ids."""
     from prefect_hyperband.tasks import tracking
+    from prefect_hyperband.trainers.errors import unavailable
 
     known = {t.trial_id for t in records}
     orphans = [run_id for trial_id, run_id in runs.items() if trial_id not in known]
@@ -69,6 +70,8 @@ def end_orphan_runs(job: Any, records: list, runs: dict[str, str], logger) -> li
             tracking.set_tags(job.tracking_uri, run_id, {"hyperband.status": "abandoned"})
             tracking.end_run(job.tracking_uri, run_id, "KILLED")
         except Exception as exc:  # noqa: BLE001  (the job's results stand)
+            if unavailable(exc):  # each run would wait the client's whole bound again: the job stops (flows.tune)
+                raise
             logger.warning("MLflow: could not end run %s: %s", run_id, exc)
     if orphans:
         logger.info("%d child runs of trials the job never trained (their process was lost) ended KILLED", len(orphans))

@@ -19,7 +19,7 @@ from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import trial_params
-from prefect_hyperband.tasks.tracking import client_waits
+from prefect_hyperband.tasks.service_wait import client_waits
 from prefect_hyperband.tasks.writer import ProcessWriter, ThreadWriter, Writer, make_writer, writer_for
 from prefect_hyperband.trainers.stopping import StopToken
 

@@ -4,34 +4,25 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
-from prefect.states import Cancelled, State
+from prefect.states import Cancelled
 
-from prefect_hyperband.flows import objectives, parents
+from prefect_hyperband.flows import ending, parents
 from prefect_hyperband.flows.driver import JobStopped, close_decided, drive
-from prefect_hyperband.flows.lost import end_lost_flow_run, end_orphan_runs
+from prefect_hyperband.flows.lost import end_lost_flow_run
 from prefect_hyperband.flows.prepare import prepare, resolve
 from prefect_hyperband.flows.params import TuneParams, mlflow_params
 from prefect_hyperband.flows.lock import job_lock, took_over
 from prefect_hyperband.flows.process import job_lines_in_ui
 from prefect_hyperband.flows.state import load_state, make_scheduler, save_job_record
-from prefect_hyperband.hyperband import front, schedule
-from prefect_hyperband.hyperband.accounting import Summary, RungResult, summarise, table
+from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.criteria import Criteria
-from prefect_hyperband.hyperband.importance import MIN_RESULTS, Importance
-from prefect_hyperband.hyperband.promotion import Score, first
-from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
-from prefect_hyperband.tasks import importance_report, report, tracking
+from prefect_hyperband.tasks import report, service_wait, tracking
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.front_report import log_front
-from prefect_hyperband.tasks.record import (
-    finish_job_run, keep_best_checkpoint, register_champion, start_job_run,
-)
+from prefect_hyperband.tasks.record import start_job_run
 from prefect_hyperband.tasks.writer import Writer, make_writer, writer_for
 from prefect_hyperband.trainers import factory, registry
 from prefect_hyperband.trainers.errors import first_line, unavailable
@@ -60,10 +51,10 @@ def tune(params: TuneParams) -> dict[str, Any]:
     logger = get_run_logger()
     began = time.perf_counter()
     params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
-    tracking.bound_client_waits(params.service_wait)  # before the writer's process starts: it inherits the bound
     job = prepare(params)
-    with job_lock(job.job_dir, job.job_id, flow_run_id=str(flow_run.id)) as lost, factory.scope(), \
-            job_lines_in_ui():  # one process per job
+    with service_wait.bound_client_waits(params.service_wait), \
+            job_lock(job.job_dir, job.job_id, flow_run_id=str(flow_run.id)) as lost, factory.scope(), \
+            job_lines_in_ui():  # one process per job; the bound before the writer's process starts: it inherits it
         if took_over(lost):
             logger.warning(took_over(lost))
         if lost and lost.get("flow_run_id") not in (None, str(flow_run.id)):
@@ -104,74 +95,8 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
                     runs=runs, progress=progress, saved=saved, writer=writer, criteria=_criteria(job, params),
                     clock=clock, importance=params.importance)
     except JobStopped as stop:
-        return _stopped(job, scheduler, runs, stop, logger)
-    records = scheduler.records()
-    if run.stopped_by:
-        _pause_open_runs(job, records, runs, run.stopped_by)
-    end_orphan_runs(job, records, runs, logger)
-    points = front.points(records, job.directions) if job.objectives else []  # several objectives: the front, once
-    summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed, run.lost, runs, points)
-    version = _champion(params, job, best, logger)
-    mattered = _importance(job, records, params.importance, logger)
-    progress.finish()
-    report.report_results(
-        [RungResult(**r) for r in run.rows], {t.trial_id: t.config for t in records}, summary, job.metric_key,
-        job.direction, job.tracking_uri, job.parent_run_id, title=f"Hyperband job {job.job_id}",
-        extra={"MLflow parent run": job.parent_run_id, "champion version": version}, runs=runs,
-    )
-    if job.objectives:
-        log_front(job, records, run.rows, runs, best["trial_id"] if best else None, points)
-    text = _summary_text(job, summary, run, len(records), max_trials, params.time_budget, mattered, points, best)
-    finish_job_run(job, _job_metrics(job, summary, run.elapsed), _best_config(job, best), summary.to_json(), text)
-    logger.info("summary\n%s", text, extra={"hyperband_terminal": False})  # the CLI prints it once
-    return {
-        "job_id": job.job_id,
-        "job_dir": job.job_dir,
-        "storage": job.store().root,
-        "parent_run_id": job.parent_run_id,
-        "direction": job.direction,
-        "summary": summary.to_json(),
-        "table": text,
-        "best": best,
-        "champion_version": version,
-        "stopped_by": run.stopped_by,
-        "warm_start": {k: job.warm[k] for k in ("parents", "kind", "note")} if job.warm else None,
-    }
-
-
-def _summary_text(job: Job, summary: Summary, run, configs: int, max_trials: int, time_budget: float | None,
-                  mattered: Importance | None, points: list[front.Point], best: dict[str, Any] | None) -> str:
-    """The summary the CLI prints and the parent run keeps: the cost/gain table, then what else the job tells."""
-    text = table(summary)
-    if job.mode == "asha":
-        text += "\n" + _asha_line(configs, max_trials, time_budget, run.elapsed)
-    if job.warm:
-        text += "\n" + job.warm["note"]
-    if mattered is not None:
-        text += "\n" + mattered.line()
-    if run.stopped_by:
-        text += f"\nstopped before the schedule's end: {run.stopped_by} (--resume {job.job_id} with a looser criterion goes on)"
-    if job.objectives:  # the front under the summary
-        names = [name for name, _ in job.objectives]
-        text += "\n" + front.table(points, names, job.directions, best["trial_id"] if best else None)
-    return text
-
-
-def _importance(job: Job, records: list[TrialRecord], method: str, logger) -> Importance | None:
-    """Which hyperparameters mattered (Optuna's evaluators, ``hyperband.importance``), published on the parent run
-    and the flow run; None when switched off, or no rung has enough results (said in the log)."""
-    if method == "none":
-        return None
-    try:
-        found = importance_report.compute(job, records, method)
-    except Exception as exc:  # noqa: BLE001  (the job's results stand without it)
-        logger.warning("importance (%s) failed: %s: %s", method, type(exc).__name__, exc)
-        return None
-    if found is None:
-        logger.info("importance: no rung has %d finished results yet", MIN_RESULTS)
-        return None
-    importance_report.publish(found, job.tracking_uri, job.parent_run_id, importance_report.results_in(records))
-    return found
+        return ending.stopped(job, scheduler, runs, stop, logger)
+    return ending.finish(params, job, scheduler.records(), run, runs, max_trials, progress, logger)
 
 
 def _criteria(job: Job, params: TuneParams) -> Criteria:
@@ -179,15 +104,6 @@ def _criteria(job: Job, params: TuneParams) -> Criteria:
     on), the one it is resumed with."""
     return Criteria(target_score=params.target_score, target_resource=params.target_resource, patience=params.patience,
                     max_cost=params.max_cost, time_budget=None if job.mode == "asha" else params.time_budget)
-
-
-def _pause_open_runs(job: Job, records, runs: dict[str, str], reason: str) -> None:
-    """A criterion ended the job: the runs of trials still waiting in a rung end (a resume goes on with them)."""
-    tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.stopped_by": reason})
-    for t in records:
-        if t.status == "running" and t.trial_id in runs:
-            tracking.set_tags(job.tracking_uri, runs[t.trial_id], {"hyperband.status": "paused"})
-            tracking.end_run(job.tracking_uri, runs[t.trial_id], "FINISHED")
 
 
 class _NoParentRun(Exception):
@@ -225,82 +141,6 @@ def _start(params: TuneParams, job: Job, plan: dict[str, Any], max_trials: int, 
     return job
 
 
-def _champion(params: TuneParams, job: Job, best: dict[str, Any] | None, logger) -> str | None:
-    """The best model registered with the ``champion`` alias (its version), or its checkpoint on the parent run."""
-    if best is None:
-        return None
-    version = None
-    best_file = job.store().fetch(best["checkpoint"])  # local, wherever it was trained
-    if params.register_model and registry.get(job.settings.model).log_model is not None:
-        registered = register_champion(job, best["run_id"], best_file, _champion_metrics(job, best), best["resource"],
-                                       return_state=True)
-        if registered.is_completed():
-            version = registered.result()
-        else:  # the results stand without a registered model: say so, keep the job
-            logger.error("could not register the champion model: %s", registered.message)
-    if version is None:  # no flavour to log it in: its files, on the parent run
-        keep_best_checkpoint(job, best_file)
-        logger.info("no model registered (%s); the best checkpoint is on the parent run under best_checkpoint/",
-                    "registration off" if not params.register_model else "the model has no MLflow flavour")
-    return version
-
-
-def _job_metrics(job: Job, summary: Summary, wall: float) -> dict[str, Any]:
-    """The parent run's metrics: the summary's figures."""
-    return {
-        f"best_{job.metric_key}": summary.best_score,
-        f"default_{job.metric_key}": summary.default_score,
-        "configs": summary.configs,
-        "resource_used": summary.resource_used,
-        "resource_without_early_stopping": summary.resource_without_early_stopping,
-        "worker_seconds": summary.worker_seconds,
-        "lost_worker_seconds": summary.lost_worker_seconds,
-        "worker_seconds_without_early_stopping": summary.worker_seconds_without_early_stopping,
-        "wall_seconds": wall,
-        "sequential_seconds": summary.sequential_seconds,
-        "failed_trials": summary.failed_trials,
-    }
-
-
-def _best_config(job: Job, best: dict[str, Any] | None) -> dict[str, Any]:
-    if not best:
-        return {}
-    return {"trial_id": best["trial_id"], "resource": best["resource"], job.metric_key: best["score"], "config": best["config"]}
-
-
-def _stopped(job: Job, scheduler, runs: dict[str, str], stop: JobStopped, logger) -> State:
-    """The job stopped on request: open runs end KILLED, the flow run ends Cancelled; ``--resume`` finishes it. A job
-    stopped because a server did not answer leaves its MLflow runs open (each write would wait minutes more)."""
-    message = f"job {job.job_id} {stop}{_space_needed(job, scheduler, stop)}; resume with --resume {job.job_id}"
-    if (stop.reason or "").startswith("a server did not answer"):
-        logger.warning("%s (MLflow runs left open: --resume ends them)", message)
-        return Cancelled(message=message, data={"job_id": job.job_id, "signal": stop.signum})
-    open_runs = [runs[t.trial_id] for t in scheduler.records() if t.status == "running" and t.trial_id in runs]
-    for run_id in [*open_runs, job.parent_run_id]:
-        try:
-            tracking.end_run(job.tracking_uri, run_id, "KILLED")
-        except Exception as exc:  # a resume ends them again
-            logger.warning("MLflow: could not end run %s: %s", run_id, exc)
-    if job.parent_run_id:
-        try:
-            tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.stopped": str(stop)})
-        except Exception as exc:  # noqa: BLE001  (a full disk under the store: the stop line says why)
-            logger.warning("MLflow: could not tag run %s: %s", job.parent_run_id, exc)
-    logger.warning("%s (%d MLflow runs ended KILLED)", message, len(open_runs) + 1)
-    return Cancelled(message=message, data={"job_id": job.job_id, "signal": stop.signum})
-
-
-def _space_needed(job: Job, scheduler, stop: JobStopped) -> str:
-    """After a full disk: what the job's folder holds per trial-rung so far (measured), the space each needs."""
-    if not (stop.reason or "").startswith("no space left"):
-        return ""
-    done = sum(len(t.scores) for t in scheduler.records())
-    size = sum(f.stat().st_blocks * 512 for f in Path(job.job_dir).rglob("*") if f.is_file())  # as allocated
-    if not done:
-        return ""
-    return f"; the job folder holds {size / 2**20:,.2f} MiB for {done} trial-rungs (about {size / done / 2**10:,.1f} KiB each)"
-
-
 def _adopt_runs(job: Job, runs: dict[str, str]) -> None:
     """Child runs created before a kill but not yet saved in the state: into ``runs``, reused, never created
     twice (a trial the state does not hold yet, sampled again after the resume, gets its run back; its params
@@ -317,66 +157,6 @@ def _plan_line(job: Job, plan: dict[str, Any], max_trials: int, time_budget: flo
                 f"(r={job.min_resource}, R={job.max_resource}, eta={job.eta}) and promoted asynchronously")
     return (f"{len(plan['brackets'])} brackets, {plan['configs']} configs, {plan['trial_rungs']} trial-rungs, "
             f"{plan['resource_used']} units (vs {plan['resource_without_early_stopping']} without early stopping)")
-
-
-def _asha_line(configs: int, max_trials: int, time_budget: float | None, elapsed: float) -> str:
-    """Under an ASHA job's summary: how far it went against its limits."""
-    budget = ""
-    if time_budget:
-        budget = f"; time budget {time_budget:g} s, {'spent' if elapsed >= time_budget else f'{elapsed:,.1f} s used'}"
-    return f"asha: {configs:,} of at most {max_trials:,} configs started{budget}"
-
-
-def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], default_score: float | None,
-               wall: float, lost: float, runs: dict[str, str],
-               points: list[front.Point]) -> tuple[Summary, dict | None]:
-    """The job's summary and its champion; ``points``: the front of several objectives (empty with one metric)."""
-    found = champion(job, records, points)
-    best = None
-    if found is not None:
-        t, resource, value = found
-        best = {"trial_id": t.trial_id, "resource": resource, "score": first(value), "config": t.config,
-                **({"values": list(value)} if isinstance(value, tuple) else {}),
-                "run_id": runs.get(t.trial_id), "checkpoint": job.checkpoint_url(t.trial_id, resource), "bracket": t.bracket}
-    summary = summarise(
-        [RungResult(**r) for r in rows],
-        metric=job.metric_key,  # the metric's one name: MLflow's, the leaderboard's, the summary's, the plots'
-        configs=len(records),
-        max_resource=job.max_resource,
-        reached_max_resource=sum(1 for t in records if t.status == "completed"),
-        failed_trials=sum(1 for t in records if t.status == "failed"),
-        best=(best["trial_id"], best["resource"], best["score"]) if best else None,
-        default_score=default_score,
-        wall_seconds=wall,
-        concurrency=job.concurrency,
-        lost_worker_seconds=lost,
-    )
-    if job.objectives:
-        summary = replace(summary, objectives=tuple(name for name, _ in job.objectives),
-                          front_size=sum(p.front == 0 for p in points))
-    return summary, best
-
-
-def _champion_metrics(job: Job, best: dict[str, Any]) -> dict[str, float]:
-    """The champion's metric (and each objective) at the resource it was chosen at, to link to its logged model."""
-    if not job.objectives or not isinstance(best.get("values"), (tuple, list)):
-        return {job.metric_key: best["score"]}
-    return {name: float(v) for (name, _), v in zip(job.objectives, best["values"])}
-
-
-def champion(job: Job, records: list[TrialRecord], points: list[front.Point]) -> tuple[TrialRecord, int, Score] | None:
-    """The trial, resource and score to register: the best seen (one metric); of several objectives, the point of
-    the Pareto front (``points``) that ``--select`` picks."""
-    if not job.objectives:
-        return best_of(records, job.direction)
-    on_front = [p for p in points if p.front == 0]
-    names = [name for name, _ in job.objectives]
-    chosen, note = front.choose(on_front, job.directions, names, objectives.parse_select(job.select))
-    if note:
-        get_run_logger().warning("--select %s: %s", job.select, note)
-    if chosen is None:
-        return None
-    return next(t for t in records if t.trial_id == chosen.trial_id), chosen.resource, chosen.values
 
 
 def _run_params(job: Job, params: TuneParams) -> dict[str, Any]:

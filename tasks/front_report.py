@@ -6,22 +6,28 @@ import time
 from typing import Any
 
 from prefect import task
+from prefect.states import State
 
 from prefect_hyperband.hyperband import front
 from prefect_hyperband.hyperband.promotion import failed
 from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.tasks import tracking
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import RETRY, retrying
+from prefect_hyperband.tasks.record import END, retrying, unanswered_fails
 from prefect_hyperband.tasks.report import figure
 
 
-@task(name="log pareto front", **RETRY)
+@task(name="log pareto front", **END)
 def log_front(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], runs: dict[str, str],
-              champion: str | None, points: list[front.Point]) -> dict[str, Any]:
+              champion: str | None, points: list[front.Point]) -> dict[str, Any] | State:
     """On the parent run: the front's table (``pareto_front.json``) and plot (``pareto_front.png``), the
     ``hypervolume`` after each trial-rung (its curve) against the reference point in its tags, and the front's
     size; each child run's ``hyperband.front_rank`` (0: on the front). ``points``: the front the flow computed."""
+    return unanswered_fails(job, _log_front, job, records, rows, runs, champion, points)
+
+
+def _log_front(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], runs: dict[str, str],
+               champion: str | None, points: list[front.Point]) -> dict[str, Any]:
     assert job.parent_run_id is not None
     names = [name for name, _ in job.objectives]
     configs = {t.trial_id: t.config for t in records}

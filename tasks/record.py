@@ -8,18 +8,22 @@ from typing import Any, Callable, TypeVar
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed, State
 
 from prefect_hyperband.hyperband.scheduler import TrialRecord
-from prefect_hyperband.tasks import champion, datasets, tracking
+from prefect_hyperband.tasks import champion, datasets, service_wait, tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers import factory, registry
 from prefect_hyperband.trainers.base import TrainResult
+from prefect_hyperband.trainers.errors import first_line, unavailable
 
 T = TypeVar("T")
-#: the one retry policy of every MLflow write, as a task (``RETRY``) or a plain call (``retrying``): a tracking
-#: server may blip mid-job; past these the write fails (the loop's ORCHESTRATION_RETRIES then re-run a trial-rung)
+#: the one retry policy of every MLflow write (``retrying``; the end of the job's writes are tasks that call it,
+#: ``unanswered_fails``): a tracking server may blip mid-job; past these the write fails (the loop's
+#: ORCHESTRATION_RETRIES then re-run a trial-rung, or the job stops when the server did not answer)
 DELAYS = (1.0, 5.0, 15.0)
-RETRY = dict(retries=len(DELAYS), retry_delay_seconds=list(DELAYS), cache_policy=NO_CACHE)
+#: the tasks of the job's end: no retries of Prefect's (each would wait MLflow's client's whole bound again)
+END = dict(cache_policy=NO_CACHE)
 
 
 def start_job_run(job: Job, params: dict[str, Any], nest_under: str | None = None, within: float | None = None) -> str:
@@ -57,17 +61,37 @@ def dataset_inputs(job: Job) -> list[Any]:
 def retrying(fn: Callable[..., T], *args: Any, delays: tuple[float, ...] = DELAYS, within: float | None = None,
              **kwargs: Any) -> T:
     """``fn(*args, **kwargs)``, tried again after each of ``delays`` seconds: a tracking server may blip mid-job.
-    ``within``: no try starts later than that many seconds after the first (MLflow's client retries a server that
-    does not answer for about ``--service-wait`` itself: one such failure is the last)."""
+    ``within``: no try starts later than that many seconds after the first; by default the seconds MLflow's client
+    itself retries a server that does not answer (about ``--service-wait``, ``service_wait.bound_client_waits``), so
+    such a failure is the last try: a write waits about ``--service-wait`` in all, not four times it."""
     began = time.monotonic()
     for delay in (*delays, None):
         try:
             return fn(*args, **kwargs)
         except Exception:
-            if delay is None or (within is not None and time.monotonic() - began + delay > within):
+            bound = service_wait.client_waits() if within is None else within
+            if delay is None or time.monotonic() - began + delay > bound:
                 raise
             time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def unanswered_fails(job: Job, fn: Callable[..., T], *args: Any) -> T | State:
+    """A write of the job's end (a task's body), tried as every MLflow write is (``retrying``). MLflow not answering
+    past that is the task's ``Failed`` state with one line, no traceback (``unanswered``); the flow stops the job on
+    it, its results saved, and ``--resume`` writes the end again. Any other error is the task's own."""
+    try:
+        return retrying(fn, *args)
+    except Exception as exc:
+        if not unavailable(exc):
+            raise
+        return Failed(message=f"MLflow at {job.tracking_uri} did not answer: {first_line(exc)}")
+
+
+def unanswered(job: Job, state: State) -> str | None:
+    """Why a task of the job's end failed because MLflow did not answer (``unanswered_fails``): its error's line."""
+    message, said = state.message or "", f"MLflow at {job.tracking_uri} did not answer: "
+    return message[len(said):] if state.is_failed() and message.startswith(said) else None
 
 
 def trial_params(job: Job, trial_id: str, bracket: int, config: dict[str, Any]) -> dict[str, Any]:
@@ -133,8 +157,14 @@ def _close_run(job: Job, t: TrialRecord, run_id: str) -> None:
         retrying(tracking.end_run, job.tracking_uri, run_id, "FAILED" if t.status == "failed" else "FINISHED")
 
 
-@task(name="finish parent run", **RETRY)
-def finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, Any], summary: dict[str, Any], table: str) -> None:
+@task(name="finish parent run", **END)
+def finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, Any], summary: dict[str, Any],
+                   table: str) -> None | State:
+    return unanswered_fails(job, _finish_job_run, job, metrics, best_config, summary, table)
+
+
+def _finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, Any], summary: dict[str, Any],
+                    table: str) -> None:
     assert job.parent_run_id is not None
     uri, run_id = job.tracking_uri, job.parent_run_id
     tracking.log_metrics(uri, run_id, metrics)
@@ -144,9 +174,13 @@ def finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, A
     tracking.end_run(uri, run_id, "FINISHED")
 
 
-@task(name="keep best checkpoint", **RETRY)
-def keep_best_checkpoint(job: Job, checkpoint: str) -> None:
+@task(name="keep best checkpoint", **END)
+def keep_best_checkpoint(job: Job, checkpoint: str) -> None | State:
     """A user trainer's best checkpoint directory (and its metrics file) as artifacts of the parent run."""
+    return unanswered_fails(job, _keep_best_checkpoint, job, checkpoint)
+
+
+def _keep_best_checkpoint(job: Job, checkpoint: str) -> None:
     from pathlib import Path
 
     assert job.parent_run_id is not None
@@ -156,11 +190,20 @@ def keep_best_checkpoint(job: Job, checkpoint: str) -> None:
     tracking.log_artifacts(job.tracking_uri, job.parent_run_id, checkpoint, "best_checkpoint")
 
 
-@task(name="register champion", **RETRY)
+@task(name="register champion", **END)
 def register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str, float] | None = None,
-                      resource: int = 0) -> int | None:
+                      resource: int = 0) -> int | None | State:
     """The best trial's model in its flavour, with ``metrics`` (its metric, its objectives) linked to it for the
     validation dataset, listed on the parent run, registered under the experiment's name with alias champion."""
+    return unanswered_fails(job, _register_champion, job, run_id, checkpoint, metrics, resource)
+
+
+def _register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str, float] | None,
+                       resource: int) -> int | None:
+    assert job.parent_run_id is not None
+    done = tracking.client(job.tracking_uri).get_run(job.parent_run_id).data.tags
+    if done.get("hyperband.best_run_id") == run_id and done.get("hyperband.champion_version"):
+        return int(done["hyperband.champion_version"])  # registered before the job's end was cut short: once
     trainer = factory.get(job.settings)
     model = registry.get(job.settings.model)
     validation = datasets.mlflow_datasets(job.settings.data)[1] if model.reads_data else None

@@ -44,41 +44,6 @@ def tracking_uri(explicit: str | None = None) -> str:
     return explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
 
 
-#: MLflow's own ceiling on ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` (``_MLFLOW_HTTP_REQUEST_MAX_RETRIES_LIMIT``)
-MAX_CLIENT_RETRIES = 10
-#: what a job set ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` to (a value of the user's own is never replaced)
-_RETRIES_SET = "HYPERBAND_SET_MLFLOW_RETRIES"
-
-
-def client_wait(retries: int, factor: float) -> float:
-    """Seconds MLflow's HTTP client waits in all over ``retries`` retries of a server error or a lost connection:
-    urllib3's backoff, none before the first retry, then ``factor`` x 2^k, at most 120 s each (jitter left out)."""
-    return sum(min(120.0, factor * 2 ** k) for k in range(1, retries))
-
-
-def bound_client_waits(service_wait: float) -> float:
-    """``--service-wait`` for MLflow too: its client retries a server error or a lost connection for about that
-    long (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``: the fewest retries whose backoff covers it, at most MLflow's 10,
-    about 10 minutes at its backoff factor of 2), then the write fails and the job stops (exit 75, ``--resume``).
-    A value the user set themselves is kept. The seconds the client now waits, at most."""
-    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR
-
-    factor = float(MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR.get())
-    mine = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES") in (None, os.environ.get(_RETRIES_SET))
-    if mine:
-        retries = next((n for n in range(1, MAX_CLIENT_RETRIES + 1) if client_wait(n, factor) >= service_wait),
-                       MAX_CLIENT_RETRIES)
-        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = os.environ[_RETRIES_SET] = str(retries)
-    return client_waits()
-
-
-def client_waits() -> float:
-    """Seconds MLflow's client now retries a server error or a lost connection, at most (its settings)."""
-    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR, MLFLOW_HTTP_REQUEST_MAX_RETRIES
-
-    return client_wait(int(MLFLOW_HTTP_REQUEST_MAX_RETRIES.get()), float(MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR.get()))
-
-
 def client(uri: str):
     from mlflow import MlflowClient
 

@@ -70,14 +70,16 @@ def _job(uri: str):
     )
 
 
-def test_every_tracking_task_retries():
+def test_the_end_tasks_retry_inside_not_as_task_retries():
+    """Each task of the job's end retries its writes as every MLflow write does (``retrying``, bounded by MLflow's
+    client's own wait); Prefect's retries on top would wait that whole bound again, three times."""
     from prefect import Task
 
-    from prefect_hyperband.tasks import record
+    from prefect_hyperband.tasks import front_report, record
 
-    found = {name: t for name, t in vars(record).items() if isinstance(t, Task)}
-    assert {"finish_job_run", "register_champion"} <= set(found)  # start_job_run: a plain call, retried below
-    assert {name: t.retries for name, t in found.items()} == {name: 3 for name in found}
+    found = {name: t for module in (record, front_report) for name, t in vars(module).items() if isinstance(t, Task)}
+    assert set(found) == {"finish_job_run", "register_champion", "keep_best_checkpoint", "log_front"}
+    assert {name: t.retries for name, t in found.items()} == {name: 0 for name in found}
 
 
 def test_a_transient_tracking_error_is_retried(prefect_harness, tracking_uri, monkeypatch):
@@ -138,3 +140,43 @@ def test_per_trial_writes_are_retried(monkeypatch):
     else:
         raise AssertionError("the last failure must propagate")
     assert len(calls) == 3
+
+
+def test_a_write_that_waited_out_mlflows_own_retries_is_not_tried_again(monkeypatch):
+    """MLflow's client already retried a server that does not answer for about --service-wait: that failure is the
+    last try (four of them would make a write wait four times --service-wait). A quick blip is tried again."""
+    from prefect_hyperband.tasks import record, service_wait
+
+    from types import SimpleNamespace
+
+    now = [0.0]
+    clock = SimpleNamespace(monotonic=lambda: now[0], sleep=lambda seconds: now.__setitem__(0, now[0] + seconds))
+    monkeypatch.setattr(record, "time", clock)
+    monkeypatch.setattr(service_wait, "client_waits", lambda: 364.0)
+    calls = []
+
+    def gone():
+        calls.append(now[0])
+        now[0] += 364.0  # the client's own retries
+        raise ConnectionError("Max retries exceeded (too many 503 error responses)")
+
+    try:
+        record.retrying(gone)
+    except ConnectionError:
+        pass
+    else:
+        raise AssertionError("the failure must propagate")
+    assert calls == [0.0]
+
+    calls.clear()
+    now[0] = 0.0
+
+    def blip():
+        calls.append(now[0])
+        raise ConnectionError("database is locked")
+
+    try:
+        record.retrying(blip)
+    except ConnectionError:
+        pass
+    assert calls == [0.0, 1.0, 6.0, 21.0]  # DELAYS 1, 5, 15 s apart

@@ -172,3 +172,46 @@ def test_mlflow_not_answering_at_the_start_stops_the_job_in_one_line(tracking_ur
     monkeypatch.undo()
     code, _, err = run(capsys, *SMALL, "--job-dir", str(jobs), "--job-id", "mlflow-down")
     assert code == 0, err
+
+
+def test_mlflow_gone_after_the_last_result_stops_the_job_in_one_line_and_resume_writes_its_end(
+        tracking_uri, tmp_path, capsys, monkeypatch):
+    """Every result is in (and saved); then MLflow stops answering while the job writes its summary: exit 75, one
+    line, no traceback, one try of the write (its client already waited --service-wait); --resume trains nothing
+    again and writes the end: the parent run FINISHED with its summary, each trial's run once."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from prefect_hyperband.tasks import service_wait, tracking
+
+    calls = []
+
+    def down(*args, **kwargs):
+        calls.append(1)
+        raise MlflowException("API request to http://mlflow:5000/api/2.0/mlflow-artifacts/artifacts failed with "
+                              "exception HTTPConnectionPool(host='mlflow', port=5000): Max retries exceeded")
+
+    jobs = tmp_path / "jobs"
+    with monkeypatch.context() as gone:
+        gone.setattr(tracking, "log_text", down)  # the summary's write, at the job's end only
+        gone.setattr(service_wait, "client_waits", lambda: 0.0)  # as if its client had waited out its bound
+        code, _, err = run(capsys, *SMALL, "--job-dir", str(jobs), "--job-id", "end-down", "--service-wait", "30")
+    assert code == 75, err
+    said = [line for line in err.splitlines() if line.startswith("hyperband: job end-down stopped: ")]
+    assert len(said) == 1, err
+    assert "did not answer within 30 s (--service-wait) while the job's end was written" in said[0]
+    assert "Max retries exceeded" in said[0] and "--resume end-down" in said[0]
+    assert "raise MlflowException" not in err and "Encountered exception" not in err
+    assert "Traceback" not in (jobs / "end-down" / "job.log").read_text()
+    assert calls == [1] and len(saved_rows(jobs / "end-down")) == 6  # every trial-rung saved
+    code, out, err = run(capsys, "--resume", "end-down", "--job-dir", str(jobs))
+    assert code == 0, err
+    client = MlflowClient(tracking_uri)
+    parents = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                 "tags.`hyperband.job_id` = 'end-down'")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    parent = parents[0].info.run_id
+    assert "summary.txt" in {a.path for a in client.list_artifacts(parent)}
+    children = client.search_runs([parents[0].info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
+    assert len(children) == 5 and len({r.data.tags["hyperband.trial_id"] for r in children}) == 5
+    assert all(r.info.status == "FINISHED" for r in children) and len(saved_rows(jobs / "end-down")) == 6

@@ -63,3 +63,22 @@ def test_a_run_that_cannot_be_ended_past_its_retries_fails_the_call(monkeypatch,
     with pytest.raises(ConnectionError, match="gone"):
         record.close_trial_runs(SimpleNamespace(tracking_uri="https://mlflow"), _trials(8),
                                 {f"s0-{i:04d}": f"run-{i}" for i in range(8)})
+
+
+def test_a_champion_registered_before_the_jobs_end_was_cut_short_is_not_registered_again(monkeypatch):
+    """MLflow went away after the champion's registration and before the summary: --resume writes the end again
+    and finds the version on the parent run, for the same best run; another best run is registered."""
+    from prefect_hyperband.tasks import champion
+
+    tags = {"hyperband.best_run_id": "run-7", "hyperband.champion_version": "3"}
+    fake = SimpleNamespace(get_run=lambda run_id: SimpleNamespace(data=SimpleNamespace(tags=tags)))
+    monkeypatch.setattr(tracking, "client", lambda uri: fake)
+    registered = []
+    monkeypatch.setattr(champion, "log_champion", lambda *a, **k: registered.append(a[1]) or 4)
+    monkeypatch.setattr(tracking, "set_tags", lambda uri, run_id, t: tags.update(t))
+    job = SimpleNamespace(parent_run_id="parent", tracking_uri="http://mlflow:5000", experiment="e",
+                          settings=SimpleNamespace(model="synthetic", data=None))
+    assert record._register_champion(job, "run-7", "/ckpt", None, 9) == 3 and registered == []
+    monkeypatch.setattr(record.factory, "get", lambda settings: None)
+    assert record._register_champion(job, "run-8", "/ckpt", None, 9) == 4 and registered == ["run-8"]
+    assert tags == {"hyperband.best_run_id": "run-8", "hyperband.champion_version": 4}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from prefect_hyperband.tasks import tracking
 
 
@@ -48,18 +46,3 @@ def test_a_table_logged_again_replaces_the_last_one_and_shows_as_a_table(trackin
     assert table["data"] == [["x", 0.7], ["y", 0.3]]
     shown = json.loads(c.get_run(run_id).data.tags["mlflow.loggedArtifacts"])
     assert shown == [{"path": "importance.json", "type": "table"}, {"path": "tables/leaderboard.json", "type": "table"}]
-
-
-def test_mlflow_client_retries_are_bounded_by_service_wait_unless_the_user_set_them(monkeypatch):
-    from prefect_hyperband.tasks import tracking
-
-    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", tracking._RETRIES_SET):
-        monkeypatch.setenv(name, "0")  # recorded, so that what the job sets below is undone after the test
-        monkeypatch.delenv(name)
-    # urllib3's backoff at MLflow's factor 2: 0, 4, 8, 16, 32, 64, 120, 120, ... s; MLflow's default 7 retries: 244 s
-    assert [tracking.client_wait(n, 2) for n in (1, 2, 3, 7, 8, 10)] == [0, 4, 12, 244, 364, 604]
-    assert tracking.bound_client_waits(300) == 364 and os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "8"
-    assert tracking.bound_client_waits(10) == 12  # a later job of this process sets its own
-    assert tracking.bound_client_waits(5000) == 604  # MLflow's ceiling: 10 retries
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # the user's own: kept
-    assert tracking.bound_client_waits(300) == 4 and os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
