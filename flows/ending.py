@@ -22,37 +22,41 @@ from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
 from prefect_hyperband.tasks import importance_report, report, tracking
 from prefect_hyperband.tasks.front_report import log_front
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import finish_job_run, keep_best_checkpoint, register_champion, unanswered
+from prefect_hyperband.tasks.record import cut_short, finish_job_run, keep_best_checkpoint, register_champion
 from prefect_hyperband.trainers import registry
-from prefect_hyperband.trainers.errors import first_line, unavailable
+from prefect_hyperband.trainers.errors import first_line, no_space, unavailable
 
 
 def finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs: dict[str, str], max_trials: int,
            progress, logger) -> dict[str, Any] | State:
-    """The job's end (``_finish``); MLflow gone after the last result stops the job in one line (exit 75): every
-    result is saved, and ``--resume`` writes the end."""
+    """The job's end (``_finish``); MLflow gone after the last result, or a full disk under it, stops the job in one
+    line (exit 75): every result is saved, and ``--resume`` writes the end."""
     try:
         return _finish(params, job, records, run, runs, max_trials, progress, logger)
     except Exception as exc:
-        if not (isinstance(exc, _Unanswered) or unavailable(exc)):
+        if not isinstance(exc, _CutShort) and not unavailable(exc) and not no_space(exc):
             raise
-        message = (f"job {job.job_id} stopped: MLflow at {job.tracking_uri} did not answer within "
-                   f"{params.service_wait:g} s (--service-wait) while the job's end was written: "
-                   f"{exc if isinstance(exc, _Unanswered) else first_line(exc)}; every result is saved: "
-                   f"--resume {job.job_id} writes its summary and model")
+        why = str(exc) if isinstance(exc, _CutShort) else first_line(exc)
+        if no_space(exc) or no_space(Exception(why)):
+            what, then = "no space left on device", "free space, then "
+        else:
+            what, then = f"MLflow did not answer within {params.service_wait:g} s (--service-wait)", ""
+        message = (f"job {job.job_id} stopped: {what} while the job's end was written to MLflow at "
+                   f"{job.tracking_uri}: {why}; every result is saved: {then}--resume {job.job_id} writes its "
+                   "summary and model")
         logger.warning("%s", message)
         return Cancelled(message=message, data={"job_id": job.job_id})
 
 
-class _Unanswered(Exception):
-    """A task of the job's end failed because MLflow did not answer (its state's line, ``record.unanswered``)."""
+class _CutShort(Exception):
+    """A task of the job's end failed on MLflow not answering or a full disk (its line, ``record.cut_short``)."""
 
 
-def _answered(job: Job, state: State) -> Any:
-    """A task of the job's end: its result, or ``_Unanswered`` when MLflow did not answer (no traceback)."""
-    line = unanswered(job, state)
+def _written(job: Job, state: State) -> Any:
+    """A task of the job's end: its result, or ``_CutShort`` when MLflow did not answer or its disk is full."""
+    line = cut_short(job, state)
     if line:
-        raise _Unanswered(line)
+        raise _CutShort(line)
     return state.result()
 
 
@@ -73,10 +77,10 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
         extra={"MLflow parent run": job.parent_run_id, "champion version": version}, runs=runs,
     )
     if job.objectives:
-        _answered(job, log_front(job, records, run.rows, runs, best["trial_id"] if best else None, points,
+        _written(job, log_front(job, records, run.rows, runs, best["trial_id"] if best else None, points,
                                  return_state=True))
     text = _summary_text(job, summary, run, len(records), max_trials, params.time_budget, mattered, points, best)
-    _answered(job, finish_job_run(job, _job_metrics(job, summary, run.elapsed), _best_config(job, best),
+    _written(job, finish_job_run(job, _job_metrics(job, summary, run.elapsed), _best_config(job, best),
                                   summary.to_json(), text, return_state=True))
     logger.info("summary\n%s", text, extra={"hyperband_terminal": False})  # the CLI prints it once
     return {
@@ -149,12 +153,12 @@ def _champion(params: TuneParams, job: Job, best: dict[str, Any] | None, logger)
                                        return_state=True)
         if registered.is_completed():
             version = registered.result()
-        elif unanswered(job, registered):
-            raise _Unanswered(unanswered(job, registered))
+        elif cut_short(job, registered):
+            raise _CutShort(cut_short(job, registered))
         else:  # the results stand without a registered model: say so, keep the job
             logger.error("could not register the champion model: %s", registered.message)
     if version is None:  # no flavour to log it in: its files, on the parent run
-        _answered(job, keep_best_checkpoint(job, best_file, return_state=True))
+        _written(job, keep_best_checkpoint(job, best_file, return_state=True))
         logger.info("no model registered (%s); the best checkpoint is on the parent run under best_checkpoint/",
                     "registration off" if not params.register_model else "the model has no MLflow flavour")
     return version

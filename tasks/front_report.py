@@ -13,7 +13,7 @@ from prefect_hyperband.hyperband.promotion import failed
 from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.tasks import tracking
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import END, retrying, unanswered_fails
+from prefect_hyperband.tasks.record import END, retrying, write_end
 from prefect_hyperband.tasks.report import figure
 
 
@@ -23,7 +23,7 @@ def log_front(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], 
     """On the parent run: the front's table (``pareto_front.json``) and plot (``pareto_front.png``), the
     ``hypervolume`` after each trial-rung (its curve) against the reference point in its tags, and the front's
     size; each child run's ``hyperband.front_rank`` (0: on the front). ``points``: the front the flow computed."""
-    return unanswered_fails(job, _log_front, job, records, rows, runs, champion, points)
+    return write_end(job, _log_front, job, records, rows, runs, champion, points)
 
 
 def _log_front(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], runs: dict[str, str],

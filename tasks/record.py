@@ -15,11 +15,11 @@ from prefect_hyperband.tasks import champion, datasets, service_wait, tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers import factory, registry
 from prefect_hyperband.trainers.base import TrainResult
-from prefect_hyperband.trainers.errors import first_line, unavailable
+from prefect_hyperband.trainers.errors import first_line, no_space, unavailable
 
 T = TypeVar("T")
 #: the one retry policy of every MLflow write (``retrying``; the end of the job's writes are tasks that call it,
-#: ``unanswered_fails``): a tracking server may blip mid-job; past these the write fails (the loop's
+#: ``write_end``): a tracking server may blip mid-job; past these the write fails (the loop's
 #: ORCHESTRATION_RETRIES then re-run a trial-rung, or the job stops when the server did not answer)
 DELAYS = (1.0, 5.0, 15.0)
 #: the tasks of the job's end: no retries of Prefect's (each would wait MLflow's client's whole bound again)
@@ -76,21 +76,25 @@ def retrying(fn: Callable[..., T], *args: Any, delays: tuple[float, ...] = DELAY
     raise AssertionError("unreachable")
 
 
-def unanswered_fails(job: Job, fn: Callable[..., T], *args: Any) -> T | State:
+def write_end(job: Job, fn: Callable[..., T], *args: Any) -> T | State:
     """A write of the job's end (a task's body), tried as every MLflow write is (``retrying``). MLflow not answering
-    past that is the task's ``Failed`` state with one line, no traceback (``unanswered``); the flow stops the job on
-    it, its results saved, and ``--resume`` writes the end again. Any other error is the task's own."""
+    past that, or a full disk under it, is the task's ``Failed`` state with one line, no traceback (``cut_short``);
+    the flow stops the job on it, its results saved, and ``--resume`` writes the end again. Any other error is the
+    task's own."""
     try:
         return retrying(fn, *args)
     except Exception as exc:
-        if not unavailable(exc):
+        if not (unavailable(exc) or no_space(exc)):
             raise
-        return Failed(message=f"MLflow at {job.tracking_uri} did not answer: {first_line(exc)}")
+        return Failed(message=f"{_CUT_SHORT}{job.tracking_uri}: {first_line(exc)}")
 
 
-def unanswered(job: Job, state: State) -> str | None:
-    """Why a task of the job's end failed because MLflow did not answer (``unanswered_fails``): its error's line."""
-    message, said = state.message or "", f"MLflow at {job.tracking_uri} did not answer: "
+_CUT_SHORT = "the job's end could not be written to MLflow at "
+
+
+def cut_short(job: Job, state: State) -> str | None:
+    """Why a task of the job's end failed on MLflow not answering or a full disk (``write_end``): its error's line."""
+    message, said = state.message or "", f"{_CUT_SHORT}{job.tracking_uri}: "
     return message[len(said):] if state.is_failed() and message.startswith(said) else None
 
 
@@ -160,7 +164,7 @@ def _close_run(job: Job, t: TrialRecord, run_id: str) -> None:
 @task(name="finish parent run", **END)
 def finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, Any], summary: dict[str, Any],
                    table: str) -> None | State:
-    return unanswered_fails(job, _finish_job_run, job, metrics, best_config, summary, table)
+    return write_end(job, _finish_job_run, job, metrics, best_config, summary, table)
 
 
 def _finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, Any], summary: dict[str, Any],
@@ -177,7 +181,7 @@ def _finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, 
 @task(name="keep best checkpoint", **END)
 def keep_best_checkpoint(job: Job, checkpoint: str) -> None | State:
     """A user trainer's best checkpoint directory (and its metrics file) as artifacts of the parent run."""
-    return unanswered_fails(job, _keep_best_checkpoint, job, checkpoint)
+    return write_end(job, _keep_best_checkpoint, job, checkpoint)
 
 
 def _keep_best_checkpoint(job: Job, checkpoint: str) -> None:
@@ -195,7 +199,7 @@ def register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str,
                       resource: int = 0) -> int | None | State:
     """The best trial's model in its flavour, with ``metrics`` (its metric, its objectives) linked to it for the
     validation dataset, listed on the parent run, registered under the experiment's name with alias champion."""
-    return unanswered_fails(job, _register_champion, job, run_id, checkpoint, metrics, resource)
+    return write_end(job, _register_champion, job, run_id, checkpoint, metrics, resource)
 
 
 def _register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str, float] | None,

@@ -174,36 +174,46 @@ def test_mlflow_not_answering_at_the_start_stops_the_job_in_one_line(tracking_ur
     assert code == 0, err
 
 
-def test_mlflow_gone_after_the_last_result_stops_the_job_in_one_line_and_resume_writes_its_end(
-        tracking_uri, tmp_path, capsys, monkeypatch):
-    """Every result is in (and saved); then MLflow stops answering while the job writes its summary: exit 75, one
-    line, no traceback, one try of the write (its client already waited --service-wait); --resume trains nothing
-    again and writes the end: the parent run FINISHED with its summary, each trial's run once."""
+GONE = ("API request to http://mlflow:5000/api/2.0/mlflow-artifacts/artifacts failed with exception "
+        "HTTPConnectionPool(host='mlflow', port=5000): Max retries exceeded")
+FULL = "(sqlite3.OperationalError) database or disk is full"
+
+
+@pytest.mark.parametrize(("error", "said_why", "tries"), [
+    (GONE, "MLflow did not answer within 30 s (--service-wait) while", 1),  # its client had waited --service-wait
+    (FULL, "no space left on device while", 4),  # tried again 1, 5, 15 s later (0 here)
+], ids=["gone", "full"])
+def test_mlflow_gone_or_full_after_the_last_result_stops_the_job_in_one_line_and_resume_writes_its_end(
+        error, said_why, tries, tracking_uri, tmp_path, capsys, monkeypatch):
+    """Every result is in (and saved); then MLflow stops answering, or its disk is full, while the job writes its
+    summary: exit 75, one line, no traceback; --resume trains nothing again and writes the end: the parent run
+    FINISHED with its summary, each trial's run once."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from prefect_hyperband.tasks import service_wait, tracking
+    from prefect_hyperband.tasks import record, service_wait, tracking
 
     calls = []
 
     def down(*args, **kwargs):
         calls.append(1)
-        raise MlflowException("API request to http://mlflow:5000/api/2.0/mlflow-artifacts/artifacts failed with "
-                              "exception HTTPConnectionPool(host='mlflow', port=5000): Max retries exceeded")
+        raise MlflowException(error)
 
     jobs = tmp_path / "jobs"
     with monkeypatch.context() as gone:
         gone.setattr(tracking, "log_text", down)  # the summary's write, at the job's end only
-        gone.setattr(service_wait, "client_waits", lambda: 0.0)  # as if its client had waited out its bound
+        gone.setattr(record.retrying, "__kwdefaults__", {"delays": (0.0, 0.0, 0.0), "within": None})  # no waits
+        if error is GONE:
+            gone.setattr(service_wait, "client_waits", lambda: 0.0)  # as if its client had waited out its bound
         code, _, err = run(capsys, *SMALL, "--job-dir", str(jobs), "--job-id", "end-down", "--service-wait", "30")
     assert code == 75, err
     said = [line for line in err.splitlines() if line.startswith("hyperband: job end-down stopped: ")]
     assert len(said) == 1, err
-    assert "did not answer within 30 s (--service-wait) while the job's end was written" in said[0]
-    assert "Max retries exceeded" in said[0] and "--resume end-down" in said[0]
+    assert f"{said_why} the job's end was written to MLflow at {tracking_uri}: {error}" in said[0]
+    assert said[0].endswith("--resume end-down writes its summary and model")
     assert "raise MlflowException" not in err and "Encountered exception" not in err
     assert "Traceback" not in (jobs / "end-down" / "job.log").read_text()
-    assert calls == [1] and len(saved_rows(jobs / "end-down")) == 6  # every trial-rung saved
+    assert len(calls) == tries and len(saved_rows(jobs / "end-down")) == 6  # every trial-rung saved
     code, out, err = run(capsys, "--resume", "end-down", "--job-dir", str(jobs))
     assert code == 0, err
     client = MlflowClient(tracking_uri)
