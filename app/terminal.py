@@ -7,6 +7,7 @@ import os
 import sys
 
 from prefect_hyperband.flows.groups import FLOW_NAME as GROUP_FLOW
+from prefect_hyperband.tasks.record import CUT_SHORT
 from prefect_hyperband.trainers.errors import InputError
 
 
@@ -105,8 +106,8 @@ class _TerminalFilter:
                 return True
             self._stream_dropped(record)  # at exit, after the stream dropped: nothing was left to send
             return False
-        if record.name.startswith("prefect.task_runs") and _stopped(record):  # the job's stop line says why
-            return False
+        if record.name.startswith("prefect.task_runs") and (_stopped(record) or CUT_SHORT in record.getMessage()):
+            return False  # the job's stop line says why
         if record.name.startswith("prefect.task_runs") and record.levelno < 30:  # below WARNING
             return False
         if not record.name.startswith("prefect.flow_runs") and record.levelno < 30:  # Prefect's own (its server's)

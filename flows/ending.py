@@ -22,9 +22,11 @@ from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
 from prefect_hyperband.tasks import importance_report, report, tracking
 from prefect_hyperband.tasks.front_report import log_front
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import cut_short, finish_job_run, keep_best_checkpoint, register_champion
+from prefect_hyperband.tasks.record import (
+    FULL, GONE, cut_short, ends_the_job, finish_job_run, keep_best_checkpoint, reason, register_champion,
+)
 from prefect_hyperband.trainers import registry
-from prefect_hyperband.trainers.errors import first_line, no_space, unavailable
+from prefect_hyperband.trainers.errors import no_space
 
 
 def finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs: dict[str, str], max_trials: int,
@@ -34,10 +36,10 @@ def finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs: 
     try:
         return _finish(params, job, records, run, runs, max_trials, progress, logger)
     except Exception as exc:
-        if not isinstance(exc, _CutShort) and not unavailable(exc) and not no_space(exc):
+        if not isinstance(exc, _CutShort) and not ends_the_job(exc):
             raise
-        why = str(exc) if isinstance(exc, _CutShort) else first_line(exc)
-        if no_space(exc) or no_space(Exception(why)):
+        kind, why = exc.args if isinstance(exc, _CutShort) else (FULL if no_space(exc) else GONE, reason(exc))
+        if kind == FULL:
             what, then = "no space left on device", "free space, then "
         else:
             what, then = f"MLflow did not answer within {params.service_wait:g} s (--service-wait)", ""
@@ -49,14 +51,14 @@ def finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs: 
 
 
 class _CutShort(Exception):
-    """A task of the job's end failed on MLflow not answering or a full disk (its line, ``record.cut_short``)."""
+    """A task of the job's end failed on MLflow not answering or a full disk: (kind, line), ``record.cut_short``."""
 
 
 def _written(job: Job, state: State) -> Any:
     """A task of the job's end: its result, or ``_CutShort`` when MLflow did not answer or its disk is full."""
-    line = cut_short(job, state)
-    if line:
-        raise _CutShort(line)
+    cut = cut_short(job, state)
+    if cut is not None:
+        raise _CutShort(*cut)
     return state.result()
 
 
@@ -129,7 +131,8 @@ def _importance(job: Job, records: list[TrialRecord], method: str, logger) -> Im
     if found is None:
         logger.info("importance: no rung has %d finished results yet", MIN_RESULTS)
         return None
-    importance_report.publish(found, job.tracking_uri, job.parent_run_id, importance_report.results_in(records))
+    importance_report.publish(found, job.tracking_uri, job.parent_run_id, importance_report.results_in(records),
+                              at_the_end=True)
     return found
 
 
@@ -153,8 +156,8 @@ def _champion(params: TuneParams, job: Job, best: dict[str, Any] | None, logger)
                                        return_state=True)
         if registered.is_completed():
             version = registered.result()
-        elif cut_short(job, registered):
-            raise _CutShort(cut_short(job, registered))
+        elif cut_short(job, registered) is not None:
+            raise _CutShort(*cut_short(job, registered))
         else:  # the results stand without a registered model: say so, keep the job
             logger.error("could not register the champion model: %s", registered.message)
     if version is None:  # no flavour to log it in: its files, on the parent run

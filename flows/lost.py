@@ -70,7 +70,7 @@ def end_orphan_runs(job: Any, records: list, runs: dict[str, str], logger) -> li
             tracking.set_tags(job.tracking_uri, run_id, {"hyperband.status": "abandoned"})
             tracking.end_run(job.tracking_uri, run_id, "KILLED")
         except Exception as exc:  # noqa: BLE001  (the job's results stand)
-            if unavailable(exc):  # each run would wait the client's whole bound again: the job stops (flows.tune)
+            if unavailable(exc):  # each run would wait the client's whole bound again: the job stops (flows.ending)
                 raise
             logger.warning("MLflow: could not end run %s: %s", run_id, exc)
     if orphans:

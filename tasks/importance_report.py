@@ -16,7 +16,7 @@ from typing import Any, Callable
 from prefect_hyperband.hyperband import space as spaces
 from prefect_hyperband.hyperband.importance import Importance, importance
 from prefect_hyperband.tasks import tracking
-from prefect_hyperband.tasks.record import retrying
+from prefect_hyperband.tasks.record import ends_the_job, retrying
 from prefect_hyperband.tasks.report import _warn, figure
 
 IMPORTANCE_KEY = "hyperband-importance"
@@ -62,12 +62,13 @@ def plot(found: Importance):
 
 
 def publish(found: Importance, tracking_uri: str | None, run_id: str | None, step: int = 0,
-            prefect: bool = True) -> dict[str, Any]:
+            prefect: bool = True, at_the_end: bool = False) -> dict[str, Any]:
     """Best effort: a failure here is one warning line, never the job's. ``step``: the job's results so far (the
     metrics' step, so a job's importances over time are a curve in MLflow). ``prefect=False`` (while results
     arrive): MLflow only. A Prefect table artifact cannot be updated: each one is another card in the flow run's
     Artifacts tab (16 of them buried the leaderboard and the summary of a 10,000-trial-rung job), so the flow run
-    gets the job's final importances only."""
+    gets the job's final importances only. ``at_the_end``: MLflow not answering, or its disk full, stops the job
+    (``record.ends_the_job``) rather than being waited out once more by each later write of the end."""
     out: dict[str, Any] = {"artifact": None, "mlflow": False}
     table = found.table()
     if prefect:
@@ -88,6 +89,8 @@ def publish(found: Importance, tracking_uri: str | None, run_id: str | None, ste
                 "hyperband.importance": f"{found.method}, {found.results} results at r={found.resource}"})
             out["mlflow"] = True
         except Exception as exc:  # noqa: BLE001
+            if at_the_end and ends_the_job(exc):
+                raise
             _warn("MLflow importance", exc)
     return out
 

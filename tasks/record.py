@@ -23,7 +23,7 @@ T = TypeVar("T")
 #: ORCHESTRATION_RETRIES then re-run a trial-rung, or the job stops when the server did not answer)
 DELAYS = (1.0, 5.0, 15.0)
 #: the tasks of the job's end: no retries of Prefect's (each would wait MLflow's client's whole bound again)
-END = dict(cache_policy=NO_CACHE)
+END = dict(retries=0, cache_policy=NO_CACHE)  # 0 whatever PREFECT_TASK_DEFAULT_RETRIES says
 
 
 def start_job_run(job: Job, params: dict[str, Any], nest_under: str | None = None, within: float | None = None) -> str:
@@ -61,16 +61,18 @@ def dataset_inputs(job: Job) -> list[Any]:
 def retrying(fn: Callable[..., T], *args: Any, delays: tuple[float, ...] = DELAYS, within: float | None = None,
              **kwargs: Any) -> T:
     """``fn(*args, **kwargs)``, tried again after each of ``delays`` seconds: a tracking server may blip mid-job.
-    ``within``: no try starts later than that many seconds after the first; by default the seconds MLflow's client
-    itself retries a server that does not answer (about ``--service-wait``, ``service_wait.bound_client_waits``), so
-    such a failure is the last try: a write waits about ``--service-wait`` in all, not four times it."""
+    ``within``: no try starts later than that many seconds after the first. A try that failed only after MLflow's
+    client had itself retried for its whole bound (about ``--service-wait``, ``service_wait.bound_client_waits``)
+    is the last: a write waits about ``--service-wait`` in all, not four times it; a quick blip is tried again."""
     began = time.monotonic()
     for delay in (*delays, None):
+        tried = time.monotonic()
         try:
             return fn(*args, **kwargs)
         except Exception:
-            bound = service_wait.client_waits() if within is None else within
-            if delay is None or time.monotonic() - began + delay > bound:
+            now, waited = time.monotonic(), service_wait.client_waits()
+            if (delay is None or (within is not None and now - began + delay > within)
+                    or (waited > 0 and now - tried >= waited)):
                 raise
             time.sleep(delay)
     raise AssertionError("unreachable")
@@ -84,18 +86,40 @@ def write_end(job: Job, fn: Callable[..., T], *args: Any) -> T | State:
     try:
         return retrying(fn, *args)
     except Exception as exc:
-        if not (unavailable(exc) or no_space(exc)):
+        if not ends_the_job(exc):
             raise
-        return Failed(message=f"{_CUT_SHORT}{job.tracking_uri}: {first_line(exc)}")
+        kind = FULL if no_space(exc) else GONE
+        return Failed(message=f"{CUT_SHORT}{job.tracking_uri} ({kind}): {reason(exc)}")
 
 
-_CUT_SHORT = "the job's end could not be written to MLflow at "
+def reason(exc: BaseException) -> str:
+    """An MLflow error in a line: what urllib3 said it gave up on (``Caused by ...``), else the error's first line
+    (an MLflow error's first line is mostly the request's URL)."""
+    text = str(exc)
+    at = text.rfind("(Caused by ")
+    if at >= 0:
+        return first_line(text[at + len("(Caused by "):].removesuffix(")").removesuffix(")") + ")")
+    return first_line(exc) or type(exc).__name__
 
 
-def cut_short(job: Job, state: State) -> str | None:
-    """Why a task of the job's end failed on MLflow not answering or a full disk (``write_end``): its error's line."""
-    message, said = state.message or "", f"{_CUT_SHORT}{job.tracking_uri}: "
-    return message[len(said):] if state.is_failed() and message.startswith(said) else None
+#: the line of a task of the job's end that MLflow cut short (``write_end``), and the two ways it can
+CUT_SHORT, FULL, GONE = "the job's end could not be written to MLflow at ", "no space left", "no answer"
+
+
+def ends_the_job(exc: BaseException) -> bool:
+    """MLflow did not answer past its client's retries, or a disk under it is full: at the job's end, the job stops
+    (exit 75, every result saved) rather than finishing without its summary or its model."""
+    return unavailable(exc) or no_space(exc)
+
+
+def cut_short(job: Job, state: State) -> tuple[str, str] | None:
+    """How and why a task of the job's end was cut short (``write_end``): ``FULL`` or ``GONE``, its error's line."""
+    message = state.message or ""
+    for kind in (FULL, GONE):
+        said = f"{CUT_SHORT}{job.tracking_uri} ({kind}): "
+        if state.is_failed() and message.startswith(said):
+            return kind, message[len(said):]
+    return None
 
 
 def trial_params(job: Job, trial_id: str, bracket: int, config: dict[str, Any]) -> dict[str, Any]:
@@ -171,10 +195,10 @@ def _finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, 
                     table: str) -> None:
     assert job.parent_run_id is not None
     uri, run_id = job.tracking_uri, job.parent_run_id
-    tracking.log_metrics(uri, run_id, metrics)
     tracking.log_json(uri, run_id, best_config, "best_config.json")
     tracking.log_json(uri, run_id, summary, "summary.json")
     tracking.log_text(uri, run_id, table + "\n", "summary.txt")
+    tracking.log_metrics(uri, run_id, metrics)  # last but the run's end: a resume after a cut rarely logs them twice
     tracking.end_run(uri, run_id, "FINISHED")
 
 
@@ -206,8 +230,9 @@ def _register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str
                        resource: int) -> int | None:
     assert job.parent_run_id is not None
     done = tracking.client(job.tracking_uri).get_run(job.parent_run_id).data.tags
-    if done.get("hyperband.best_run_id") == run_id and done.get("hyperband.champion_version"):
-        return int(done["hyperband.champion_version"])  # registered before the job's end was cut short: once
+    if (done.get("hyperband.best_run_id"), done.get("hyperband.champion_resource")) == (run_id, str(resource)) \
+            and done.get("hyperband.champion_version"):  # registered before the job's end was cut short: once
+        return int(done["hyperband.champion_version"])
     trainer = factory.get(job.settings)
     model = registry.get(job.settings.model)
     validation = datasets.mlflow_datasets(job.settings.data)[1] if model.reads_data else None
@@ -215,5 +240,7 @@ def _register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str
                                     validation, job.parent_run_id, resource)
     if version is None:
         return None
-    tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.champion_version": version, "hyperband.best_run_id": run_id})
+    tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.champion_version": version,
+                                                            "hyperband.best_run_id": run_id,
+                                                            "hyperband.champion_resource": resource})
     return version

@@ -355,7 +355,7 @@ def report_results(
     except Exception as exc:
         _warn("summary artifact", exc)
     if tracking_uri and run_id:
-        from prefect_hyperband.tasks.record import retrying
+        from prefect_hyperband.tasks.record import ends_the_job, retrying
 
         from prefect_hyperband.tasks import tracking
 
@@ -364,9 +364,13 @@ def report_results(
                 retrying(tracking.log_table, tracking_uri, run_id, board, LEADERBOARD_FILE)
                 out["table"] = LEADERBOARD_FILE
         except Exception as exc:
+            if ends_the_job(exc):  # at the job's end: it stops in one line (flows.ending), --resume writes these
+                raise
             _warn("MLflow leaderboard table", exc)
         try:
             out["plots"] = retrying(log_plots, tracking_uri, run_id, rows, metric, direction)
         except Exception as exc:
+            if ends_the_job(exc):
+                raise
             _warn("MLflow plots", exc)
     return out

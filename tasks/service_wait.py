@@ -43,8 +43,8 @@ def bound_client_waits(service_wait: float) -> Iterator[float]:
     with _BOUNDS_LOCK:
         if not _BOUNDS:
             _BEFORE.update({name: os.environ.get(name) for name in (_RETRIES, _RETRIES_SET)})
+        _set_client_retries(max([*_BOUNDS, service_wait]))  # first: if it raises, nothing is left half-counted
         _BOUNDS.append(service_wait)
-        _set_client_retries(max(_BOUNDS))
     try:
         yield client_waits()
     finally:
@@ -52,8 +52,11 @@ def bound_client_waits(service_wait: float) -> Iterator[float]:
             _BOUNDS.remove(service_wait)
             if _BOUNDS:
                 _set_client_retries(max(_BOUNDS))
-            elif os.environ.get(_RETRIES) == os.environ.get(_RETRIES_SET):  # ours: put back what was there
+            else:
+                ours = os.environ.get(_RETRIES) == os.environ.get(_RETRIES_SET)  # else changed meanwhile: kept
                 for name, value in _BEFORE.items():
+                    if name == _RETRIES and not ours:
+                        continue
                     if value is None:
                         os.environ.pop(name, None)
                     else:

@@ -22,8 +22,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 class GoneAtTheSummary(FlakyProxy):
     """503 to every request from the upload of the parent run's ``summary.json`` on, until told otherwise."""
 
+    gone_at: float | None = None
+
     def refusing(self, method: str, path: str) -> str | None:
         if method == "PUT" and path.endswith("/summary.json") and not self.until:
+            self.gone_at = time.monotonic()
             self.down_for(3600)
         return super().refusing(method, path)
 
@@ -53,12 +56,16 @@ def test_mlflow_gone_while_the_job_writes_its_end_stops_it_in_one_line_and_resum
              "--service-wait", "10", *where],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
         )
-        took = time.monotonic() - began
+        took = time.monotonic() - (proxy.gone_at or began)  # from MLflow going away to the job's exit
         assert job.returncode == 75, job.stderr[-3000:]
         said = [line for line in job.stderr.splitlines() if line.startswith("hyperband: job end stopped: ")]
         assert len(said) == 1 and "Traceback" not in job.stderr, job.stderr[-3000:]
+        errors = [line for line in job.stderr.splitlines() if "| ERROR" in line]  # e.g. the task run's own Failed
+        assert not errors, errors
         assert "MLflow did not answer within 10 s (--service-wait) while the job's end was written" in said[0]
-        assert proxy.refused["all"] > 0 and took < 120, (proxy.refused, took)  # not four times the bound
+        # about the client's bound (4 retries, 1 + 2 + 4 + 8 s here) and the job's exit; four times it would be ~60 s
+        assert proxy.refused["all"] > 0 and took < 40, (proxy.refused, took)
+        print(f"MLflow gone to exit: {took:.1f} s; {said[0]}")
         assert len(saved_rows(tmp_path / "jobs" / "end")) == 22  # every trial-rung saved
         proxy.until = -1.0  # the server answers again (and the summary's upload no longer takes it away)
         resumed = subprocess.run([*tune, "--resume", "end", *where], cwd=tmp_path, env=env, capture_output=True,

@@ -204,7 +204,7 @@ def test_mlflow_gone_or_full_after_the_last_result_stops_the_job_in_one_line_and
         gone.setattr(tracking, "log_text", down)  # the summary's write, at the job's end only
         gone.setattr(record.retrying, "__kwdefaults__", {"delays": (0.0, 0.0, 0.0), "within": None})  # no waits
         if error is GONE:
-            gone.setattr(service_wait, "client_waits", lambda: 0.0)  # as if its client had waited out its bound
+            gone.setattr(service_wait, "client_waits", lambda: 1e-9)  # as if its client had waited out its bound
         code, _, err = run(capsys, *SMALL, "--job-dir", str(jobs), "--job-id", "end-down", "--service-wait", "30")
     assert code == 75, err
     said = [line for line in err.splitlines() if line.startswith("hyperband: job end-down stopped: ")]

@@ -78,7 +78,11 @@ def test_a_champion_registered_before_the_jobs_end_was_cut_short_is_not_register
     monkeypatch.setattr(tracking, "set_tags", lambda uri, run_id, t: tags.update(t))
     job = SimpleNamespace(parent_run_id="parent", tracking_uri="http://mlflow:5000", experiment="e",
                           settings=SimpleNamespace(model="synthetic", data=None))
+    tags["hyperband.champion_resource"] = "9"
     assert record._register_champion(job, "run-7", "/ckpt", None, 9) == 3 and registered == []
     monkeypatch.setattr(record.factory, "get", lambda settings: None)
-    assert record._register_champion(job, "run-8", "/ckpt", None, 9) == 4 and registered == ["run-8"]
-    assert tags == {"hyperband.best_run_id": "run-8", "hyperband.champion_version": 4}
+    # the same trial, trained further since (a resume with a looser criterion): its model now, registered
+    assert record._register_champion(job, "run-7", "/ckpt", None, 27) == 4 and registered == ["run-7"]
+    assert record._register_champion(job, "run-8", "/ckpt", None, 27) == 4 and registered == ["run-7", "run-8"]
+    assert tags == {"hyperband.best_run_id": "run-8", "hyperband.champion_version": 4,
+                    "hyperband.champion_resource": 27}

@@ -21,6 +21,14 @@ def test_mlflow_client_retries_are_bounded_by_service_wait_unless_the_user_set_t
             assert waits == 604
         assert service_wait.client_waits() == 364  # back to the job still running
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the caller's environment as it was (hb.tune)
+    assert service_wait._RETRIES_SET not in os.environ
+    first, second = service_wait.bound_client_waits(300), service_wait.bound_client_waits(10)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # the first job ends before the second: the second's bound now
+    assert service_wait.client_waits() == 12
+    second.__exit__(None, None, None)
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ and service_wait._RETRIES_SET not in os.environ
     with service_wait.bound_client_waits(10) as waits:
         assert waits == 12
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # the user's own: kept, during and after
