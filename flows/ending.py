@@ -23,7 +23,7 @@ from prefect_hyperband.tasks import importance_report, report, tracking
 from prefect_hyperband.tasks.front_report import log_front
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import (
-    FULL, GONE, cut_short, ends_the_job, finish_job_run, keep_best_checkpoint, reason, register_champion,
+    FULL, GONE, cut_short, ends_the_job, finish_job_run, keep_best_checkpoint, reason, register_champion, retrying,
 )
 from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.errors import no_space
@@ -136,13 +136,13 @@ def _importance(job: Job, records: list[TrialRecord], method: str, logger) -> Im
     return found
 
 
-def _pause_open_runs(job: Job, records, runs: dict[str, str], reason: str) -> None:
+def _pause_open_runs(job: Job, records, runs: dict[str, str], why: str) -> None:
     """A criterion ended the job: the runs of trials still waiting in a rung end (a resume goes on with them)."""
-    tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.stopped_by": reason})
+    retrying(tracking.set_tags, job.tracking_uri, job.parent_run_id, {"hyperband.stopped_by": why})
     for t in records:
         if t.status == "running" and t.trial_id in runs:
-            tracking.set_tags(job.tracking_uri, runs[t.trial_id], {"hyperband.status": "paused"})
-            tracking.end_run(job.tracking_uri, runs[t.trial_id], "FINISHED")
+            retrying(tracking.set_tags, job.tracking_uri, runs[t.trial_id], {"hyperband.status": "paused"})
+            retrying(tracking.end_run, job.tracking_uri, runs[t.trial_id], "FINISHED")
 
 
 def _champion(params: TuneParams, job: Job, best: dict[str, Any] | None, logger) -> str | None:
