@@ -179,6 +179,9 @@ def _scale(flags: dict[str, Any], args: argparse.Namespace) -> int:
     quiet_terminal()
     _temporary_server()
     state = scale(params, sizes, study.target_score, study.tolerance, return_state=True)
+    if state.is_cancelled():  # MLflow did not answer within --service-wait, or a job of the study stopped short
+        print(f"hyperband: {state.message}", file=sys.stderr)
+        return _exit(EXIT_TEMPFAIL)
     if not state.is_completed():
         print(f"hyperband: scaling study failed: {state.message}", file=sys.stderr)
         return _exit(1)

@@ -14,27 +14,52 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Cancelled, State
 
 from prefect_hyperband.flows.prepare import new_job_id, prepare
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.tune import tune
 from prefect_hyperband.hyperband import speedup
-from prefect_hyperband.tasks import tracking
+from prefect_hyperband.tasks import service_wait, tracking
+from prefect_hyperband.tasks.record import ends_the_job, reason, retrying
 from prefect_hyperband.tasks.storage import Storage
 from prefect_hyperband.trainers import factory
+from prefect_hyperband.trainers.errors import no_space
 
 
 @flow(name="hyperband-scale", flow_run_name=lambda: f"hyperband scale {time.strftime('%H:%M:%S')}")
 def scale(params: TuneParams, workers: list[int], target_score: float | None = None,
-          tolerance: float = 0.005) -> dict[str, Any]:
-    """Tune ``params`` at each worker count in ``workers``; compare tuned and transferred scores, cost and speed."""
-    logger = get_run_logger()
+          tolerance: float = 0.005) -> dict[str, Any] | State:
+    """Tune ``params`` at each worker count in ``workers``; compare tuned and transferred scores, cost and speed.
+    MLflow not answering within ``--service-wait`` (as each job waits for it), or a job of the study stopped short,
+    ends the study ``Cancelled`` with one line (the CLI's exit 75); the jobs finished so far keep their runs."""
     sizes = sorted(set(int(n) for n in workers))
     if not sizes or sizes[0] < 1:
         raise ValueError(f"workers must be a list of counts >= 1, got {workers}")
     study = params.job_id or new_job_id()
     uri = tracking.tracking_uri(params.tracking_uri)
-    study_run = tracking.start_parent(
+    try:
+        with service_wait.bound_client_waits(params.service_wait):
+            return _study(params, sizes, study, uri, target_score, tolerance)
+    except _JobStopped as stopped:
+        return Cancelled(message=f"scaling study {study} stopped: {stopped}")
+    except Exception as exc:
+        if not ends_the_job(exc):
+            raise
+        what = "no space left on device" if no_space(exc) else \
+            f"MLflow did not answer within {params.service_wait:g} s (--service-wait)"
+        return Cancelled(message=f"scaling study {study} stopped: {what} at {uri}: {reason(exc)}; the jobs finished "
+                                 "so far keep their runs, run the study again")
+
+
+class _JobStopped(Exception):
+    """A job of the study ended short (its one line)."""
+
+
+def _study(params: TuneParams, sizes: list[int], study: str, uri: str, target_score: float | None,
+           tolerance: float) -> dict[str, Any]:
+    logger = get_run_logger()
+    study_run = retrying(tracking.start_parent,
         uri, params.experiment, f"hyperband-scale-{study}",
         {"workers": ",".join(map(str, sizes)), "model": params.model, "min_resource": params.min_resource,
          "max_resource": params.max_resource, "eta": params.eta, "seed": params.seed, "tolerance": tolerance},
@@ -43,8 +68,11 @@ def scale(params: TuneParams, workers: list[int], target_score: float | None = N
     jobs: dict[int, dict[str, Any]] = {}
     for n in sizes:
         logger.info("scaling study %s: the job at %d workers", study, n)
-        jobs[n] = tune(params.model_copy(update={"workers": n, "job_id": f"{study}-w{n}", "nest_under": study_run,
-                                                 "resume": False}))
+        state = tune(params.model_copy(update={"workers": n, "job_id": f"{study}-w{n}", "nest_under": study_run,
+                                               "resume": False}), return_state=True)
+        if state.is_cancelled():
+            raise _JobStopped(state.message)
+        jobs[n] = state.result()
     first = jobs[sizes[0]]
     best = first.get("best")
     direction: speedup.Direction = first["direction"]
@@ -81,30 +109,31 @@ def transfer(params: TuneParams, n: int, job_id: str, config: dict[str, Any], ur
 
 
 def _transfer(job, trainer, n: int, config: dict[str, Any], uri: str, study_run: str) -> float | None:
-    run_id = tracking.create_child(uri, study_run, f"transfer w={n}", {"hyperband.transfer_workers": str(n)})
+    run_id = retrying(tracking.create_child, uri, study_run, f"transfer w={n}", {"hyperband.transfer_workers": str(n)})
     try:
         began = time.perf_counter()
         trained = trainer.train(config, job.max_resource, None, job.checkpoint_path("transfer", job.max_resource))
         score = trainer.evaluate(trained.checkpoint)
-        tracking.log_result(uri, run_id, trained.history,
-                            {job.metric_key: score, "train_seconds": trained.seconds,
-                             "worker_seconds": trained.seconds * trained.workers,
-                             "wall_seconds": time.perf_counter() - began}, job.max_resource,
-                            {**config, "workers": n})
-        tracking.end_run(uri, run_id, "FINISHED")
+        retrying(tracking.log_result, uri, run_id, trained.history,
+                 {job.metric_key: score, "train_seconds": trained.seconds,
+                  "worker_seconds": trained.seconds * trained.workers,
+                  "wall_seconds": time.perf_counter() - began}, job.max_resource, {**config, "workers": n})
+        retrying(tracking.end_run, uri, run_id, "FINISHED")
         return score
     except Exception as exc:  # the study stands without this figure; say why on the run
-        tracking.set_tags(uri, run_id, {"hyperband.error": f"{type(exc).__name__}: {exc}"[-4000:]})
-        tracking.end_run(uri, run_id, "FAILED")
+        if ends_the_job(exc):  # MLflow gone: the study stops in one line
+            raise
+        retrying(tracking.set_tags, uri, run_id, {"hyperband.error": f"{type(exc).__name__}: {exc}"[-4000:]})
+        retrying(tracking.end_run, uri, run_id, "FAILED")
         get_run_logger().warning("transfer to %d workers failed: %s", n, exc)
         return None
 
 
 def _record(uri: str, run_id: str, result: dict[str, Any], rows: list[speedup.ScaleRow], metric: str) -> None:
-    tracking.log_json(uri, run_id, {k: v for k, v in result.items() if k != "table"}, "scaling.json")
-    tracking.log_text(uri, run_id, result["table"] + "\n", "scaling.txt")
+    retrying(tracking.log_json, uri, run_id, {k: v for k, v in result.items() if k != "table"}, "scaling.json")
+    retrying(tracking.log_text, uri, run_id, result["table"] + "\n", "scaling.txt")
     for r in rows:  # at step = N: MLflow charts them against the cluster size
-        tracking.log_metrics(uri, run_id, {f"tuned_{metric}": r.tuned_score, f"transferred_{metric}": r.transferred_score,
+        retrying(tracking.log_metrics, uri, run_id, {f"tuned_{metric}": r.tuned_score, f"transferred_{metric}": r.transferred_score,
                                            "worker_seconds": r.worker_seconds, "wall_seconds": r.wall_seconds,
                                            "time_to_target": r.time_to_target}, step=r.workers)
     try:
@@ -123,6 +152,6 @@ def _record(uri: str, run_id: str, result: dict[str, Any], rows: list[speedup.Sc
         right.set_xlabel("workers N")
         right.legend()
         fig.tight_layout()
-        tracking.client(uri).log_figure(run_id, fig, "scaling.png")
+        retrying(tracking.client(uri).log_figure, run_id, fig, "scaling.png")
     finally:
-        tracking.end_run(uri, run_id, "FINISHED")
+        retrying(tracking.end_run, uri, run_id, "FINISHED")

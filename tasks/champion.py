@@ -14,21 +14,29 @@ CHAMPION = "champion"
 
 def log_champion(uri: str, run_id: str, model: Any, trainer: Any, checkpoint: str, name: str,
                  metrics: Mapping[str, float] | None = None, validation: Any = None,
-                 parent_run_id: str | None = None, step: int = 0) -> int | None:
+                 parent_run_id: str | None = None, step: int = 0, job_id: str = "") -> int | None:
     """Log the best trial's model in its flavour on its run (the plug-in's ``log_model``), link ``metrics`` to it
     (for the ``validation`` dataset: the run's own points at ``step``, the resource they were measured at, so its
     history gains no point), list it among the parent run's outputs, register it as ``name`` and alias it
-    ``champion``; None when the plug-in had nothing to log. MLflow's own lines go to its logger, not the terminal."""
+    ``champion``; None when the plug-in had nothing to log. MLflow's own lines go to its logger, not the terminal.
+
+    Once per job, run and ``step``: the version is registered with the tags ``hyperband.job_id`` and
+    ``hyperband.resource``, and a version that has them already (MLflow went away after registering it, and the
+    write is tried again, or ``--resume`` writes the job's end again) is aliased again, not registered twice."""
     import mlflow
     from mlflow.entities import LoggedModelOutput
 
+    c = client(uri)
+    found = registered(c, name, run_id, job_id, step)
+    if found is not None:
+        c.set_registered_model_alias(name, CHAMPION, str(found))
+        return found
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     with mlflow.start_run(run_id=run_id), _to_logger():
         info = model.log_model(trainer, checkpoint)
     if info is None:
         return None
-    c = client(uri)
     model_id = getattr(info, "model_id", None)
     if model_id:
         linked = {"dataset_name": validation.name, "dataset_digest": validation.digest} if validation is not None else {}
@@ -41,9 +49,26 @@ def log_champion(uri: str, run_id: str, model: Any, trainer: Any, checkpoint: st
         if parent_run_id:
             c.log_outputs(parent_run_id, [LoggedModelOutput(model_id, 0)])
     with _to_logger():
-        version = int(mlflow.register_model(info.model_uri, name).version)
+        version = int(mlflow.register_model(info.model_uri, name, tags=_tags(job_id, step)).version)
     c.set_registered_model_alias(name, CHAMPION, str(version))
     return version
+
+
+def _tags(job_id: str, step: int) -> dict[str, str]:
+    return {"hyperband.job_id": job_id, "hyperband.resource": str(step)}
+
+
+def registered(c: Any, name: str, run_id: str, job_id: str, step: int) -> int | None:
+    """The version of ``name`` this job registered from ``run_id``'s model at ``step``, if there is one."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = c.search_model_versions(f"run_id = '{run_id}'")
+    except MlflowException:  # a store that cannot search versions by run: registered again
+        return None
+    mine = [int(v.version) for v in versions
+            if v.name == name and all((v.tags or {}).get(k) == w for k, w in _tags(job_id, step).items())]
+    return max(mine) if mine else None
 
 
 @contextlib.contextmanager

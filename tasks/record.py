@@ -187,18 +187,26 @@ def _close_run(job: Job, t: TrialRecord, run_id: str) -> None:
 
 @task(name="finish parent run", **END)
 def finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, Any], summary: dict[str, Any],
-                   table: str) -> None | State:
-    return write_end(job, _finish_job_run, job, metrics, best_config, summary, table)
+                   table: str, step: int = 0) -> None | State:
+    return write_end(job, _finish_job_run, job, metrics, best_config, summary, table, step)
 
 
 def _finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, Any], summary: dict[str, Any],
-                    table: str) -> None:
+                    table: str, step: int = 0) -> None:
+    """The summary's files on the parent run, its ``metrics`` at ``step`` (the job's trial-rungs so far), the run
+    ended. The metrics go in one batch, once per step: written again (MLflow went away before the run's end, and
+    ``--resume`` writes the end again) they are not logged twice; a job resumed with a looser criterion that trained
+    more logs its new figures at its new step."""
     assert job.parent_run_id is not None
     uri, run_id = job.tracking_uri, job.parent_run_id
     tracking.log_json(uri, run_id, best_config, "best_config.json")
     tracking.log_json(uri, run_id, summary, "summary.json")
     tracking.log_text(uri, run_id, table + "\n", "summary.txt")
-    tracking.log_metrics(uri, run_id, metrics)  # last but the run's end: a resume after a cut rarely logs them twice
+    sentinel = next(iter(k for k, v in metrics.items() if v is not None), None)
+    logged = sentinel is not None and any(
+        m.step == step for m in tracking.client(uri).get_metric_history(run_id, sentinel))
+    if not logged:  # one batch: all of them or none
+        tracking.log_metrics(uri, run_id, metrics, step=step)
     tracking.end_run(uri, run_id, "FINISHED")
 
 
@@ -229,15 +237,11 @@ def register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str,
 def _register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str, float] | None,
                        resource: int) -> int | None:
     assert job.parent_run_id is not None
-    done = tracking.client(job.tracking_uri).get_run(job.parent_run_id).data.tags
-    if (done.get("hyperband.best_run_id"), done.get("hyperband.champion_resource")) == (run_id, str(resource)) \
-            and done.get("hyperband.champion_version"):  # registered before the job's end was cut short: once
-        return int(done["hyperband.champion_version"])
     trainer = factory.get(job.settings)
     model = registry.get(job.settings.model)
     validation = datasets.mlflow_datasets(job.settings.data)[1] if model.reads_data else None
     version = champion.log_champion(job.tracking_uri, run_id, model, trainer, checkpoint, job.experiment, metrics,
-                                    validation, job.parent_run_id, resource)
+                                    validation, job.parent_run_id, resource, job.job_id)  # once per job and model
     if version is None:
         return None
     tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.champion_version": version,

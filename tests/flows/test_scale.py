@@ -63,3 +63,43 @@ def test_scale_refuses_a_size_the_machine_cannot_hold_before_any_work(tracking_u
     assert code == 2 and err.splitlines() == [line for line in err.splitlines() if line.startswith("hyperband: error: ")]
     assert f"--workers {too_many} starts {too_many} local worker processes" in err, err
     assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").rglob("state.json"))
+
+
+def test_a_study_whose_mlflow_does_not_answer_stops_in_one_line_within_its_service_wait(tmp_path, capsys):
+    """MLflow answers the preflight's health check, then 503 to every write (a server whose database is gone): the
+    study's first write waits --service-wait, as a job's do, and the study stops in one line, exit 75."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from prefect_hyperband.app import cli
+
+    class Unavailable(BaseHTTPRequestHandler):
+        def _answer(self):
+            healthy = self.path.startswith("/health")
+            self.send_response(200 if healthy else 503)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"OK" if healthy else b"no")
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    began = time.monotonic()
+    try:
+        code = cli.main(["scale", "--model", "synthetic", "--workers", "1,2", "--max-resource", "3", "--no-baseline",
+                         "--job-dir", str(tmp_path / "jobs"), "--tracking-uri", uri, "--service-wait", "3"])
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 75, err
+    assert time.monotonic() - began < 60
+    assert [line for line in err if line.startswith("hyperband: ")] == err[-1:], err
+    assert err[-1].startswith("hyperband: scaling study ") and \
+        f"stopped: MLflow did not answer within 3 s (--service-wait) at {uri}: " in err[-1], err
+    assert "Traceback" not in "\n".join(err)

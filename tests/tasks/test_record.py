@@ -65,24 +65,59 @@ def test_a_run_that_cannot_be_ended_past_its_retries_fails_the_call(monkeypatch,
                                 {f"s0-{i:04d}": f"run-{i}" for i in range(8)})
 
 
-def test_a_champion_registered_before_the_jobs_end_was_cut_short_is_not_registered_again(monkeypatch):
-    """MLflow went away after the champion's registration and before the summary: --resume writes the end again
-    and finds the version on the parent run, for the same best run; another best run is registered."""
+def test_a_champion_registered_before_the_jobs_end_was_cut_short_is_not_registered_again(tmp_path, monkeypatch):
+    """MLflow went away after the champion's registration (before its alias, or before the summary): the write tried
+    again, or --resume writing the job's end again, finds the version by its tags, aliases it, registers nothing;
+    the same trial trained further since, or another job's, is a new version. A real store: MLflow's own search."""
+    import mlflow
+    import numpy as np
+    import xgboost as xgb
+
     from prefect_hyperband.tasks import champion
 
-    tags = {"hyperband.best_run_id": "run-7", "hyperband.champion_version": "3"}
-    fake = SimpleNamespace(get_run=lambda run_id: SimpleNamespace(data=SimpleNamespace(tags=tags)))
-    monkeypatch.setattr(tracking, "client", lambda uri: fake)
-    registered = []
-    monkeypatch.setattr(champion, "log_champion", lambda *a, **k: registered.append(a[1]) or 4)
-    monkeypatch.setattr(tracking, "set_tags", lambda uri, run_id, t: tags.update(t))
-    job = SimpleNamespace(parent_run_id="parent", tracking_uri="http://mlflow:5000", experiment="e",
-                          settings=SimpleNamespace(model="synthetic", data=None))
-    tags["hyperband.champion_resource"] = "9"
-    assert record._register_champion(job, "run-7", "/ckpt", None, 9) == 3 and registered == []
-    monkeypatch.setattr(record.factory, "get", lambda settings: None)
-    # the same trial, trained further since (a resume with a looser criterion): its model now, registered
-    assert record._register_champion(job, "run-7", "/ckpt", None, 27) == 4 and registered == ["run-7"]
-    assert record._register_champion(job, "run-8", "/ckpt", None, 27) == 4 and registered == ["run-7", "run-8"]
-    assert tags == {"hyperband.best_run_id": "run-8", "hyperband.champion_version": 4,
-                    "hyperband.champion_resource": 27}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = tracking.client(uri)
+    run_id = c.create_run(c.create_experiment("e")).info.run_id
+    booster = xgb.train({"verbosity": 0}, xgb.DMatrix(np.eye(4), label=[0, 1, 0, 1]), num_boost_round=1)
+    logged = []
+
+    def log_model(trainer, checkpoint):
+        logged.append(checkpoint)
+        return mlflow.xgboost.log_model(booster, name="model", pip_requirements=["xgboost"])
+
+    model = SimpleNamespace(log_model=log_model)
+    alias = c.set_registered_model_alias
+    cut = []
+
+    def gone_once(*args):  # MLflow goes away right after the registration
+        if not cut:
+            cut.append(args)
+            raise ConnectionError("gone")
+        alias(*args)
+
+    monkeypatch.setattr(type(c), "set_registered_model_alias", lambda self, *a: gone_once(*a))
+    monkeypatch.setattr(tracking, "client", lambda u: c)
+    log = lambda step, job="j1": champion.log_champion(uri, run_id, model, None, "/ckpt", "e", step=step, job_id=job)  # noqa: E731
+    with pytest.raises(ConnectionError):
+        log(9)
+    assert log(9) == 1 and log(9) == 1 and len(logged) == 1
+    assert int(c.get_model_version_by_alias("e", champion.CHAMPION).version) == 1
+    assert log(27) == 2 and log(9, job="j2") == 3 and len(logged) == 3  # trained further; another job's
+    assert sorted(int(v.version) for v in c.search_model_versions("name = 'e'")) == [1, 2, 3]
+
+
+def test_the_jobs_metrics_written_again_at_its_end_are_logged_once_per_step(tmp_path, monkeypatch):
+    """MLflow went away between the job's metrics and its run's end: --resume writes the end again and logs no
+    second point; a job resumed with a looser criterion that trained more logs its new figures at its new step."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = tracking.client(uri)
+    job = SimpleNamespace(tracking_uri=uri, parent_run_id=c.create_run(c.create_experiment("e")).info.run_id)
+    metrics = {"best_val_auc": 0.9, "default_val_auc": None, "wall_seconds": 12.0}
+    end = lambda wall, step: record._finish_job_run(job, {**metrics, "wall_seconds": wall}, {}, {}, "t", step)  # noqa: E731
+    end(12.0, 22)
+    end(30.0, 22)  # the resume, later
+    end(50.0, 40)  # trained further
+    assert [(m.step, m.value) for m in c.get_metric_history(job.parent_run_id, "wall_seconds")] == [(22, 12.0), (40, 50.0)]
+    assert len(c.get_metric_history(job.parent_run_id, "best_val_auc")) == 2
+    assert c.get_run(job.parent_run_id).info.status == "FINISHED"
