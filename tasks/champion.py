@@ -22,7 +22,8 @@ def log_champion(uri: str, run_id: str, model: Any, trainer: Any, checkpoint: st
 
     Once per job, run and ``step``: the version is registered with the tags ``hyperband.job_id`` and
     ``hyperband.resource``, and a version that has them already (MLflow went away after registering it, and the
-    write is tried again, or ``--resume`` writes the job's end again) is aliased again, not registered twice."""
+    write is tried again, or ``--resume`` writes the job's end again) is aliased again, not registered twice. The
+    logged model carries the same tags: one logged before a cut is registered, not logged again."""
     import mlflow
     from mlflow.entities import LoggedModelOutput
 
@@ -33,11 +34,15 @@ def log_champion(uri: str, run_id: str, model: Any, trainer: Any, checkpoint: st
         return found
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    with mlflow.start_run(run_id=run_id), _to_logger():
-        info = model.log_model(trainer, checkpoint)
-    if info is None:
-        return None
-    model_id = getattr(info, "model_id", None)
+    model_uri, model_id = logged(c, run_id, job_id, step)  # logged before MLflow went away: not logged again
+    if model_uri is None:
+        with mlflow.start_run(run_id=run_id), _to_logger():
+            info = model.log_model(trainer, checkpoint)
+        if info is None:
+            return None
+        model_uri, model_id = info.model_uri, getattr(info, "model_id", None)
+        if model_id:
+            c.set_logged_model_tags(model_id, _tags(job_id, step))
     if model_id:
         linked = {"dataset_name": validation.name, "dataset_digest": validation.digest} if validation is not None else {}
         for key, value in (metrics or {}).items():
@@ -49,13 +54,29 @@ def log_champion(uri: str, run_id: str, model: Any, trainer: Any, checkpoint: st
         if parent_run_id:
             c.log_outputs(parent_run_id, [LoggedModelOutput(model_id, 0)])
     with _to_logger():
-        version = int(mlflow.register_model(info.model_uri, name, tags=_tags(job_id, step)).version)
+        version = int(mlflow.register_model(model_uri, name, tags=_tags(job_id, step)).version)
     c.set_registered_model_alias(name, CHAMPION, str(version))
     return version
 
 
 def _tags(job_id: str, step: int) -> dict[str, str]:
     return {"hyperband.job_id": job_id, "hyperband.resource": str(step)}
+
+
+def logged(c: Any, run_id: str, job_id: str, step: int) -> tuple[str | None, str | None]:
+    """The URI and id of the model this job logged in its flavour on ``run_id`` for ``step`` (whole: READY)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        experiment = c.get_run(run_id).info.experiment_id
+        models = c.search_logged_models([experiment], filter_string=" AND ".join(
+            f"tags.`{k}` = '{v}'" for k, v in _tags(job_id, step).items()))
+    except MlflowException:  # a store that cannot search logged models: logged again
+        return None, None
+    for m in models:
+        if m.source_run_id == run_id and str(getattr(m.status, "name", m.status)).endswith("READY"):
+            return m.model_uri, m.model_id
+    return None, None
 
 
 def registered(c: Any, name: str, run_id: str, job_id: str, step: int) -> int | None:

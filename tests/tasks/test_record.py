@@ -97,10 +97,24 @@ def test_a_champion_registered_before_the_jobs_end_was_cut_short_is_not_register
 
     monkeypatch.setattr(type(c), "set_registered_model_alias", lambda self, *a: gone_once(*a))
     monkeypatch.setattr(tracking, "client", lambda u: c)
+    register = mlflow.register_model
+
+    def register_gone_once(*args, **kwargs):  # MLflow goes away between the model's upload and its registration
+        if not cut:
+            cut.append(args)
+            raise ConnectionError("gone")
+        return register(*args, **kwargs)
+
     log = lambda step, job="j1": champion.log_champion(uri, run_id, model, None, "/ckpt", "e", step=step, job_id=job)  # noqa: E731
+    monkeypatch.setattr(mlflow, "register_model", register_gone_once)
     with pytest.raises(ConnectionError):
         log(9)
-    assert log(9) == 1 and log(9) == 1 and len(logged) == 1
+    assert len(logged) == 1 and not c.search_model_versions("name = 'e'")
+    monkeypatch.setattr(mlflow, "register_model", register)
+    cut.clear()
+    with pytest.raises(ConnectionError):  # now after the registration, before the alias
+        log(9)
+    assert log(9) == 1 and log(9) == 1 and len(logged) == 1  # the model logged once, registered once
     assert int(c.get_model_version_by_alias("e", champion.CHAMPION).version) == 1
     assert log(27) == 2 and log(9, job="j2") == 3 and len(logged) == 3  # trained further; another job's
     assert sorted(int(v.version) for v in c.search_model_versions("name = 'e'")) == [1, 2, 3]
