@@ -51,12 +51,17 @@ def log_champion(uri: str, run_id: str, model: Any, trainer: Any, checkpoint: st
             point = same[-1] if same else None
             c.log_metric(run_id, key, point.value if point else float(value), step=step, model_id=model_id,
                          timestamp=point.timestamp if point else None, **linked)
-        if parent_run_id:
+        if parent_run_id and model_id not in _outputs(c, parent_run_id):  # MLflow refuses the same output twice
             c.log_outputs(parent_run_id, [LoggedModelOutput(model_id, 0)])
     with _to_logger():
         version = int(mlflow.register_model(model_uri, name, tags=_tags(job_id, step)).version)
     c.set_registered_model_alias(name, CHAMPION, str(version))
     return version
+
+
+def _outputs(c: Any, run_id: str) -> set[str]:
+    outputs = c.get_run(run_id).outputs
+    return {o.model_id for o in (outputs.model_outputs if outputs else [])}
 
 
 def _tags(job_id: str, step: int) -> dict[str, str]:

@@ -105,7 +105,9 @@ def test_a_champion_registered_before_the_jobs_end_was_cut_short_is_not_register
             raise ConnectionError("gone")
         return register(*args, **kwargs)
 
-    log = lambda step, job="j1": champion.log_champion(uri, run_id, model, None, "/ckpt", "e", step=step, job_id=job)  # noqa: E731
+    parent = c.create_run(c.get_run(run_id).info.experiment_id).info.run_id
+    log = lambda step, job="j1": champion.log_champion(uri, run_id, model, None, "/ckpt", "e", {"auc": 0.9},  # noqa: E731
+                                                       parent_run_id=parent, step=step, job_id=job)
     monkeypatch.setattr(mlflow, "register_model", register_gone_once)
     with pytest.raises(ConnectionError):
         log(9)
@@ -115,6 +117,7 @@ def test_a_champion_registered_before_the_jobs_end_was_cut_short_is_not_register
     with pytest.raises(ConnectionError):  # now after the registration, before the alias
         log(9)
     assert log(9) == 1 and log(9) == 1 and len(logged) == 1  # the model logged once, registered once
+    assert len(c.get_run(parent).outputs.model_outputs) == 1  # listed once on the parent run
     assert int(c.get_model_version_by_alias("e", champion.CHAMPION).version) == 1
     assert log(27) == 2 and log(9, job="j2") == 3 and len(logged) == 3  # trained further; another job's
     assert sorted(int(v.version) for v in c.search_model_versions("name = 'e'")) == [1, 2, 3]
