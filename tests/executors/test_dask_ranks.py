@@ -37,8 +37,15 @@ def test_a_worker_killed_mid_trial_rung_runs_it_again_on_another_group_and_its_p
             retried = trainer.train(DEFAULT_CONFIG, 20, None, str(tmp_path / "retried.pt"))
             assert retried.info["attempts"] == 2 and retried.info["lost_worker_seconds"] > 0
             assert group not in trainer.worker_groups.groups and group in trainer.worker_groups.retired
-            deadline = time.monotonic() + 180  # Dask's nanny restarts the worker, under a new address (CI: over 60 s)
-            while len(trainer._dask.ranks.client.scheduler_info()["workers"]) < 4 and time.monotonic() < deadline:
+            from prefect_hyperband.executors.dask_groups import executing
+
+            client = trainer._dask.ranks.client
+            deadline = time.monotonic() + 180  # Dask's nanny restarts the worker, under a new address
+            while time.monotonic() < deadline:  # the killed one gone, four again, and the survivor's rank ended
+                workers = client.scheduler_info()["workers"]  # (at its collective's error: seconds when loaded)
+                if group[1] not in workers and len(workers) >= 4 and \
+                        not client.run(executing, workers=[group[0]]).get(group[0], 1):
+                    break
                 time.sleep(0.5)
             whole = trainer.train(DEFAULT_CONFIG, 20, None, str(tmp_path / "whole.pt"))
             assert len(trainer.worker_groups.groups) == 2 and group[0] in {a for g in trainer.worker_groups.groups for a in g}
