@@ -55,8 +55,6 @@ class TrialRunLost(RuntimeError):
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=False)
 def trial(job: dict[str, Any], trial_rung: dict[str, Any], heartbeat_seconds: float = HEARTBEAT_SECONDS) -> dict[str, Any]:
     """Train one trial-rung (resuming its checkpoint) and evaluate it; the result goes to the job's storage."""
-    from prefect_hyperband.executors import runner
-
     spec = Job.from_json(job)
     if spec.storage:  # an object store: this machine's copies of the checkpoints live in a folder of its own
         spec = replace(spec, job_dir=os.path.join(tempfile.gettempdir(), "prefect-hyperband", spec.job_id))
@@ -66,7 +64,9 @@ def trial(job: dict[str, Any], trial_rung: dict[str, Any], heartbeat_seconds: fl
     run_id = str(FlowRunContext.get().flow_run.id)
     store = spec.store()
     with factory.scope():
-        with _heartbeat(spec, run_id, heartbeat_seconds):
+        with _heartbeat(spec, run_id, heartbeat_seconds):  # beating before the trainer's imports
+            from prefect_hyperband.executors import runner
+
             out = runner.work(spec, trial_rung)
         result = {
             "trained": out.trained.to_json() if out.trained is not None else None,
@@ -215,7 +215,9 @@ class _Beats:
     """Whether a trial flow run still lives: its heartbeats must keep changing once it runs.
 
     Measured on the controller's clock (machines' clocks may differ): a run whose heartbeat has not changed
-    for ``timeout`` seconds is dead; one stuck in PENDING (a worker took it, then died) as well."""
+    for ``timeout`` seconds is dead; one stuck in PENDING (a worker took it, then died) as well. Its first beat
+    is given twice that from RUNNING, as PENDING is: before it, a new process on a busy machine imports the
+    package and opens the storage (a CI run saw a live run taken for dead 8 s into RUNNING, trained twice)."""
 
     def __init__(self, store, key: str, timeout: float) -> None:
         self.store, self.key, self.timeout = store, key, timeout
@@ -242,6 +244,6 @@ class _Beats:
         if beat != self.last:
             self.last, self.since = beat, now
             return None
-        if now - self.since > self.timeout:
+        if now - self.since > (2 * self.timeout if self.last is None else self.timeout):
             return f"no heartbeat for {now - self.since:.0f} s: its worker or machine is gone"
         return None
