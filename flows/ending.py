@@ -23,10 +23,9 @@ from prefect_hyperband.tasks import importance_report, report, tracking
 from prefect_hyperband.tasks.front_report import log_front
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import (
-    FULL, GONE, cut_short, ends_the_job, finish_job_run, keep_best_checkpoint, reason, register_champion, retrying,
+    FULL, cut_short, ends_the_job, finish_job_run, keep_best_checkpoint, outage, reason, register_champion, retrying,
 )
 from prefect_hyperband.trainers import registry
-from prefect_hyperband.trainers.errors import causes, no_space
 
 
 def finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs: dict[str, str], max_trials: int,
@@ -38,29 +37,14 @@ def finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs: 
     except Exception as exc:
         if not isinstance(exc, _CutShort) and not ends_the_job(exc):
             raise
-        kind, why = exc.args if isinstance(exc, _CutShort) else (FULL if no_space(exc) else GONE, reason(exc))
-        where = f"to MLflow at {job.tracking_uri}"
-        if kind == FULL:
-            what, then = "no space left on device", "free space, then "
-        elif not isinstance(exc, _CutShort) and from_prefect(exc):  # the end's task runs, or its artifacts
-            what, then, where = "Prefect's API did not answer", "", f"through Prefect's API at {prefect_api()}"
-        else:
-            what, then = f"MLflow did not answer within {params.service_wait:g} s (--service-wait)", ""
+        kind, what, where = outage(exc.args[0] if isinstance(exc, _CutShort) else exc, params.service_wait,
+                                   job.tracking_uri)
+        why = exc.args[1] if isinstance(exc, _CutShort) else reason(exc)
+        then = "free space, then " if kind == FULL else ""
         message = (f"job {job.job_id} stopped: {what} while the job's end was written {where}: {why}; every result "
                    f"is saved: {then}--resume {job.job_id} writes its summary and model")
         logger.warning("%s", message)
         return Cancelled(message=message, data={"job_id": job.job_id})
-
-
-def from_prefect(exc: BaseException) -> bool:
-    """The error came from Prefect's client (``httpx``), not MLflow's (``requests``, ``urllib3``)."""
-    return any(type(e).__module__.split(".")[0] in ("httpx", "httpcore", "prefect") for e in causes(exc))
-
-
-def prefect_api() -> str:
-    from prefect.settings import PREFECT_API_URL
-
-    return PREFECT_API_URL.value() or "(this process's temporary server)"
 
 
 class _CutShort(Exception):

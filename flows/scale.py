@@ -21,10 +21,9 @@ from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.tune import tune
 from prefect_hyperband.hyperband import speedup
 from prefect_hyperband.tasks import service_wait, tracking
-from prefect_hyperband.tasks.record import ends_the_job, reason, retrying
+from prefect_hyperband.tasks.record import ends_the_job, outage, reason, retrying
 from prefect_hyperband.tasks.storage import Storage
 from prefect_hyperband.trainers import factory
-from prefect_hyperband.trainers.errors import no_space
 
 
 @flow(name="hyperband-scale", flow_run_name=lambda: f"hyperband scale {time.strftime('%H:%M:%S')}")
@@ -46,10 +45,9 @@ def scale(params: TuneParams, workers: list[int], target_score: float | None = N
     except Exception as exc:
         if not ends_the_job(exc):
             raise
-        what = "no space left on device" if no_space(exc) else \
-            f"MLflow did not answer within {params.service_wait:g} s (--service-wait)"
-        return Cancelled(message=f"scaling study {study} stopped: {what} at {uri}: {reason(exc)}; the jobs finished "
-                                 "so far keep their runs, run the study again")
+        _, what, where = outage(exc, params.service_wait, uri)
+        return Cancelled(message=f"scaling study {study} stopped: {what} while its runs were written {where}: "
+                                 f"{reason(exc)}; the jobs finished so far keep their runs, run the study again")
 
 
 class _JobStopped(Exception):

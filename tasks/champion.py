@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from prefect_hyperband.tasks.tracking import client
 
@@ -12,10 +12,11 @@ from prefect_hyperband.tasks.tracking import client
 CHAMPION = "champion"
 
 
-def log_champion(uri: str, run_id: str, model: Any, trainer: Any, checkpoint: str, name: str,
+def log_champion(uri: str, run_id: str, model: Any, trainer: Callable[[], Any], checkpoint: str, name: str,
                  metrics: Mapping[str, float] | None = None, validation: Any = None,
                  parent_run_id: str | None = None, step: int = 0, job_id: str = "") -> int | None:
-    """Log the best trial's model in its flavour on its run (the plug-in's ``log_model``), link ``metrics`` to it
+    """Log the best trial's model in its flavour on its run (the plug-in's ``log_model`` with ``trainer()``, built
+    only then: it may load the data), link ``metrics`` to it
     (for the ``validation`` dataset: the run's own points at ``step``, the resource they were measured at, so its
     history gains no point), list it among the parent run's outputs, register it as ``name`` and alias it
     ``champion``; None when the plug-in had nothing to log. MLflow's own lines go to its logger, not the terminal.
@@ -37,7 +38,7 @@ def log_champion(uri: str, run_id: str, model: Any, trainer: Any, checkpoint: st
     model_uri, model_id = logged(c, run_id, job_id, step)  # logged before MLflow went away: not logged again
     if model_uri is None:
         with mlflow.start_run(run_id=run_id), _to_logger():
-            info = model.log_model(trainer, checkpoint)
+            info = model.log_model(trainer(), checkpoint)
         if info is None:
             return None
         model_uri, model_id = info.model_uri, getattr(info, "model_id", None)

@@ -15,7 +15,7 @@ from prefect_hyperband.tasks import champion, datasets, service_wait, tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers import factory, registry
 from prefect_hyperband.trainers.base import TrainResult
-from prefect_hyperband.trainers.errors import first_line, no_space, unavailable
+from prefect_hyperband.trainers.errors import causes, first_line, no_space, unavailable
 
 T = TypeVar("T")
 #: the one retry policy of every MLflow write (``retrying``; the end of the job's writes are tasks that call it,
@@ -110,6 +110,33 @@ def ends_the_job(exc: BaseException) -> bool:
     """MLflow did not answer past its client's retries, or a disk under it is full: at the job's end, the job stops
     (exit 75, every result saved) rather than finishing without its summary or its model."""
     return unavailable(exc) or no_space(exc)
+
+
+def outage(cause: BaseException | str, service_wait: float, tracking_uri: str) -> tuple[str, str, str]:
+    """The service that stopped a job (or a scaling study), for its one line: (kind, what, where). ``cause`` is the
+    error, or the kind a task of the job's end was cut short with (``cut_short``). A full disk; Prefect's API not
+    answering (the error came from its client: httpx, not MLflow's requests); else MLflow past ``--service-wait``."""
+    kind = cause if isinstance(cause, str) else FULL if no_space(cause) else PREFECT if from_prefect(cause) else GONE
+    if kind == FULL:
+        return kind, "no space left on device", f"to MLflow at {tracking_uri}"
+    if kind == PREFECT:
+        return kind, "Prefect's API did not answer", f"through Prefect's API at {prefect_api()}"
+    return kind, f"MLflow did not answer within {service_wait:g} s (--service-wait)", f"to MLflow at {tracking_uri}"
+
+
+#: a third way a job stops under a lost service (``outage``): Prefect's own API, not MLflow
+PREFECT = "Prefect's API"
+
+
+def from_prefect(exc: BaseException) -> bool:
+    """The error came from Prefect's client (``httpx``), not MLflow's (``requests``, ``urllib3``)."""
+    return any(type(e).__module__.split(".")[0] in ("httpx", "httpcore", "prefect") for e in causes(exc))
+
+
+def prefect_api() -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or "(this process's temporary server)"
 
 
 def cut_short(job: Job, state: State) -> tuple[str, str] | None:
@@ -237,11 +264,11 @@ def register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str,
 def _register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str, float] | None,
                        resource: int) -> int | None:
     assert job.parent_run_id is not None
-    trainer = factory.get(job.settings)
     model = registry.get(job.settings.model)
     validation = datasets.mlflow_datasets(job.settings.data)[1] if model.reads_data else None
-    version = champion.log_champion(job.tracking_uri, run_id, model, trainer, checkpoint, job.experiment, metrics,
-                                    validation, job.parent_run_id, resource, job.job_id)  # once per job and model
+    version = champion.log_champion(job.tracking_uri, run_id, model, lambda: factory.get(job.settings), checkpoint,
+                                    job.experiment, metrics, validation, job.parent_run_id, resource,
+                                    job.job_id)  # once per job and model; the trainer built only to log it
     if version is None:
         return None
     tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.champion_version": version,

@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from prefect_hyperband.flows import ending
+from prefect_hyperband.tasks import record
 
 JOB = SimpleNamespace(job_id="j1", tracking_uri="http://127.0.0.1:5999")
 
@@ -45,7 +46,7 @@ def test_mlflow_not_answering_is_said_with_its_bound(monkeypatch):
 
 
 def test_prefects_api_not_answering_is_not_blamed_on_mlflow(monkeypatch):
-    monkeypatch.setattr(ending, "prefect_api", lambda: "http://127.0.0.1:4299/api")
+    monkeypatch.setattr(record, "prefect_api", lambda: "http://127.0.0.1:4299/api")
     state = _end_raising(monkeypatch, httpx.ConnectError("All connection attempts failed"))
     assert state.is_cancelled()
     assert state.message.startswith("job j1 stopped: Prefect's API did not answer while the job's end was written "

@@ -101,5 +101,26 @@ def test_a_study_whose_mlflow_does_not_answer_stops_in_one_line_within_its_servi
     assert time.monotonic() - began < 60
     assert [line for line in err if line.startswith("hyperband: ")] == err[-1:], err
     assert err[-1].startswith("hyperband: scaling study ") and \
-        f"stopped: MLflow did not answer within 3 s (--service-wait) at {uri}: " in err[-1], err
+        f"stopped: MLflow did not answer within 3 s (--service-wait) while its runs were written to MLflow at {uri}: " in err[-1], err
     assert "Traceback" not in "\n".join(err)
+
+
+def test_a_study_whose_prefect_api_does_not_answer_names_prefect_not_mlflow(monkeypatch, tmp_path):
+    """The same words as a job's end (``record.outage``): an error of Prefect's client is Prefect's API's."""
+    import httpx
+
+    from prefect_hyperband.flows import scale as study
+    from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.tasks import record
+
+    def cut(*args, **kwargs):
+        raise httpx.ConnectError("All connection attempts failed")
+
+    monkeypatch.setattr(study, "_study", cut)
+    monkeypatch.setattr(record, "prefect_api", lambda: "http://127.0.0.1:4299/api")
+    state = study.scale.fn(TuneParams(model="synthetic", job_id="s1", tracking_uri="sqlite:///x.db", service_wait=5),
+                           [1, 2])
+    assert state.is_cancelled()
+    assert state.message == ("scaling study s1 stopped: Prefect's API did not answer while its runs were written "
+                             "through Prefect's API at http://127.0.0.1:4299/api: All connection attempts failed; the "
+                             "jobs finished so far keep their runs, run the study again")

@@ -69,13 +69,50 @@ def test_a_champion_registered_before_the_jobs_end_was_cut_short_is_not_register
     """MLflow went away after the champion's registration (before its alias, or before the summary): the write tried
     again, or --resume writing the job's end again, finds the version by its tags, aliases it, registers nothing;
     the same trial trained further since, or another job's, is a new version. A real store: MLflow's own search."""
+    _champion_found_again(f"sqlite:///{tmp_path / 'mlflow.db'}", monkeypatch)
+
+
+@pytest.mark.slow
+def test_a_champion_is_found_again_through_a_tracking_servers_rest_api(tmp_path, monkeypatch):
+    """The same through ``mlflow server``: the searches by run id and by tags go over REST to its store."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port",
+                               str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path / 'store.db'}",
+                               "--artifacts-destination", str(tmp_path / "artifacts")],
+                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2).read()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(0.5)
+        monkeypatch.chdir(tmp_path)
+        _champion_found_again(url, monkeypatch)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _champion_found_again(uri: str, monkeypatch) -> None:
     import mlflow
     import numpy as np
     import xgboost as xgb
 
     from prefect_hyperband.tasks import champion
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     c = tracking.client(uri)
     run_id = c.create_run(c.create_experiment("e")).info.run_id
     booster = xgb.train({"verbosity": 0}, xgb.DMatrix(np.eye(4), label=[0, 1, 0, 1]), num_boost_round=1)
@@ -106,8 +143,9 @@ def test_a_champion_registered_before_the_jobs_end_was_cut_short_is_not_register
         return register(*args, **kwargs)
 
     parent = c.create_run(c.get_run(run_id).info.experiment_id).info.run_id
-    log = lambda step, job="j1": champion.log_champion(uri, run_id, model, None, "/ckpt", "e", {"auc": 0.9},  # noqa: E731
-                                                       parent_run_id=parent, step=step, job_id=job)
+    built = []
+    log = lambda step, job="j1": champion.log_champion(uri, run_id, model, lambda: built.append(step), "/ckpt", "e",  # noqa: E731
+                                                       {"auc": 0.9}, parent_run_id=parent, step=step, job_id=job)
     monkeypatch.setattr(mlflow, "register_model", register_gone_once)
     with pytest.raises(ConnectionError):
         log(9)
@@ -117,6 +155,7 @@ def test_a_champion_registered_before_the_jobs_end_was_cut_short_is_not_register
     with pytest.raises(ConnectionError):  # now after the registration, before the alias
         log(9)
     assert log(9) == 1 and log(9) == 1 and len(logged) == 1  # the model logged once, registered once
+    assert built == [9]  # the trainer (which may load the data) built only to log it
     assert len(c.get_run(parent).outputs.model_outputs) == 1  # listed once on the parent run
     assert int(c.get_model_version_by_alias("e", champion.CHAMPION).version) == 1
     assert log(27) == 2 and log(9, job="j2") == 3 and len(logged) == 3  # trained further; another job's
