@@ -45,12 +45,22 @@ class _Work:
     thread: int | None = None
 
 
+#: where a trial-rung's tasks run: a context (a copy of its group's subflow run's; None: the job's own) and the call
+#: that lets its place go once it ends (``flows.groups.Groups.enter``)
+Place = Callable[[TrialRung], "tuple[contextvars.Context | None, Callable[[], None]]"]
+
+
+def _the_jobs(trial_rung: TrialRung) -> tuple[None, Callable[[], None]]:
+    return None, lambda: None
+
+
 class ThreadExecutor:
-    """``work(trial_rung)`` in a pool of threads, each call in a copy of the caller's context (the flow run's)."""
+    """``work(trial_rung)`` in a pool of threads, each call in a copy of the caller's context (the flow run's), or in
+    the context ``place`` gives the trial-rung (its group's subflow run)."""
 
     def __init__(self, work: Callable[[TrialRung], Outcome], slots: int, stop: StopToken,
-                 interrupt: Callable[[], None] = lambda: None) -> None:
-        self.work, self.stop, self._interrupt = work, stop, interrupt
+                 interrupt: Callable[[], None] = lambda: None, place: Place = _the_jobs) -> None:
+        self.work, self.stop, self._interrupt, self.place = work, stop, interrupt, place
         self.pool = ThreadPoolExecutor(max_workers=slots + SPARE_THREADS, thread_name_prefix=THREAD_PREFIX)
         self.abandoned: list[Future] = []
 
@@ -67,11 +77,15 @@ class ThreadExecutor:
             here = threading.current_thread()
             here.hyperband_busy = True  # type: ignore[attr-defined]  (``stuck`` reads it)
             try:
-                return self.work(trial_rung)
+                context, release = self.place(trial_rung)
+                try:
+                    return self.work(trial_rung) if context is None else context.run(self.work, trial_rung)
+                finally:
+                    release()
             finally:
                 here.hyperband_busy = False  # type: ignore[attr-defined]
 
-        future = self.call(call)
+        future = self.pool.submit(contextvars.copy_context().run, call)
         future.hyperband_work = record  # type: ignore[attr-defined]  (on the future: nothing kept once it is dropped)
         return future
 

@@ -12,14 +12,14 @@ from typing import Any
 
 from prefect import get_run_logger
 
-from prefect_hyperband.flows import progress as display
 from prefect_hyperband.executors import runner
-from prefect_hyperband.executors.threads import RealClock, ThreadExecutor
-from prefect_hyperband.flows.groups import Groups
 from prefect_hyperband.executors.loop import Drive, JobStopped, Loop, Outcome
+from prefect_hyperband.executors.threads import RealClock, ThreadExecutor
+from prefect_hyperband.executors.tracker import MlflowTracker
+from prefect_hyperband.flows import progress as display
+from prefect_hyperband.flows.groups import Groups
 from prefect_hyperband.flows.process import stop_on_signals
 from prefect_hyperband.flows.state import StateWriter
-from prefect_hyperband.flows.tracker import MlflowTracker
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.criteria import Criteria, Stopping
 from prefect_hyperband.hyperband.journal import Journaled
@@ -28,8 +28,8 @@ from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, PRIOR_TRIAL, De
 from prefect_hyperband.tasks import importance_report, report
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import close_trial_runs
-from prefect_hyperband.tasks.writer import Writer
 from prefect_hyperband.tasks.trials import promote_rung, train_default
+from prefect_hyperband.tasks.writer import Writer
 from prefect_hyperband.trainers import factory, stopping
 
 #: seconds between progress-artifact updates: one API write per interval, not per result
@@ -54,10 +54,10 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     logger = get_run_logger()
     trainers = factory.current()
     with stopping.bind(token), stop_on_signals(token, kill=trainers.close_all):
-        work = runner.remote if job.trial_pool else runner.work
         groups = Groups(job.mode, warn=logger.warning)  # the trial-rungs' subflow runs (``flows.groups``)
-        executor = ThreadExecutor(lambda trial_rung: groups.run(trial_rung, functools.partial(work, job, trial_rung)), job.concurrency,
-                                  token, interrupt=lambda: trainers.interrupt(job.settings))
+        executor = ThreadExecutor(functools.partial(runner.remote if job.trial_pool else runner.work, job),
+                                  job.concurrency, token, interrupt=lambda: trainers.interrupt(job.settings),
+                                  place=groups.enter)
         tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning, writer)
         tracker.wait_ready()
         events = _Events(job, scheduler, logger, progress or report.ProgressBar(None, 0), groups,

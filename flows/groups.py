@@ -69,17 +69,16 @@ class Groups:
         self.dealt: Counter[tuple[Any, ...]] = Counter()  # trial-rungs dealt per bracket (hyperband) or resource
         self.warned = False
 
-    def run(self, trial_rung: TrialRung, fn: Callable[[], T]) -> T:
-        """``fn()`` (the trial-rung's tasks) inside ``trial_rung``'s group; the group's run starts on its first one."""
+    def enter(self, trial_rung: TrialRung) -> tuple[contextvars.Context | None, Callable[[], None]]:
+        """The context ``trial_rung``'s tasks run in (a copy of its group's subflow run's, which starts on the group's
+        first trial-rung; None: the job's run) and the call that releases its place in the group once it ends (the
+        executor's ``place``: ``executors.threads.ThreadExecutor``)."""
         group = self._take(trial_rung)
         if group is None:
-            return fn()
-        try:
-            if not group.ready.wait(START_TIMEOUT):
-                self._failed(group, "its subflow run did not start within %g s" % START_TIMEOUT)
-            return fn() if group.context is None else group.context.copy().run(fn)
-        finally:
-            self._release(group)
+            return None, lambda: None
+        if not group.ready.wait(START_TIMEOUT):
+            self._failed(group, "its subflow run did not start within %g s" % START_TIMEOUT)
+        return (None if group.context is None else group.context.copy()), lambda: self._release(group)
 
     def in_bracket(self, bracket: int, fn: Callable[[], T]) -> T:
         """``fn()`` (a rung's ``promote`` task) in the bracket's latest group; in the job's run otherwise."""

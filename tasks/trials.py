@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers import factory, registry, stopping
-from prefect_hyperband.trainers.base import Evaluation, TrainResult, checkpoint_damage, measure, size_of
+from prefect_hyperband.trainers.base import Evaluation, TrainResult, checkpoint_damage, size_of
 from prefect_hyperband.trainers.errors import full_disk, no_space
 
 
@@ -105,7 +105,8 @@ def evaluate_trial(job: Job, trial_id: str, resource: int, trained: TrainResult)
     (the costs measured here: the rung's training seconds, the checkpoint's bytes, the trainer's prediction ms)."""
     began = time.perf_counter()
     local = job.store().fetch(trained.checkpoint)
-    value, measured = measure(factory.get(job.settings), local)
+    trainer = factory.get(job.settings)  # its ``measure``: the metric and what else it measures (``predict_ms``)
+    value, measured = trainer.measure(local) if hasattr(trainer, "measure") else (trainer.evaluate(local), {})
     if not job.objectives:
         return Evaluation(value, time.perf_counter() - began)
     figures = {"train_seconds": trained.seconds, "model_bytes": float(size_of(local)), **measured, job.metric_key: value}

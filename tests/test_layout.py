@@ -74,3 +74,49 @@ def test_the_loop_and_the_algorithm_import_no_prefect_mlflow_or_trainer():
         modules |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         heavy = {m for m in modules if m.split(".")[0] in {"prefect", "mlflow", "xgboost", "torch", "dask", "distributed"}}
         assert not heavy, f"{path.relative_to(ROOT)} imports {sorted(heavy)}"
+
+
+#: calls whose result, kept at a module's top, is state of the process (shared by every job it runs)
+_STATEFUL_CALLS = {"Lock", "RLock", "local", "WeakSet", "WeakValueDictionary", "Event", "ContextVar", "set", "dict",
+                   "list", "defaultdict", "OrderedDict"}
+
+
+def _module_state() -> set[tuple[str, str]]:
+    """(file, name) of every module-level object of the package that holds state across calls: an empty container
+    filled at run time, a lock, a thread-local, a weak set, a context variable, a function behind ``lru_cache``."""
+    found = set()
+    for folder in MAY_IMPORT:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                name, value = None, None
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    name, value = node.targets[0].id, node.value
+                elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                    name, value = node.target.id, node.value
+                elif isinstance(node, ast.FunctionDef) and any(
+                        ast.unparse(d.func if isinstance(d, ast.Call) else d).split(".")[-1] in {"lru_cache", "cache"}
+                        for d in node.decorator_list):
+                    found.add((path.relative_to(ROOT).as_posix(), node.name))
+                    continue
+                empty = isinstance(value, (ast.Dict, ast.Set, ast.List)) and not getattr(value, "keys", None) and \
+                    not getattr(value, "elts", None)
+                call = isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in _STATEFUL_CALLS and \
+                    not (ast.unparse(value.func) in {"set", "dict", "list"} and (value.args or value.keywords))
+                if name and (empty or call):
+                    found.add((path.relative_to(ROOT).as_posix(), name))
+    return found
+
+
+def test_the_readme_lists_every_piece_of_module_level_state_with_its_reason():
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Module-level state"):]
+    section = section[:section.index("\n## ", 1)]
+    listed = set()
+    for file, names, reason in re.findall(r"^\| `([^`]+\.py)` \| ([^|]+) \| ([^|]+) \|$", section, re.M):
+        assert len(reason.strip()) > 20, f"{file}: no reason given"
+        listed |= {(file, n) for n in re.findall(r"`([A-Za-z_]\w*)`", names)}
+    found = _module_state()
+    assert not found - listed, f"module-level state the README does not list: {sorted(found - listed)}"
+    assert not listed - found, f"the README lists state the code no longer has: {sorted(listed - found)}"

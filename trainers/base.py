@@ -92,14 +92,6 @@ class Placed:
             self._dask = None
 
 
-def measure(trainer: Any, checkpoint: str) -> tuple[float, dict[str, float]]:
-    """A checkpoint's metric and what else the trainer measures with it (``predict_ms``, a user's metrics): its
-    ``measure`` when it has one, else ``evaluate`` alone."""
-    if hasattr(trainer, "measure"):
-        return trainer.measure(checkpoint)
-    return trainer.evaluate(checkpoint), {}
-
-
 def size_of(checkpoint: str) -> int:
     """Bytes of a checkpoint: its file, with the directory of the same name beside it (a user trainer's)."""
     path = Path(checkpoint)

@@ -66,9 +66,12 @@ def test_a_group_whose_subflow_run_does_not_start_runs_its_trial_rungs_in_the_jo
         group.thread.start()
 
     monkeypatch.setattr(groups, "_start", broken)
-    assert groups.run(_trial_rung(0), lambda: "trained") == "trained"
-    assert groups.run(_trial_rung(1), lambda: "again") == "again"
+    for i in range(2):
+        context, release = groups.enter(_trial_rung(i))
+        assert context is None  # the job's own run
+        release()
     assert len(warned) == 1 and "RuntimeError: no API" in warned[0]
+    assert not any(g.active for g in groups.open.values())
     groups.close()
 
 
