@@ -14,8 +14,10 @@ runs at once, and each worker's ``--limit`` what one machine runs.
 
 A flow run that crashes, is cancelled, or whose heartbeat stops (its worker or machine died: nothing
 then tells the Prefect server) is an orchestration failure: the controller marks it ``Crashed`` and the
-driver runs the trial-rung again from its last checkpoint (twice at most, then the trial fails). A
-trainer's own error is the trial's: the flow run completes and reports it.
+driver runs the trial-rung again from its last checkpoint (twice at most, then the trial fails). A run
+taken for dead that was only slow (a machine too busy to beat in time) sees that mark before it trains and
+before it leaves its result, and ends ``Failed`` saying so, with no result: one ``Completed`` run per
+trial-rung. A trainer's own error is the trial's: the flow run completes and reports it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ class TrialRunLost(RuntimeError):
     """The trial-rung's flow run ended without a result (crashed, cancelled, its worker gone): run it again."""
 
 
+class TrialRunGivenUp(RuntimeError):
+    """This flow run's controller took it for dead (no heartbeat in time) and ran its trial-rung again: its
+    result is not wanted (the flow run ends Failed, saying so, not Completed beside the trial-rung's rerun)."""
+
+
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=False)
 def trial(job: dict[str, Any], trial_rung: dict[str, Any], heartbeat_seconds: float = HEARTBEAT_SECONDS) -> dict[str, Any]:
     """Train one trial-rung (resuming its checkpoint) and evaluate it; the result goes to the job's storage."""
@@ -62,12 +69,14 @@ def trial(job: dict[str, Any], trial_rung: dict[str, Any], heartbeat_seconds: fl
         os.makedirs(spec.job_dir, exist_ok=True)
     trial_rung = TrialRung(**{**trial_rung, "config": dict(trial_rung["config"])})
     run_id = str(FlowRunContext.get().flow_run.id)
+    _go_on_unless_given_up(run_id)  # given up while it waited for a process: no training at all
     store = spec.store()
     with factory.scope():
         with _heartbeat(spec, run_id, heartbeat_seconds):  # beating before the trainer's imports
             from prefect_hyperband.executors import runner
 
             out = runner.work(spec, trial_rung)
+        _go_on_unless_given_up(run_id)  # given up while it trained (a machine too busy to beat in time)
         result = {
             "trained": out.trained.to_json() if out.trained is not None else None,
             "evaluated": {"score": out.evaluated.score, "seconds": out.evaluated.seconds,
@@ -77,6 +86,17 @@ def trial(job: dict[str, Any], trial_rung: dict[str, Any], heartbeat_seconds: fl
         }
         store.write_json(f"results/{run_id}.json", result)
         return result
+
+
+def _go_on_unless_given_up(run_id: str) -> None:
+    """Raise ``TrialRunGivenUp`` when the controller has marked this flow run ``Crashed`` (``run_remote``)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        states = client.read_flow_run_states(run_id)
+    crashed = [s for s in states if s.type.value == "CRASHED"]
+    if crashed:
+        raise TrialRunGivenUp(f"given up by the job's controller ({crashed[-1].message}); its trial-rung ran again")
 
 
 @contextlib.contextmanager

@@ -77,11 +77,13 @@ def _scenario(stack: Stack, tmp: Path) -> None:
     assert len(runs) == 6 and {r["state_type"] for r in runs} == {"COMPLETED"}
     assert all(r["parent_task_run_id"] for r in runs)  # subflows of the job's flow run, linked in the UI
 
-    # an object store, and machine B dies while it trains: its trial-rung runs again on A
+    # an object store, and machine B dies while it trains: its trial-rung runs again on A. The heartbeat timeout is
+    # 20 s (60 by default): at 8 s, a CI machine running the suite on 2 cores took live runs for dead, up to three
+    # times for one trial-rung, whose trial then failed
     stack.run("make-bucket", [str(Path(_exe("python"))), "-c",
                               "import s3fs; s3fs.S3FileSystem().mkdir('hyperband-bucket')"])
     proc = _start_tune(stack, tmp, "s3-job", ["--trial-pool", POOL, "--storage", "s3://hyperband-bucket/jobs",
-                                              "--max-resource", "3"], HYPERBAND_HEARTBEAT_TIMEOUT="8")
+                                              "--max-resource", "3"], HYPERBAND_HEARTBEAT_TIMEOUT="20")
     os.kill(workers["machine-a"].pid, signal.SIGSTOP)  # A stops asking for work until B has a trial-rung running
     try:
         killed = _kill_mid_trial_rung(stack, workers["machine-b"])

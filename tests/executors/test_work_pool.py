@@ -110,3 +110,36 @@ def test_default_concurrency_is_the_pools_limit_or_one_per_online_worker(prefect
     assert trial_flow.pool_concurrency("limited") == 5
     assert trial_flow.pool_concurrency("open") == 3
     assert trial_flow.pool_concurrency("empty") == 1  # workers may come later: one at a time until then
+
+
+def test_a_run_its_controller_gave_up_while_it_trained_ends_failed_and_leaves_no_result(prefect_harness, tmp_path,
+                                                                                        tracking_uri, monkeypatch):
+    """A machine too busy to beat in time: the controller marks the run Crashed and runs the trial-rung again; the
+    slow run, when its training ends, must not complete beside that rerun (a CI run counted 7 Completed for 6)."""
+    from dataclasses import replace
+
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+    from prefect.states import Crashed
+
+    from prefect_hyperband.executors import runner
+    from prefect_hyperband.hyperband.scheduler import TrialRung
+
+    trained = []
+
+    def work(job, trial_rung):  # what run_remote does on a heartbeat it found too old, while this run trains
+        run_id = FlowRunContext.get().flow_run.id
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(run_id, Crashed(message="no heartbeat for 21 s: its worker or machine is gone"),
+                                      force=True)
+        trained.append(trial_rung.trial_id)
+        return SimpleNamespace(trained=None, evaluated=None, error=None, started=0.0, ended=1.0)
+
+    monkeypatch.setattr(runner, "work", work)
+    job = prepare(TuneParams(model="synthetic", max_resource=3, job_dir=str(tmp_path), data="breast-cancer"))
+    job = replace(job, trial_pool="p")
+    rung = TrialRung(trial_id="s0-0000", bracket=0, rung=0, resource=1, config={"x": 1.0}, checkpoint=None).to_json()
+    state = trial_flow.trial(job.to_json(), rung, return_state=True)
+    assert trained == ["s0-0000"] and state.type.value == "FAILED"
+    assert "given up by the job's controller (no heartbeat for 21 s" in state.message
+    assert not list(tmp_path.rglob("results/*.json"))  # nothing for anyone to read as the trial-rung's result
