@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
@@ -37,12 +38,13 @@ def log_champion(uri: str, run_id: str, model: Any, trainer: Callable[[], Any], 
     mlflow.set_registry_uri(uri)
     model_uri, model_id = logged(c, run_id, job_id, step)  # logged before MLflow went away: not logged again
     if model_uri is None:
+        tagged = "tags" in inspect.signature(model.log_model).parameters  # born with them: no window for a cut
         with mlflow.start_run(run_id=run_id), _to_logger():
-            info = model.log_model(trainer(), checkpoint)
+            info = model.log_model(trainer(), checkpoint, **({"tags": _tags(job_id, step)} if tagged else {}))
         if info is None:
             return None
         model_uri, model_id = info.model_uri, getattr(info, "model_id", None)
-        if model_id:
+        if model_id and not tagged:
             c.set_logged_model_tags(model_id, _tags(job_id, step))
     if model_id:
         linked = {"dataset_name": validation.name, "dataset_digest": validation.digest} if validation is not None else {}

@@ -162,6 +162,49 @@ def _champion_found_again(uri: str, monkeypatch) -> None:
     assert sorted(int(v.version) for v in c.search_model_versions("name = 'e'")) == [1, 2, 3]
 
 
+def test_a_plug_in_that_takes_tags_logs_its_model_born_tagged_so_a_cut_just_after_it_logs_it_once(tmp_path,
+                                                                                                    monkeypatch):
+    """The built-in plug-ins pass the job's tags to the flavour's ``log_model``: MLflow gone right after the upload
+    (before any other write) leaves a model the retry finds. Tagged after the upload, as before (and still for a
+    plug-in without ``tags``), that cut left an untagged model and the retry logged a second one."""
+    import mlflow
+    import numpy as np
+    import xgboost as xgb
+
+    from prefect_hyperband.tasks import champion
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = tracking.client(uri)
+    monkeypatch.setattr(tracking, "client", lambda u: c)
+    run_id = c.create_run(c.create_experiment("e")).info.run_id
+    booster = xgb.train({"verbosity": 0}, xgb.DMatrix(np.eye(4), label=[0, 1, 0, 1]), num_boost_round=1)
+    logged, cut = [], []
+
+    def log_model(trainer, checkpoint, tags=None):
+        info = mlflow.xgboost.log_model(booster, name="model", pip_requirements=["xgboost"], tags=tags)
+        logged.append(tags)
+        return info
+
+    def gone_right_after_the_upload(original):  # MLflow's next call after the model's upload fails, once
+        def call(self, *args):
+            if logged and not cut and not (args[1:] and "mlflow.modelVersions" in args[1]):
+                cut.append(original.__name__)
+                raise ConnectionError("gone")
+            return original(self, *args)
+        return call
+
+    for name in ("set_logged_model_tags", "get_metric_history"):  # the first: where the tags were set after
+        monkeypatch.setattr(type(c), name, gone_right_after_the_upload(getattr(type(c), name)))
+    model = SimpleNamespace(log_model=log_model)
+    log = lambda: champion.log_champion(uri, run_id, model, lambda: None, "/ckpt", "e", {"auc": 0.9},  # noqa: E731
+                                        step=9, job_id="j1")
+    with pytest.raises(ConnectionError):
+        log()
+    assert log() == 1 and log() == 1
+    assert logged == [{"hyperband.job_id": "j1", "hyperband.resource": "9"}]  # logged once, born with the tags
+    assert cut == ["get_metric_history"]  # nothing set the tags after: they came with the model
+
+
 def test_the_jobs_metrics_written_again_at_its_end_are_logged_once_per_step(tmp_path, monkeypatch):
     """MLflow went away between the job's metrics and its run's end: --resume writes the end again and logs no
     second point; a job resumed with a looser criterion that trained more logs its new figures at its new step."""

@@ -41,8 +41,9 @@ def metric(spec: Any, given: str | None) -> str:
     return from_data(spec, given)
 
 
-def log_model(trainer: Any, checkpoint: str):
-    """The module in MLflow's PyTorch flavour; its class ships as code, so loading needs no install of ours."""
+def log_model(trainer: Any, checkpoint: str, tags: dict[str, str] | None = None):
+    """The module in MLflow's PyTorch flavour; its class ships as code, so loading needs no install of ours; ``tags``
+    on the logged model."""
     import mlflow
     import torch
     from mlflow.models import infer_signature
@@ -54,7 +55,7 @@ def log_model(trainer: Any, checkpoint: str):
     with tempfile.TemporaryDirectory() as tmp:
         return mlflow.pytorch.log_model(
             module, name="model", code_paths=[_model_code(tmp)], signature=signature,
-            input_example=data.X_val[:5], pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+            input_example=data.X_val[:5], pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"], tags=tags,
         )
 
 

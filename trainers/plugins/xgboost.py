@@ -37,8 +37,8 @@ def metric(spec: Any, given: str | None) -> str:
     return chosen
 
 
-def log_model(trainer: Any, checkpoint: str):
-    """The booster in MLflow's XGBoost flavour, with a signature and an input example."""
+def log_model(trainer: Any, checkpoint: str, tags: dict[str, str] | None = None):
+    """The booster in MLflow's XGBoost flavour, with a signature and an input example; ``tags`` on the logged model."""
     import mlflow
     import pandas as pd
     import xgboost as xgb
@@ -50,7 +50,7 @@ def log_model(trainer: Any, checkpoint: str):
     booster.feature_names = list(data.feature_names)
     return mlflow.xgboost.log_model(
         booster, name="model", signature=infer_signature(example, booster.inplace_predict(example)),
-        input_example=example, pip_requirements=[f"xgboost=={xgb.__version__}"],
+        input_example=example, pip_requirements=[f"xgboost=={xgb.__version__}"], tags=tags,
     )
 
 
