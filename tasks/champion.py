@@ -14,11 +14,12 @@ CHAMPION = "champion"
 
 
 def log_champion(uri: str, run_id: str, model: Any, trainer: Callable[[], Any], checkpoint: str, name: str,
-                 metrics: Mapping[str, float] | None = None, validation: Any = None,
+                 metrics: Mapping[str, float] | None = None, validation: Callable[[], Any] | None = None,
                  parent_run_id: str | None = None, step: int = 0, job_id: str = "") -> int | None:
     """Log the best trial's model in its flavour on its run (the plug-in's ``log_model`` with ``trainer()``, built
     only then: it may load the data), link ``metrics`` to it
-    (for the ``validation`` dataset: the run's own points at ``step``, the resource they were measured at, so its
+    (for the dataset ``validation()`` gives, also built only then: its digest reads every row; the run's own
+    points at ``step``, the resource they were measured at, so its
     history gains no point), list it among the parent run's outputs, register it as ``name`` and alias it
     ``champion``; None when the plug-in had nothing to log. MLflow's own lines go to its logger, not the terminal.
 
@@ -47,7 +48,8 @@ def log_champion(uri: str, run_id: str, model: Any, trainer: Callable[[], Any], 
         if model_id and not tagged:
             c.set_logged_model_tags(model_id, _tags(job_id, step))
     if model_id:
-        linked = {"dataset_name": validation.name, "dataset_digest": validation.digest} if validation is not None else {}
+        data = validation() if validation is not None else None
+        linked = {"dataset_name": data.name, "dataset_digest": data.digest} if data is not None else {}
         for key, value in (metrics or {}).items():
             # the run's point at this step, as logged (same key, step, value and time: MLflow keeps one row)
             same = [m for m in c.get_metric_history(run_id, key) if m.step == step]

@@ -265,7 +265,7 @@ def _register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str
                        resource: int) -> int | None:
     assert job.parent_run_id is not None
     model = registry.get(job.settings.model)
-    validation = datasets.mlflow_datasets(job.settings.data)[1] if model.reads_data else None
+    validation = (lambda: datasets.mlflow_datasets(job.settings.data)[1]) if model.reads_data else None
     version = champion.log_champion(job.tracking_uri, run_id, model, lambda: factory.get(job.settings), checkpoint,
                                     job.experiment, metrics, validation, job.parent_run_id, resource,
                                     job.job_id)  # once per job and model; the trainer built only to log it
