@@ -23,14 +23,21 @@ from prefect_hyperband.hyperband.promotion import first
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, ended
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.trainers.base import Evaluation, TrainResult
-from prefect_hyperband.trainers.errors import first_line, no_space, unavailable
+from prefect_hyperband.trainers.errors import first_line, no_space, seconds_from_env, unavailable
 
 #: a trial-rung whose orchestration (not its trainer) failed is run again this many times
 ORCHESTRATION_RETRIES = 2
-#: seconds the trial-rungs in flight get to end after a stop is requested (then they are abandoned)
+#: seconds the trial-rungs in flight get to end after a stop is requested (then they are abandoned), unless
+#: ``HYPERBAND_STOP_GRACE`` says otherwise (``stop_grace``)
 STOP_GRACE = 8.0
 #: seconds the loop waits for a result before it looks at the clock (timeouts, a stop) again
 POLL = 0.25
+
+
+def stop_grace() -> float:
+    """The stop's grace for a job: ``HYPERBAND_STOP_GRACE`` seconds, else ``STOP_GRACE`` (a training whose unit takes
+    longer, and that should end it rather than be trained again by ``--resume``, wants more)."""
+    return seconds_from_env("HYPERBAND_STOP_GRACE", STOP_GRACE)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
 from prefect_hyperband.trainers.base import TrainResult
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.errors import InputError, seconds_from_env
 
 FLOW_NAME = "hyperband-trial"
 #: seconds between a trial flow run's heartbeats (written to the job's storage)
@@ -47,7 +47,7 @@ HEARTBEAT_SECONDS = 5.0
 
 def heartbeat_timeout() -> float:
     """Seconds without a heartbeat after which a running trial flow run is taken for dead (its machine, its worker)."""
-    return float(os.environ.get("HYPERBAND_HEARTBEAT_TIMEOUT", "60"))
+    return seconds_from_env("HYPERBAND_HEARTBEAT_TIMEOUT", 60.0)
 
 
 class TrialRunLost(RuntimeError):

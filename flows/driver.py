@@ -13,12 +13,11 @@ from typing import Any
 from prefect import get_run_logger
 
 from prefect_hyperband.executors import runner
-from prefect_hyperband.executors.loop import Drive, JobStopped, Loop, Outcome
+from prefect_hyperband.executors.loop import Drive, JobStopped, Loop, Outcome, stop_grace
 from prefect_hyperband.executors.threads import RealClock, ThreadExecutor
 from prefect_hyperband.executors.tracker import MlflowTracker
 from prefect_hyperband.flows import progress as display
 from prefect_hyperband.flows.groups import Groups
-from prefect_hyperband.flows.process import stop_on_signals
 from prefect_hyperband.flows.state import StateWriter
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.criteria import Criteria, Stopping
@@ -47,13 +46,14 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     its schedule does (``hyperband.criteria``; ``clock``: the job's seconds across resumes, for a time budget);
     ``importance``: under ASHA, the method of the importances published while results arrive (``none``: none).
 
-    Ctrl-C or SIGTERM stops the job: no new trial-rung starts, those in flight get ``loop.STOP_GRACE`` seconds,
-    the state is saved and ``JobStopped`` raised. A second signal exits at once."""
-    token = stopping.current() or stopping.StopToken()  # the caller's (``prefect_hyperband.tune(stop=...)``), or new
+    Ctrl-C or SIGTERM (the job flow handles them) stops the job: no new trial-rung starts, those in flight get
+    ``loop.stop_grace()`` seconds (8, or ``HYPERBAND_STOP_GRACE``), the state is saved and ``JobStopped`` raised. A
+    second signal exits at once."""
+    token = stopping.current() or stopping.StopToken()  # the job flow's (``flows.tune``: it handles the signals)
     runs = {} if runs is None else runs
     logger = get_run_logger()
     trainers = factory.current()
-    with stopping.bind(token), stop_on_signals(token, kill=trainers.close_all):
+    with stopping.bind(token):
         groups = Groups(job.mode, warn=logger.warning)  # the trial-rungs' subflow runs (``flows.groups``)
         executor = ThreadExecutor(functools.partial(runner.remote if job.trial_pool else runner.work, job),
                                   job.concurrency, token, interrupt=lambda: trainers.interrupt(job.settings),
@@ -73,7 +73,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
                         metric=job.metric_key) if criteria is not None and criteria.any() else None
         loop = Loop(goal or journaled, executor, tracker, RealClock(), token, events, save=state.save,
                     concurrency=job.concurrency, workers=job.settings.workers,
-                    trial_timeout=job.trial_timeout, rows=rows, spent=spent, lost=lost,
+                    trial_timeout=job.trial_timeout, rows=rows, spent=spent, lost=lost, grace=stop_grace(),
                     baseline=executor.call(functools.partial(_baseline, job)) if baseline else None)
         try:
             result = loop.run()

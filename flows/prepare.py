@@ -19,6 +19,7 @@ from prefect_hyperband.tasks import storage as storages
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.tracking import check_reachable, tracking_uri
 from prefect_hyperband.executors import dask_groups
+from prefect_hyperband.executors.loop import stop_grace
 from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers import data as datasets
 from prefect_hyperband.trainers.errors import InputError
@@ -83,6 +84,11 @@ def resolve(params: TuneParams) -> TuneParams:
 
 def prepare(params: TuneParams) -> Job:
     """Validate the schedule, the search space, the data, the metric and the tracking store."""
+    stop_grace()  # the environment's settings, before any work
+    if params.trial_pool:
+        from prefect_hyperband.executors.work_pool import heartbeat_timeout
+
+        heartbeat_timeout()
     schedule.validate(params.min_resource, params.max_resource, params.eta)
     schedule.check_size(params.min_resource, params.max_resource, params.eta)
     cores = os.cpu_count() or 1

@@ -111,15 +111,16 @@ def _die_with_parent() -> None:
 
 
 def exit_without_stuck(code: int) -> int:
-    """``code``, or, when a training given up on its timeout still runs in this process (user code that
-    hangs and never reports), exit now: Prefect's workers drained, the temporary server stopped, the
+    """``code``, or, when a training given up on its timeout or a stop's grace still runs in this process (user
+    code that hangs and never reports), exit now: Prefect's workers drained, the temporary server stopped, the
     hung thread not waited for."""
     from prefect_hyperband.executors.threads import stuck
 
     hung = stuck()
     if not hung:
         return code
-    print(f"hyperband: {hung} training(s) given up on --trial-timeout still run; exiting without them", file=sys.stderr)
+    print(f"hyperband: {hung} training(s) given up (on --trial-timeout or the stop's grace) still run; exiting without "
+          "them", file=sys.stderr)
     try:
         from prefect._internal.concurrency.services import QueueService
 

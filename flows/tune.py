@@ -16,7 +16,7 @@ from prefect_hyperband.flows.lost import end_lost_flow_run
 from prefect_hyperband.flows.prepare import prepare, resolve
 from prefect_hyperband.flows.params import TuneParams, mlflow_params
 from prefect_hyperband.flows.lock import job_lock, took_over
-from prefect_hyperband.flows.process import job_lines_in_ui
+from prefect_hyperband.flows.process import job_lines_in_ui, stop_on_signals
 from prefect_hyperband.flows.state import load_state, make_scheduler, save_job_record
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.criteria import Criteria
@@ -24,7 +24,7 @@ from prefect_hyperband.tasks import report, service_wait, tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import start_job_run
 from prefect_hyperband.tasks.writer import Writer, make_writer, writer_for
-from prefect_hyperband.trainers import factory, registry
+from prefect_hyperband.trainers import factory, registry, stopping
 from prefect_hyperband.trainers.errors import first_line, unavailable
 
 
@@ -52,9 +52,12 @@ def tune(params: TuneParams) -> dict[str, Any]:
     began = time.perf_counter()
     params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
     job = prepare(params)
+    token = stopping.current() or stopping.StopToken()  # the caller's (``prefect_hyperband.tune(stop=...)``), or new
+    # one process per job; the bound before the writer's process starts: it inherits it. Ctrl-C stops the job from
+    # here on (its start takes seconds: the MLflow writer, the parent run, the data), not only once trials run
     with service_wait.bound_client_waits(params.service_wait), \
             job_lock(job.job_dir, job.job_id, flow_run_id=str(flow_run.id)) as lost, factory.scope(), \
-            job_lines_in_ui():  # one process per job; the bound before the writer's process starts: it inherits it
+            stopping.bind(token), stop_on_signals(token, kill=factory.current().close_all), job_lines_in_ui():
         if took_over(lost):
             logger.warning(took_over(lost))
         if lost and lost.get("flow_run_id") not in (None, str(flow_run.id)):

@@ -7,6 +7,24 @@ class InputError(ValueError):
     """Bad user input (a flag, a data file, a search space); its message names the fix."""
 
 
+def seconds_from_env(name: str, default: float) -> float:
+    """A number of seconds the user set in the environment variable ``name`` (``default`` when unset); a value
+    that is not a positive number is an ``InputError`` naming the variable."""
+    import math
+    import os
+
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return float(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise InputError(f"{name}={raw!r}: not a number of seconds above 0 (unset, it is {default:g})")
+    return value
+
+
 def first_line(exc: BaseException, limit: int = 200) -> str:
     """An exception's message cut to its first line (at most ``limit`` characters): for a one-line error."""
     text = str(exc).strip()

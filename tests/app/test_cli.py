@@ -165,6 +165,17 @@ def test_prior_first_without_a_prior_in_the_space_is_one_line_and_exit_2(capsys,
     assert len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("value", ["soon", "-3", "0", "inf"])
+def test_a_stop_grace_from_the_environment_that_is_no_number_of_seconds_is_one_line_and_exit_2(value, capsys,
+                                                                                               tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HYPERBAND_STOP_GRACE", value)
+    assert main(["tune", "--model", "synthetic"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"HYPERBAND_STOP_GRACE={value!r}: not a number of seconds above 0 (unset, it is 8)" in err
+    assert len(err.splitlines()) == 1
+
+
 def test_bad_input_never_prints_a_traceback_from_the_installed_command(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "prefect_hyperband.app.cli", "tune", "--data", str(tmp_path / "x.csv"), "--target", "y"],

@@ -272,6 +272,15 @@ def test_a_stop_gives_the_trainings_in_flight_their_grace_then_abandons_them():
     assert sim.shut_down_waiting is False
 
 
+def test_the_stops_grace_is_8_s_unless_the_environment_sets_another(monkeypatch):
+    from prefect_hyperband.executors.loop import stop_grace
+
+    monkeypatch.delenv("HYPERBAND_STOP_GRACE", raising=False)
+    assert stop_grace() == 8.0
+    monkeypatch.setenv("HYPERBAND_STOP_GRACE", "120")
+    assert stop_grace() == 120.0
+
+
 def test_a_trial_rung_past_its_timeout_fails_its_trial_and_the_job_goes_on():
     def behave(trial_rung, attempt):
         return (HANG, None) if trial_rung.trial_id == "s2-0004" else (1.0, trained(trial_rung, 1.0))
