@@ -157,6 +157,7 @@ def test_mlflow_not_answering_at_the_start_stops_the_job_in_one_line(tracking_ur
                               "HTTPConnectionPool(host='mlflow', port=5000): Max retries exceeded with url: "
                               "/api/2.0/mlflow/runs/create (Caused by ResponseError('too many 503 error responses'))")
 
+    start_parent = tracking.start_parent
     monkeypatch.setattr(tracking, "start_parent", down)
     monkeypatch.setattr(record.retrying, "__kwdefaults__", {"delays": (0.0, 0.0, 0.0), "within": None})  # no waits
     jobs = tmp_path / "jobs"
@@ -169,9 +170,14 @@ def test_mlflow_not_answering_at_the_start_stops_the_job_in_one_line(tracking_ur
     assert "raise MlflowException" not in err and "Encountered exception" not in err
     assert "Traceback" not in (jobs / "mlflow-down" / "job.log").read_text()
     assert len(calls) == 4 and not saved_rows(jobs / "mlflow-down")  # tried 4 times (1, 5, 15 s apart; 0 here), nothing ran
-    monkeypatch.undo()
+    # MLflow answers again (only this patch undone: monkeypatch.undo() also undid the test's own MLflow store, and
+    # the job wrote to mlflow.db in the checkout)
+    monkeypatch.setattr(tracking, "start_parent", start_parent)
     code, _, err = run(capsys, *SMALL, "--job-dir", str(jobs), "--job-id", "mlflow-down")
     assert code == 0, err
+    client = tracking.client(tracking_uri)
+    assert [r.info.run_name for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+            if r.info.run_name == "hyperband-mlflow-down"] == ["hyperband-mlflow-down"]  # in the test's own store
 
 
 GONE = ("API request to http://mlflow:5000/api/2.0/mlflow-artifacts/artifacts failed with exception "
