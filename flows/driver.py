@@ -49,43 +49,43 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     Ctrl-C or SIGTERM (the job flow handles them) stops the job: no new trial-rung starts, those in flight get
     ``loop.stop_grace()`` seconds (8, or ``HYPERBAND_STOP_GRACE``), the state is saved and ``JobStopped`` raised. A
     second signal exits at once."""
-    token = stopping.current() or stopping.StopToken()  # the job flow's (``flows.tune``: it handles the signals)
+    token = stopping.current()  # bound by the job flow (``flows.tune``), which handles the signals
+    assert token is not None, "drive() runs inside the job flow, which binds the job's stop token"
     runs = {} if runs is None else runs
     logger = get_run_logger()
     trainers = factory.current()
-    with stopping.bind(token):
-        groups = Groups(job.mode, warn=logger.warning)  # the trial-rungs' subflow runs (``flows.groups``)
-        executor = ThreadExecutor(functools.partial(runner.remote if job.trial_pool else runner.work, job),
-                                  job.concurrency, token, interrupt=lambda: trainers.interrupt(job.settings),
-                                  place=groups.enter)
-        tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning, writer)
-        tracker.wait_ready()
-        events = _Events(job, scheduler, logger, progress or report.ProgressBar(None, 0), groups,
-                         _live_importance(job, importance))
-        _show_start(job, rows, scheduler)
-        journaled = Journaled(scheduler)
-        saved = saved or {}
-        state = StateWriter(job, journaled, runs, int(saved.get("journal") or 0), len(rows), saved.get("writes"),
-                            runs_lock=tracker.lock, on_full=lambda reason: token.request(reason=reason))
-        state.start(rows, spent, lost)
-        spent_ws = _WorkerSeconds(lambda: loop.rows, lambda: loop.lost)
-        goal = Stopping(journaled, criteria, job.direction, job.max_resource, cost=spent_ws, clock=clock, rows=rows,
-                        metric=job.metric_key) if criteria is not None and criteria.any() else None
-        loop = Loop(goal or journaled, executor, tracker, RealClock(), token, events, save=state.save,
-                    concurrency=job.concurrency, workers=job.settings.workers,
-                    trial_timeout=job.trial_timeout, rows=rows, spent=spent, lost=lost, grace=stop_grace(),
-                    baseline=executor.call(functools.partial(_baseline, job)) if baseline else None)
-        try:
-            result = loop.run()
-            if goal is not None and goal.reason is not None:
-                logger.info("stopped: %s; --resume %s with a looser criterion goes on", goal.reason, job.job_id)
-                return dataclasses.replace(result, stopped_by=goal.reason)
-            return result
-        finally:
-            events.flush()
-            events.close()
-            groups.close()
-            display.stop()
+    groups = Groups(job.mode, warn=logger.warning)  # the trial-rungs' subflow runs (``flows.groups``)
+    executor = ThreadExecutor(functools.partial(runner.remote if job.trial_pool else runner.work, job),
+                              job.concurrency, token, interrupt=lambda: trainers.interrupt(job.settings),
+                              place=groups.enter)
+    tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning, writer)
+    tracker.wait_ready()
+    events = _Events(job, scheduler, logger, progress or report.ProgressBar(None, 0), groups,
+                     _live_importance(job, importance))
+    _show_start(job, rows, scheduler)
+    journaled = Journaled(scheduler)
+    saved = saved or {}
+    state = StateWriter(job, journaled, runs, int(saved.get("journal") or 0), len(rows), saved.get("writes"),
+                        runs_lock=tracker.lock, on_full=lambda reason: token.request(reason=reason))
+    state.start(rows, spent, lost)
+    spent_ws = _WorkerSeconds(lambda: loop.rows, lambda: loop.lost)
+    goal = Stopping(journaled, criteria, job.direction, job.max_resource, cost=spent_ws, clock=clock, rows=rows,
+                    metric=job.metric_key) if criteria is not None and criteria.any() else None
+    loop = Loop(goal or journaled, executor, tracker, RealClock(), token, events, save=state.save,
+                concurrency=job.concurrency, workers=job.settings.workers,
+                trial_timeout=job.trial_timeout, rows=rows, spent=spent, lost=lost, grace=stop_grace(),
+                baseline=executor.call(functools.partial(_baseline, job)) if baseline else None)
+    try:
+        result = loop.run()
+        if goal is not None and goal.reason is not None:
+            logger.info("stopped: %s; --resume %s with a looser criterion goes on", goal.reason, job.job_id)
+            return dataclasses.replace(result, stopped_by=goal.reason)
+        return result
+    finally:
+        events.flush()
+        events.close()
+        groups.close()
+        display.stop()
 
 
 class _WorkerSeconds:
