@@ -15,9 +15,11 @@ runs at once, and each worker's ``--limit`` what one machine runs.
 A flow run that crashes, is cancelled, or whose heartbeat stops (its worker or machine died: nothing
 then tells the Prefect server) is an orchestration failure: the controller marks it ``Crashed`` and the
 driver runs the trial-rung again from its last checkpoint (twice at most, then the trial fails). A run
-taken for dead that was only slow (a machine too busy to beat in time) sees that mark before it trains and
-before it leaves its result, and ends ``Failed`` saying so, with no result: one ``Completed`` run per
-trial-rung. A trainer's own error is the trial's: the flow run completes and reports it.
+taken for dead that was only slow (a machine too busy to beat in time) sees that mark before it trains, at its
+next heartbeat while it trains (its training stops at the next unit, as on a stop, saving no checkpoint for the
+units it did not finish: the rerun writes the same paths), and before it leaves its result; it ends ``Failed``
+saying so, with no result: one ``Completed`` run per trial-rung. A trainer's own error is the trial's: the flow
+run completes and reports it.
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ def trial(job: dict[str, Any], trial_rung: dict[str, Any], heartbeat_seconds: fl
     run_id = str(FlowRunContext.get().flow_run.id)
     _go_on_unless_given_up(run_id)  # given up while it waited for a process: no training at all
     store = spec.store()
-    with factory.scope():
-        with _heartbeat(spec, run_id, heartbeat_seconds):  # beating before the trainer's imports
+    with factory.scope(), stopping.bind(stopping.StopToken()) as token:
+        with _heartbeat(spec, run_id, heartbeat_seconds, token):  # beating before the trainer's imports
             from prefect_hyperband.executors import runner
 
             out = runner.work(spec, trial_rung)
@@ -88,20 +90,27 @@ def trial(job: dict[str, Any], trial_rung: dict[str, Any], heartbeat_seconds: fl
         return result
 
 
-def _go_on_unless_given_up(run_id: str) -> None:
-    """Raise ``TrialRunGivenUp`` when the controller has marked this flow run ``Crashed`` (``run_remote``)."""
+def _given_up(run_id: str) -> str | None:
+    """Why the controller marked this flow run ``Crashed`` (``run_remote``), or None while it has not."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
         states = client.read_flow_run_states(run_id)
     crashed = [s for s in states if s.type.value == "CRASHED"]
-    if crashed:
-        raise TrialRunGivenUp(f"given up by the job's controller ({crashed[-1].message}); its trial-rung ran again")
+    return (crashed[-1].message or "marked Crashed") if crashed else None
+
+
+def _go_on_unless_given_up(run_id: str) -> None:
+    """Raise ``TrialRunGivenUp`` when the controller has given this flow run up."""
+    why = _given_up(run_id)
+    if why is not None:
+        raise TrialRunGivenUp(f"given up by the job's controller ({why}); its trial-rung ran again")
 
 
 @contextlib.contextmanager
-def _heartbeat(job: Job, run_id: str, seconds: float) -> Iterator[None]:
-    """A beat in the storage every ``seconds`` while the trial-rung runs: the controller's sign of life."""
+def _heartbeat(job: Job, run_id: str, seconds: float, token: stopping.StopToken | None = None) -> Iterator[None]:
+    """A beat in the storage every ``seconds`` while the trial-rung runs: the controller's sign of life. After
+    each beat, whether the controller gave the run up: if so, the training is stopped through ``token``."""
     store, key, done = job.store(), f"heartbeats/{run_id}.json", threading.Event()
 
     def beat() -> None:
@@ -112,6 +121,12 @@ def _heartbeat(job: Job, run_id: str, seconds: float) -> Iterator[None]:
                 store.write_json(key, {"beat": n, "pid": os.getpid()}, indent=None)
             except Exception:  # a storage hiccup: the next beat may pass; the controller allows several misses
                 pass
+            try:
+                why = _given_up(run_id) if token is not None and not token.requested() else None
+            except Exception:  # Prefect's API did not answer this time: asked again at the next beat
+                why = None
+            if why is not None:
+                token.request(reason=f"given up by the job's controller ({why})")  # type: ignore[union-attr]
             if done.wait(seconds):
                 return
 

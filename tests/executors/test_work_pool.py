@@ -143,3 +143,43 @@ def test_a_run_its_controller_gave_up_while_it_trained_ends_failed_and_leaves_no
     assert trained == ["s0-0000"] and state.type.value == "FAILED"
     assert "given up by the job's controller (no heartbeat for 21 s" in state.message
     assert not list(tmp_path.rglob("results/*.json"))  # nothing for anyone to read as the trial-rung's result
+
+
+def test_a_run_given_up_while_it_trains_stops_training_at_its_next_beat(prefect_harness, tmp_path, tracking_uri):
+    """The real trial flow and synthetic trainer, a training of 60 s: the controller's Crashed mark, set once the run
+    beats, stops it at its next heartbeat (0.2 s here), before its unit ends; no checkpoint, no result."""
+    import threading
+    import time
+    from dataclasses import replace
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    from prefect_hyperband.hyperband.scheduler import TrialRung
+
+    job = prepare(TuneParams(model="synthetic", max_resource=3, job_dir=str(tmp_path), unit_seconds=60.0))
+    job = replace(job, trial_pool="p")
+    marked: list[float] = []
+
+    def controller() -> None:  # run_remote on a heartbeat it found too old
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            beats = list(tmp_path.rglob("heartbeats/*.json"))
+            if beats:
+                with get_client(sync_client=True) as client:
+                    client.set_flow_run_state(beats[0].stem, Crashed(message="no heartbeat for 61 s: its worker or "
+                                                                              "machine is gone"), force=True)
+                marked.append(time.monotonic())
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=controller, daemon=True)
+    watcher.start()
+    rung = TrialRung(trial_id="s0-0000", bracket=0, rung=0, resource=1, config={"x": 0.5, "y": 0.5},
+                     checkpoint=None).to_json()
+    state = trial_flow.trial(job.to_json(), rung, heartbeat_seconds=0.2, return_state=True)
+    ended = time.monotonic()
+    watcher.join(timeout=5)
+    assert marked and ended - marked[0] < 20, "the training went on after its run was given up"
+    assert state.type.value == "FAILED" and "given up by the job's controller (no heartbeat for 61 s" in state.message
+    assert not list(tmp_path.rglob("results/*.json")) and not list(tmp_path.rglob("checkpoints/**/r1*"))
