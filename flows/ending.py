@@ -11,7 +11,7 @@ from prefect import get_run_logger
 from prefect.states import Cancelled, State
 
 from prefect_hyperband.executors.loop import JobStopped
-from prefect_hyperband.flows import objectives
+from prefect_hyperband.flows import objectives, parents
 from prefect_hyperband.flows.lost import end_orphan_runs
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.hyperband import front
@@ -78,9 +78,15 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
     if job.objectives:
         _written(job, log_front(job, records, run.rows, runs, best["trial_id"] if best else None, points,
                                  return_state=True))
+    overall = parents.overall_best(job, best)
     text = _summary_text(job, summary, run, len(records), max_trials, params.time_budget, mattered, points, best)
-    _written(job, finish_job_run(job, _job_metrics(job, summary, run.elapsed), _best_config(job, best),
-                                  summary.to_json(), text, len(run.rows), return_state=True))
+    if overall is not None:
+        text += "\n" + _overall_line(job, overall)
+    metrics = _job_metrics(job, summary, run.elapsed)
+    if overall is not None:
+        metrics[f"overall_best_{job.metric_key}"] = overall["score"]
+    _written(job, finish_job_run(job, metrics, _best_config(job, best), summary.to_json(), text, len(run.rows),
+                                  return_state=True))
     logger.info("summary\n%s", text, extra={"hyperband_terminal": False})  # the CLI prints it once
     return {
         "job_id": job.job_id,
@@ -94,7 +100,15 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
         "champion_version": version,
         "stopped_by": run.stopped_by,
         "warm_start": {k: job.warm[k] for k in ("parents", "kind", "note")} if job.warm else None,
+        "overall_best": overall,
     }
+
+
+def _overall_line(job: Job, overall: dict[str, Any]) -> str:
+    """The best of this job and the jobs it started from (same data and space), as SageMaker reports it."""
+    whose = "this job's" if overall["job_id"] == job.job_id else f"job {overall['job_id']}'s"
+    return (f"overall best of this job and {', '.join(job.warm['parents'])} (same data and space): {job.metric_key} "  # type: ignore[index]
+            f"{overall['score']:.4f}, {whose} {overall['trial_id']} at r={overall['resource']}")
 
 
 def _summary_text(job: Job, summary: Summary, run, configs: int, max_trials: int, time_budget: float | None,

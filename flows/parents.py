@@ -53,7 +53,8 @@ def plan(job: Job, params: Any, record: dict[str, Any] | None) -> Job:
     if not ids:
         return job
     mine = facts(job, params)
-    parents = [_parent(job, pid) for pid in ids]
+    found = [_parent(job, pid) for pid in ids]
+    parents = [(pid, pf, [(c, r, v) for c, r, v, _ in rs]) for pid, pf, rs in found]
     space = parse(job.space)
     for pid, pf, results in parents:
         best = warm.best_configs(results, _directions(pf), 1)
@@ -88,17 +89,19 @@ def plan(job: Job, params: Any, record: dict[str, Any] | None) -> Job:
         else:
             note = f"{why}: {_best(first)} drawn first, clipped to this space"
     saved = {"parents": ids, "kind": kind, "note": f"warm start from {', '.join(ids)} ({kind}): {note}",
-             "first": first, "space": space.to_dict(), "data": _data_line(mine, parents)}
+             "first": first, "space": space.to_dict(), "data": _data_line(mine, parents),
+             "best": _parents_best(job, found) if kind == "identical" and not job.objectives else None}
     return dataclasses.replace(job, space=saved["space"], warm=saved)
 
 
 def results(job: Job) -> list[warm.Result]:
     """The parents' results, read again where the sampler is to be told them (a new job, same data and space)."""
-    return [r for pid in job.warm["parents"] for r in _parent(job, pid)[2]] if job.warm else []
+    return [(c, r, v) for pid in job.warm["parents"] for c, r, v, _ in _parent(job, pid)[2]] if job.warm else []
 
 
-def _parent(job: Job, pid: str) -> tuple[str, dict[str, Any], list[warm.Result]]:
-    """A parent's id, facts and results, from this job's store (its folder's root, or its storage URL)."""
+def _parent(job: Job, pid: str) -> tuple[str, dict[str, Any], list[tuple[Any, ...]]]:
+    """A parent's id, facts and results (``warm.Result`` and the trial's id), from this job's store (its folder's
+    root, or its storage URL)."""
     from prefect_hyperband.flows.state import job_store, load_job_record, load_state, make_scheduler
 
     if pid == job.job_id:
@@ -118,7 +121,32 @@ def _parent(job: Job, pid: str) -> tuple[str, dict[str, Any], list[warm.Result]]
     found = load_state(parent, lambda raw: make_scheduler(parent, 1, None, lambda: 0.0, raw))
     if found is None:
         return pid, pf, []
-    return pid, pf, [(t.config, r, v) for t in found[1].records() for r, v in t.scores.items()]
+    return pid, pf, [(t.config, r, v, t.trial_id) for t in found[1].records() for r, v in t.scores.items()]
+
+
+def _parents_best(job: Job, found: list[tuple[str, dict[str, Any], list[tuple[Any, ...]]]]) -> dict[str, Any] | None:
+    """The parents' best result (``job_id``, ``trial_id``, ``resource``, ``score``), ranked as the job ranks its
+    own: kept in the warm plan, so the job's end (and a resume's, the parents since gone) compares with it."""
+    scored = [(pid, tid, r, v) for pid, _, rs in found for _, r, v, tid in rs if not failed(v)]
+    if not scored:
+        return None
+    top = min(scored, key=lambda x: (best_key(x[1], x[2], x[3], job.directions), x[0]))
+    return {"job_id": top[0], "trial_id": top[1], "resource": top[2], "score": first_value(top[3])}
+
+
+def overall_best(job: Job, best: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The best result of this job and its parents, for a job warm-started from the same data and space
+    (SageMaker's ``OverallBestTrainingJob``): ``job_id``, ``trial_id``, ``resource``, ``score``, ranked as the job
+    ranks its own (a tie goes to this job). None for a job not warm-started so (results on other data or another
+    space do not compare), and with several objectives (their best is a front's choice, not one ranking)."""
+    if not job.warm or job.warm["kind"] != "identical" or job.objectives:
+        return None
+    theirs = job.warm.get("best")  # None: a plan saved before it was kept
+    mine = {"job_id": job.job_id, **{k: best[k] for k in ("trial_id", "resource", "score")}} if best else None
+    if theirs is None or mine is None:
+        return theirs or mine
+    rank = lambda b: best_key(b["trial_id"], b["resource"], b["score"], job.directions)[:2]  # noqa: E731
+    return theirs if rank(theirs) < rank(mine) else mine
 
 
 def _old_facts(job: Job, record: dict[str, Any]) -> dict[str, Any]:
@@ -194,4 +222,4 @@ def sampler_for(job: Job, inner: Any) -> Any:
                                   list(job.warm["parents"]), job.warm["kind"], observe)
 
 
-__all__ = ["facts", "plan", "results", "sampler_for"]
+__all__ = ["facts", "overall_best", "plan", "results", "sampler_for"]

@@ -44,7 +44,15 @@ def test_same_data_and_space_the_parents_results_teach_tpe_and_a_resume_keeps_th
     child_configs = [json.dumps(c["config"], sort_keys=True) for b in _state(child)["brackets"].values()
                      for c in b["trials"].values()]
     assert not parent_configs & set(child_configs)
+    # the best of both jobs, as SageMaker's overall best: the child stopped early (patience 1), the parent's may win
+    theirs, mine = parent["best"], child["best"]
+    won = ("A", theirs) if (theirs["score"], "A") < (mine["score"], "B") else ("B", mine)  # val_loss: lower; a tie: B
+    assert child["overall_best"] == {"job_id": won[0], "trial_id": won[1]["trial_id"], "resource": won[1]["resource"],
+                                     "score": won[1]["score"]}
+    assert f"overall best of this job and A (same data and space): val_loss {won[1]['score']:.4f}, " in child["table"]
     client, run, _ = runs_of(tracking_uri, "warm", child["parent_run_id"])
+    assert run.data.metrics["overall_best_val_loss"] == pytest.approx(won[1]["score"])
+    assert parent["overall_best"] is None  # not warm-started
     assert run.data.tags["hyperband.warm_start"] == "A" and run.data.tags["hyperband.warm_start.kind"] == "identical"
     assert run.data.params["warm_start"] == "A" and "this job: no data set read; A: no data set read" == \
         run.data.tags["hyperband.warm_start.data"]
