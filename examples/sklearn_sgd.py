@@ -60,13 +60,14 @@ def train(trial: hb.Trial) -> dict[str, float]:
     return metrics
 
 
-def log_model(checkpoint_dir: str):
+def log_model(checkpoint_dir: str, tags: dict[str, str] | None = None):
     """The champion in MLflow's scikit-learn flavour: the tuner calls this for the best trial, inside its run,
-    and registers what it returns with alias ``champion``. Without it, the best checkpoint's files are logged."""
+    and registers what it returns with alias ``champion``. Without it, the best checkpoint's files are logged.
+    ``tags`` (optional in the signature) are the job's: passed on, the logged model is born with them."""
     import mlflow
 
     with open(Path(checkpoint_dir) / "model.pkl", "rb") as fh:
         model = pickle.load(fh)
     X_val = data()[1]
     signature = mlflow.models.infer_signature(X_val[:5], model.predict_proba(X_val[:5]))
-    return mlflow.sklearn.log_model(model, name="model", signature=signature, input_example=X_val[:5])
+    return mlflow.sklearn.log_model(model, name="model", signature=signature, input_example=X_val[:5], tags=tags)

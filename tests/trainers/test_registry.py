@@ -43,3 +43,41 @@ def test_a_new_model_is_one_registration_and_runs_through_the_job(tmp_path, monk
     assert job.metric == "loss" and job.metric_key == "val_loss"
     assert job.checkpoint_path("t", 1).endswith("r1.toy")
     assert isinstance(factory.build(job.settings), SyntheticTrainer) and built[-1].model == "toy"
+
+
+def test_a_user_log_model_hook_gets_the_jobs_tags_when_it_takes_them_else_they_are_set_after(tmp_path, monkeypatch):
+    """The user's ``log_model(checkpoint_dir, tags=None)`` passes the job's tags to its flavour: the model is born
+    with them; a ``log_model(checkpoint_dir)`` without them has its model tagged right after, as the champion's
+    retry looks for a tagged model."""
+    from types import SimpleNamespace
+
+    import mlflow
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    from prefect_hyperband.trainers.plugins import user_function
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("e")).info.run_id
+    model = LogisticRegression().fit(np.eye(4), [0, 1, 0, 1])
+    seen = []
+
+    def with_tags(checkpoint_dir, tags=None):
+        seen.append((checkpoint_dir, tags))
+        return mlflow.sklearn.log_model(model, name="model", tags=tags)
+
+    def without(checkpoint_dir):
+        seen.append((checkpoint_dir, None))
+        return mlflow.sklearn.log_model(model, name="model")
+
+    tags = {"hyperband.job_id": "j1", "hyperband.resource": "9"}
+    for hook in (with_tags, without):
+        with mlflow.start_run(run_id=run_id):
+            info = user_function.log_model(SimpleNamespace(log_model_hook=hook), "/jobs/j1/s0-0001/r9.ckpt", tags)
+        assert {k: v for k, v in client.get_logged_model(info.model_id).tags.items() if k.startswith("hyperband.")} \
+            == tags
+    assert seen == [("/jobs/j1/s0-0001/r9", tags), ("/jobs/j1/s0-0001/r9", None)]
+    assert user_function.log_model(SimpleNamespace(log_model_hook=None), "/x/r1.ckpt", tags) is None
