@@ -45,7 +45,7 @@ def test_a_new_model_is_one_registration_and_runs_through_the_job(tmp_path, monk
     assert isinstance(factory.build(job.settings), SyntheticTrainer) and built[-1].model == "toy"
 
 
-def test_a_user_log_model_hook_gets_the_jobs_tags_when_it_takes_them_else_they_are_set_after(tmp_path, monkeypatch):
+def test_a_user_log_model_hook_gets_the_jobs_tags_when_it_takes_them_else_they_are_set_after(tracking_uri):
     """The user's ``log_model(checkpoint_dir, tags=None)`` passes the job's tags to its flavour: the model is born
     with them; a ``log_model(checkpoint_dir)`` without them has its model tagged right after, as the champion's
     retry looks for a tagged model."""
@@ -57,21 +57,20 @@ def test_a_user_log_model_hook_gets_the_jobs_tags_when_it_takes_them_else_they_a
 
     from prefect_hyperband.trainers.plugins import user_function
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.chdir(tmp_path)
-    mlflow.set_tracking_uri(uri)
-    client = mlflow.MlflowClient(uri)
+    mlflow.set_tracking_uri(tracking_uri)  # a fresh store of the test's own (conftest), as log_champion sets it
+    client = mlflow.MlflowClient(tracking_uri)
     run_id = client.create_run(client.create_experiment("e")).info.run_id
     model = LogisticRegression().fit(np.eye(4), [0, 1, 0, 1])
+    PIP = ["scikit-learn"]  # given: MLflow infers them in a subprocess otherwise (seconds each)
     seen = []
 
     def with_tags(checkpoint_dir, tags=None):
         seen.append((checkpoint_dir, tags))
-        return mlflow.sklearn.log_model(model, name="model", tags=tags)
+        return mlflow.sklearn.log_model(model, name="model", tags=tags, pip_requirements=PIP)
 
     def without(checkpoint_dir):
         seen.append((checkpoint_dir, None))
-        return mlflow.sklearn.log_model(model, name="model")
+        return mlflow.sklearn.log_model(model, name="model", pip_requirements=PIP)
 
     tags = {"hyperband.job_id": "j1", "hyperband.resource": "9"}
     for hook in (with_tags, without):
