@@ -67,16 +67,17 @@ def plan(job: Job, params: Any, record: dict[str, Any] | None) -> Job:
     kind = "transfer" if differ else "identical"
     widest = schedule.brackets(job.min_resource, job.max_resource, job.eta)[0].rungs[0].n_configs
     k = min(job.eta, max(1, widest // job.eta))  # η of the first bracket's configs, at most a 1/η share of it
+    theirs = None
     if kind == "identical":
         results = [r for _, _, rs in parents for r in rs]
+        theirs = _parents_best(job, found)
+        said = f"their best {job.metric_key} {theirs['score']:.4f} at r={theirs['resource']}"  # type: ignore[index]
         told = {"tpe": "TPE", "priorband": "PriorBand"}.get(job.sampler)
         first = [] if told else warm.best_configs(results, job.directions, k)
         order = "; the brackets run narrowest first" if job.mode == "hyperband" else ""
-        order += f"; their best {job.metric_key} {_best_value(results, job.directions)}"
         note = (f"same data, model, metric and space: their {len(results)} results are told to {told}; a config "
-                f"they trained to R is not drawn again{order}" if told else "same data, model, metric and space; "
-                f"the random sampler learns nothing from results, so {_best(first)} drawn first; their best "
-                f"{job.metric_key} {_best_value(results, job.directions)}")
+                f"they trained to R is not drawn again{order}; {said}" if told else "same data, model, metric and "
+                f"space; the random sampler learns nothing from results, so {_best(first)} drawn first; {said}")
     else:
         first = _interleave([[warm.clip(space, c) for c in warm.best_configs(rs, _directions(pf), k)]
                              for _, pf, rs in parents], k)
@@ -90,7 +91,7 @@ def plan(job: Job, params: Any, record: dict[str, Any] | None) -> Job:
             note = f"{why}: {_best(first)} drawn first, clipped to this space"
     saved = {"parents": ids, "kind": kind, "note": f"warm start from {', '.join(ids)} ({kind}): {note}",
              "first": first, "space": space.to_dict(), "data": _data_line(mine, parents),
-             "best": _parents_best(job, found) if kind == "identical" and not job.objectives else None}
+             "best": None if job.objectives else theirs}
     return dataclasses.replace(job, space=saved["space"], warm=saved)
 
 
@@ -184,13 +185,6 @@ def _difference(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
     if not warm.same_space(parse(mine["space"]), parse(theirs["space"])):
         return "another space"
     return ""
-
-
-def _best_value(results: list[warm.Result], directions: Any) -> str:
-    """The parents' best result (of several objectives, the first's value), as the job's own is ranked."""
-    scored = [(c, r, v) for c, r, v in results if not failed(v)]
-    top = min(scored, key=lambda x: best_key(warm.config_key(x[0]), x[1], x[2], directions))
-    return f"{first_value(top[2]):.4f} at r={top[1]}"
 
 
 def _best(first: list[Any]) -> str:
