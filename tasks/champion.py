@@ -45,8 +45,8 @@ def log_champion(uri: str, run_id: str, model: Any, trainer: Callable[[], Any], 
         if info is None:
             return None
         model_uri, model_id = info.model_uri, getattr(info, "model_id", None)
-        if model_id and not tagged:
-            c.set_logged_model_tags(model_id, _tags(job_id, step))
+        if model_id and not (tagged and _tags(job_id, step).items() <= c.get_logged_model(model_id).tags.items()):
+            c.set_logged_model_tags(model_id, _tags(job_id, step))  # a plug-in (or a user's hook) that did not pass them
     if model_id:
         data = validation() if validation is not None else None
         linked = {"dataset_name": data.name, "dataset_digest": data.digest} if data is not None else {}

@@ -47,36 +47,40 @@ def test_a_new_model_is_one_registration_and_runs_through_the_job(tmp_path, monk
 
 def test_a_user_log_model_hook_gets_the_jobs_tags_when_it_takes_them_else_they_are_set_after(tracking_uri):
     """The user's ``log_model(checkpoint_dir, tags=None)`` passes the job's tags to its flavour: the model is born
-    with them; a ``log_model(checkpoint_dir)`` without them has its model tagged right after, as the champion's
-    retry looks for a tagged model."""
+    with them; a ``log_model(checkpoint_dir)`` without them has its model tagged right after (by the champion's
+    writer), as the champion's retry looks for a tagged model."""
     from types import SimpleNamespace
 
     import mlflow
     import numpy as np
     from sklearn.linear_model import LogisticRegression
 
+    from prefect_hyperband.tasks import champion
     from prefect_hyperband.trainers.plugins import user_function
 
-    mlflow.set_tracking_uri(tracking_uri)  # a fresh store of the test's own (conftest), as log_champion sets it
-    client = mlflow.MlflowClient(tracking_uri)
+    client = mlflow.MlflowClient(tracking_uri)  # a fresh store of the test's own (conftest)
     run_id = client.create_run(client.create_experiment("e")).info.run_id
     model = LogisticRegression().fit(np.eye(4), [0, 1, 0, 1])
     PIP = ["scikit-learn"]  # given: MLflow infers them in a subprocess otherwise (seconds each)
-    seen = []
+    seen, infos = [], []
 
     def with_tags(checkpoint_dir, tags=None):
         seen.append((checkpoint_dir, tags))
-        return mlflow.sklearn.log_model(model, name="model", tags=tags, pip_requirements=PIP)
+        infos.append(mlflow.sklearn.log_model(model, name="model", tags=tags, pip_requirements=PIP))
+        return infos[-1]
 
     def without(checkpoint_dir):
         seen.append((checkpoint_dir, None))
-        return mlflow.sklearn.log_model(model, name="model", pip_requirements=PIP)
+        infos.append(mlflow.sklearn.log_model(model, name="model", pip_requirements=PIP))
+        return infos[-1]
 
-    tags = {"hyperband.job_id": "j1", "hyperband.resource": "9"}
-    for hook in (with_tags, without):
-        with mlflow.start_run(run_id=run_id):
-            info = user_function.log_model(SimpleNamespace(log_model_hook=hook), "/jobs/j1/s0-0001/r9.ckpt", tags)
-        assert {k: v for k, v in client.get_logged_model(info.model_id).tags.items() if k.startswith("hyperband.")} \
-            == tags
-    assert seen == [("/jobs/j1/s0-0001/r9", tags), ("/jobs/j1/s0-0001/r9", None)]
+    plug_in = SimpleNamespace(log_model=user_function.log_model)
+    for job_id, hook in (("j1", with_tags), ("j2", without)):
+        champion.log_champion(tracking_uri, run_id, plug_in, lambda: SimpleNamespace(log_model_hook=hook),
+                              "/jobs/j/s0-0001/r9.ckpt", "e", {}, step=9, job_id=job_id)
+        tags = {"hyperband.job_id": job_id, "hyperband.resource": "9"}
+        assert {k: v for k, v in client.get_logged_model(infos[-1].model_id).tags.items()
+                if k.startswith("hyperband.")} == tags
+    assert seen == [("/jobs/j/s0-0001/r9", {"hyperband.job_id": "j1", "hyperband.resource": "9"}),
+                    ("/jobs/j/s0-0001/r9", None)]
     assert user_function.log_model(SimpleNamespace(log_model_hook=None), "/x/r1.ckpt", tags) is None

@@ -25,23 +25,16 @@ def log_model(trainer: Any, checkpoint: str, tags: dict[str, str] | None = None)
     its flavour, e.g. ``mlflow.sklearn.log_model``, and returns the ``ModelInfo``); else nothing to register.
 
     A hook that takes ``tags`` gets the job's, to pass to its flavour's ``log_model(tags=...)``: the model is born
-    with them, and a retry after MLflow went away finds it. One that does not has them set just after it logs
-    (as before: MLflow gone in between leaves an untagged model, and the retry logs a second one)."""
+    with them, and a retry after MLflow went away finds it. One that does not is called without them; the
+    champion's writer (``tasks.champion``) sets them just after (MLflow gone in between leaves an untagged model,
+    and the retry logs a second one)."""
     import inspect
 
     hook = getattr(trainer, "log_model_hook", None)
     if hook is None:
         return None
     folder = str(Path(checkpoint).with_suffix(""))
-    if "tags" in inspect.signature(hook).parameters:
-        return hook(folder, tags=tags)
-    info = hook(folder)
-    model_id = getattr(info, "model_id", None)
-    if tags and model_id:
-        from mlflow import MlflowClient
-
-        MlflowClient().set_logged_model_tags(model_id, tags)  # the job's store: log_champion set its tracking URI
-    return info
+    return hook(folder, tags=tags) if "tags" in inspect.signature(hook).parameters else hook(folder)
 
 
 MODEL = Model("function", build, "your training function (--trainer file.py:train)", user_code="trainer",
