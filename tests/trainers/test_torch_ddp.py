@@ -45,6 +45,7 @@ def digits_runs(tmp_path_factory):
     return trainer, first, resumed, full
 
 
+@pytest.mark.slow  # real processes (DDP ranks, Dask workers): the fast tier keeps the loop's behaviours on fakes
 def test_gradient_averaging_two_replicas_equal_one_with_double_batch(tmp_path):
     """World size 2 x per-replica batch 32 == world size 1 x batch 64 after one epoch (also: two concurrent calls)."""
     rows = 1280  # divisible by 64: every batch is full on both sides
@@ -61,6 +62,7 @@ def test_gradient_averaging_two_replicas_equal_one_with_double_batch(tmp_path):
     assert r2.history[0]["val_accuracy"] > 0.5  # it did learn something
 
 
+@pytest.mark.slow  # real processes (DDP ranks, Dask workers): the fast tier keeps the loop's behaviours on fakes
 def test_resume_equals_training_at_once(digits_runs):
     trainer, first, resumed, full = digits_runs
     assert (first.resource, first.resource_trained) == (3, 3)
@@ -78,6 +80,7 @@ def test_resume_equals_training_at_once(digits_runs):
         trainer.train(DEFAULT_CONFIG, 2, resumed.checkpoint, resumed.checkpoint + ".x")
 
 
+@pytest.mark.slow  # real processes (DDP ranks, Dask workers): the fast tier keeps the loop's behaviours on fakes
 def test_digits_default_config_two_workers_reaches_95_percent(digits_runs):
     trainer, _, _, full = digits_runs
     assert full.history[-1]["val_accuracy"] >= 0.95

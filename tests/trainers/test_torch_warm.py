@@ -44,6 +44,7 @@ def warm(tmp_path_factory):
     trainer.close()
 
 
+@pytest.mark.slow  # real processes (DDP ranks, Dask workers): the fast tier keeps the loop's behaviours on fakes
 def test_warm_equals_cold_and_startup_is_paid_once(warm, tmp_path):
     cold = SmallTorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=ROWS, warm=False)
     first = warm.train({**DEFAULT_CONFIG, "width": 16, "seed": 5}, 1, None, str(tmp_path / "other.pt"))
@@ -60,6 +61,7 @@ def test_warm_equals_cold_and_startup_is_paid_once(warm, tmp_path):
     assert warm_run.info["startup_seconds"] < 0.5 and cold_run.info["startup_seconds"] > 1.0
 
 
+@pytest.mark.slow  # real processes (DDP ranks, Dask workers): the fast tier keeps the loop's behaviours on fakes
 def test_warm_resume_equals_training_at_once(warm, tmp_path):
     full = warm.train(DEFAULT_CONFIG, 9, None, str(tmp_path / "full.pt"))
     part = warm.train(DEFAULT_CONFIG, 3, None, str(tmp_path / "part.pt"))
@@ -72,6 +74,7 @@ def test_warm_resume_equals_training_at_once(warm, tmp_path):
     assert all(r.info["warm_start"] == 1 for r in (part, resumed))
 
 
+@pytest.mark.slow  # real processes (DDP ranks, Dask workers): the fast tier keeps the loop's behaviours on fakes
 def test_failing_rank_fails_only_its_call_then_the_pool_relaunches(warm, tmp_path):
     warm.train({}, 1, None, str(tmp_path / "before.pt"))
     pool = warm.pools[0]
@@ -86,6 +89,7 @@ def test_failing_rank_fails_only_its_call_then_the_pool_relaunches(warm, tmp_pat
     assert max_difference(weights(again.checkpoint), weights(str(tmp_path / "before.pt"))) == 0
 
 
+@pytest.mark.slow  # real processes (DDP ranks, Dask workers): the fast tier keeps the loop's behaviours on fakes
 def test_hanging_rank_is_killed_at_the_trial_timeout(warm, tmp_path):
     warm.train({}, 1, None, str(tmp_path / "warmup.pt"))  # the pool is up: the timeout covers the hang only
     pool_dir = str(warm.pools[0].dir)
@@ -100,6 +104,7 @@ def test_hanging_rank_is_killed_at_the_trial_timeout(warm, tmp_path):
         warm.trial_timeout = 600.0
 
 
+@pytest.mark.slow  # real processes (DDP ranks, Dask workers): the fast tier keeps the loop's behaviours on fakes
 def test_concurrent_calls_get_a_pool_each_and_close_leaves_no_processes(tmp_path):
     trainer = SmallTorchTrainer(DIGITS, workers=2, threads_per_rank=1, max_train_rows=256, scratch_dir=str(tmp_path),
                            pools=warm_pools)
@@ -130,6 +135,7 @@ def test_pool_options():
     assert command[command.index("--rdzv-endpoint") + 1] == "127.0.0.1:0"
 
 
+@pytest.mark.slow  # real processes (DDP ranks, Dask workers): the fast tier keeps the loop's behaviours on fakes
 def test_close_leaves_no_processes(warm, tmp_path):
     warm.train({}, 1, None, str(tmp_path / "last.pt"))
     assert any(p.alive for p in warm.pools)

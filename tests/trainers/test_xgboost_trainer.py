@@ -55,6 +55,7 @@ def test_unknown_parameters_are_rejected(local, tmp_path):
         local.train({"colour": 1}, 1, None, str(tmp_path / "x.ubj"))
 
 
+@pytest.mark.slow  # real processes (DDP ranks, Dask workers): the fast tier keeps the loop's behaviours on fakes
 def test_one_and_two_dask_workers_agree(local, tmp_path):
     """Allreduce over a 2-process LocalCluster: same data, AUC within 0.01 of in-process training."""
     from prefect_hyperband.executors.dask_groups import xgboost_on
