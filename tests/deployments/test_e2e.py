@@ -1,7 +1,10 @@
 """End to end, as an operator runs it: real Prefect, MLflow and Dask servers on loopback ports,
 the project's prefect.yaml deployed to a process work pool (then one deployment replaced by
 ``hyperband deploy``, as from an installed package), a worker, one run triggered through
-the API, and the results checked through MLflow's REST API.
+the API, and the results checked through MLflow's REST API. Then, on the same server, pool and worker, the
+bundled user-code deployment runs a slow synthetic job that is cancelled from Prefect (as the UI's Cancel does):
+the worker sends the flow run's process SIGTERM, the job stops within seconds, its flow run ends Cancelled, no
+MLflow run is left RUNNING, and ``--resume`` finishes it with every config's child run once.
 
 Everything runs in its own process group under a temporary directory and is torn down at the end;
 on failure the tail of every server and worker log is printed.
@@ -19,6 +22,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from prefect_hyperband.flows.state import saved_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "hyperband-process"
@@ -48,7 +53,7 @@ def stack(request, tmp_path):
         yield s
 
 
-def test_deploy_and_run_through_a_process_worker(stack, tmp_path):
+def test_deploy_and_run_through_a_process_worker_then_a_cancelled_run_resumes(stack, tmp_path):
     began = time.monotonic()
     timings: dict[str, float] = {}
     try:
@@ -127,6 +132,59 @@ def _scenario(stack: Stack, tmp_path: Path, timings: dict[str, float]) -> None:
     assert (runs_dir / "jobs" / "e2e-job").is_dir() and not (worker_cwd / "jobs").exists()
 
     _check_mlflow(stack.mlflow_url)
+
+    t0 = time.monotonic()
+    _cancel_and_resume(stack, tmp_path, runs_dir)
+    timings["cancel and resume"] = time.monotonic() - t0
+
+
+def _state(stack: Stack, flow_run_id: str) -> dict:
+    return _http("GET", f"{stack.prefect_url}/api/flow_runs/{flow_run_id}").get("state") or {}
+
+
+def _cancel_and_resume(stack: Stack, tmp_path: Path, runs_dir: Path) -> None:
+    """The bundled user-code deployment on the same pool and worker, cancelled mid-job, then resumed."""
+    from mlflow import MlflowClient
+
+    deployment = "hyperband-tune/sklearn-digits-example"
+    stack.run("hyperband-deploy-sklearn", [_exe("hyperband"), "deploy", "--pool", POOL, "--name",
+                                           "sklearn-digits-example", "--working-dir", str(runs_dir), "--no-schedule"],
+              cwd=tmp_path)
+    uri = f"sqlite:///{tmp_path / 'cancel-mlflow.db'}"
+    jobs = tmp_path / "cancel-jobs"
+    params = {"model": "synthetic", "max_resource": 9, "eta": 3, "unit_seconds": 0.4, "concurrency": 2, "seed": 2,
+              "baseline": False, "tracking_uri": uri, "job_dir": str(jobs), "job_id": "cancel-me"}
+    out = stack.run("deployment-run-cancelled", [_exe("prefect"), "deployment", "run", deployment, "--params",
+                                                 json.dumps({"params": params})])
+    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
+    state_file = jobs / "cancel-me" / "state.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (state_file.exists() and len(saved_rows(state_file.parent)) >= 4):
+        stack.check_alive()
+        time.sleep(0.2)
+    assert state_file.exists(), _state(stack, flow_run_id)
+    cancelled = time.monotonic()
+    stack.run("cancel", [_exe("prefect"), "flow-run", "cancel", flow_run_id])
+    while time.monotonic() - cancelled < 120 and _state(stack, flow_run_id).get("type") not in ("CANCELLED", "COMPLETED",
+                                                                                                  "FAILED", "CRASHED"):
+        time.sleep(0.5)
+    final = _state(stack, flow_run_id)
+    print(f"cancelled in {time.monotonic() - cancelled:.1f} s: {final.get('type')} {final.get('message')}",
+          file=sys.stderr)
+    assert final.get("type") == "CANCELLED", final
+    assert len(saved_rows(state_file.parent)) < 22  # stopped mid-job
+    client = MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=1000)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+
+    resumed = stack.run("resume", [_exe("hyperband"), "tune", "--resume", "cancel-me", "--job-dir", str(jobs), "--json"],
+                        cwd=tmp_path, timeout=300)
+    result = json.loads(resumed.strip().splitlines()[-1])
+    assert result["summary"]["trial_rungs"] == 22 and result["summary"]["resource_used"] == 69
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=1000)
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == result["parent_run_id"]]
+    assert len(children) == 17 and len({r.data.tags["hyperband.trial_id"] for r in children}) == 17
+    assert all(r.info.status == "FINISHED" for r in children)
 
 
 def _wait_for_run(stack: Stack, flow_run_id: str) -> dict:
