@@ -92,22 +92,26 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen
 
 @pytest.mark.slow
 @pytest.mark.parametrize("search", [  # synchronous brackets: three jobs SIGKILLed at once in test_postgres.py
-    ["--mode", "asha", "--concurrency", "1"],  # ASHA at 1: its promotions do not depend on timing
-    ["--sampler", "tpe", "--concurrency", "2"],
+    {"mode": "asha", "concurrency": 1},  # ASHA at 1: its promotions do not depend on timing
+    {"sampler": "tpe", "concurrency": 2},
 ], ids=["asha", "tpe"])
-def test_killed_job_resumes_without_retraining_or_duplicate_runs(search, tmp_path, mlflow_db):
+def test_killed_job_resumes_without_retraining_or_duplicate_runs(search, tmp_path, mlflow_db, monkeypatch):
     """Kill a job mid-way (SIGKILL); --resume finishes it with the result of an uninterrupted job of the same seed."""
     from prefect.settings import PREFECT_API_URL
 
+    from prefect_hyperband.flows.tune import tune
+
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONUNBUFFERED": "1",
            "PREFECT_API_URL": PREFECT_API_URL.value()}  # the session's server: no temporary server per job
-    common = ["--model", "synthetic", "--max-resource", "9", "--unit-seconds", "0.05", *search,
+    flags = [f"--{k}={v}" for k, v in search.items()]
+    common = ["--model", "synthetic", "--max-resource", "9", "--unit-seconds", "0.05", *flags,
               "--seed", "11", "--job-dir", str(tmp_path / "jobs"), "--no-baseline", "--json"]
 
-    whole = run_cli([*common, "--job-id", "whole"], tmp_path, env)
-    out, err = whole.communicate(timeout=600)
-    assert whole.returncode == 0, err[-2000:]
-    uninterrupted = json.loads(out.strip().splitlines()[-1])
+    # the uninterrupted job of the same flags, in this process (a process of its own adds seconds, not coverage),
+    # in the jobs' folder: the experiment it creates keeps its artifacts there
+    monkeypatch.chdir(tmp_path)
+    uninterrupted = tune(TuneParams(model="synthetic", max_resource=9, unit_seconds=0.05, seed=11, baseline=False,
+                                    job_dir=str(tmp_path / "jobs"), job_id="whole", tracking_uri=mlflow_db, **search))
 
     killed = run_cli([*common, "--job-id", "cut"], tmp_path, env)
     state = tmp_path / "jobs" / "cut" / "state.json"

@@ -15,7 +15,7 @@ def test_scale_prints_the_table_and_nests_the_jobs_under_one_study_run(tracking_
     from prefect_hyperband.app import cli
     from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
 
-    code = cli.main(["scale", "--model", "synthetic", "--workers", "1,2", "--max-resource", "9", "--seed", "3",
+    code = cli.main(["scale", "--model", "synthetic", "--workers", "1,2", "--max-resource", "3", "--seed", "3",
                      "--no-baseline", "--job-dir", str(tmp_path / "jobs"), "--experiment", "study", "--json"])
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -37,7 +37,7 @@ def test_scale_prints_the_table_and_nests_the_jobs_under_one_study_run(tracking_
     transfers = [r for name, r in under.items() if name.startswith("transfer")]
     assert len(jobs) == 2 and len(transfers) == 2
     for job in jobs:  # each size's job keeps its trial runs under its own parent run
-        assert len(by_parent[job.info.run_id]) == 17
+        assert len(by_parent[job.info.run_id]) == 5  # (1, 3, 3): 5 configs
     artifacts = {a.path for a in client.list_artifacts(study.info.run_id)}
     assert {"scaling.json", "scaling.txt", "scaling.png"} <= artifacts
 
@@ -45,7 +45,7 @@ def test_scale_prints_the_table_and_nests_the_jobs_under_one_study_run(tracking_
     saved = json.loads(open(client.download_artifacts(study.info.run_id, "scaling.json", str(tmp_path))).read())
     best = saved["best_config"]
     curve = SyntheticTrainer(seed=3)
-    expected = curve.curve(curve.resolve(best), 9)
+    expected = curve.curve(curve.resolve(best), 3)
     assert all(r["transferred_score"] == pytest.approx(expected) for r in result["rows"])
     for t in transfers:
         assert {k: t.data.params[k] for k in best} == {k: str(v) if not isinstance(v, float) else f"{v:.6g}" for k, v in best.items()}
