@@ -165,10 +165,7 @@ def _cancel_and_resume(stack: Stack, tmp_path: Path, runs_dir: Path) -> None:
     assert state_file.exists(), _state(stack, flow_run_id)
     cancelled = time.monotonic()
     stack.run("cancel", [_exe("prefect"), "flow-run", "cancel", flow_run_id])
-    while time.monotonic() - cancelled < 120 and _state(stack, flow_run_id).get("type") not in ("CANCELLED", "COMPLETED",
-                                                                                                  "FAILED", "CRASHED"):
-        time.sleep(0.5)
-    final = _state(stack, flow_run_id)
+    final = _wait_for_run(stack, flow_run_id, timeout=120)
     print(f"cancelled in {time.monotonic() - cancelled:.1f} s: {final.get('type')} {final.get('message')}",
           file=sys.stderr)
     assert final.get("type") == "CANCELLED", final
@@ -187,16 +184,17 @@ def _cancel_and_resume(stack: Stack, tmp_path: Path, runs_dir: Path) -> None:
     assert all(r.info.status == "FINISHED" for r in children)
 
 
-def _wait_for_run(stack: Stack, flow_run_id: str) -> dict:
-    deadline = time.monotonic() + RUN_TIMEOUT
+def _wait_for_run(stack: Stack, flow_run_id: str, timeout: float = RUN_TIMEOUT) -> dict:
+    """The flow run's state once it has ended (Completed, Failed, Crashed or Cancelled)."""
+    deadline = time.monotonic() + timeout
     state: dict = {}
     while time.monotonic() < deadline:
         stack.check_alive()
-        state = _http("GET", f"{stack.prefect_url}/api/flow_runs/{flow_run_id}").get("state") or {}
+        state = _state(stack, flow_run_id)
         if state.get("type") in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
             return state
-        time.sleep(2)
-    raise AssertionError(f"flow run {flow_run_id} not finished within {RUN_TIMEOUT}s (last state {state.get('type')})")
+        time.sleep(0.5)
+    raise AssertionError(f"flow run {flow_run_id} not finished within {timeout}s (last state {state.get('type')})")
 
 
 def _check_mlflow(url: str) -> None:
