@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import tempfile
 import time
 import uuid
@@ -29,6 +28,7 @@ from typing import Any, Callable, Mapping
 
 from prefect_hyperband.executors import dask_groups
 from prefect_hyperband.trainers import stopping
+from prefect_hyperband.trainers.launch import contract, free_port
 
 #: seconds between looks at a stop request and the deadline while the ranks train
 WAIT_POLL = 0.5
@@ -38,19 +38,6 @@ COLLECTIVE_TIMEOUT = 120.0
 RETRIES = 2
 #: seconds to look for a lost worker after a rank's error (the scheduler may learn of it after the peers)
 LOST_GRACE = 10.0
-
-
-def free_port() -> int:
-    """A port free on this host (run on the group's first worker, for its rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
-def contract(rank: int, world: int, local_rank: int, local_world: int, master: str, port: int) -> dict[str, str]:
-    """torchrun's environment contract for one rank."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": master, "MASTER_PORT": str(port)}
 
 
 def rank_task(job: Mapping[str, Any], env: Mapping[str, str], data: Mapping[str, Any], checkpoint: bytes | None,

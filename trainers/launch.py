@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -13,6 +14,19 @@ from pathlib import Path
 TERMINATE_GRACE = 5.0
 #: lines of a rank's stderr a failure message quotes
 TAIL_LINES = 20
+
+
+def free_port() -> int:
+    """A port free on this host (for a rendezvous: a one-rank script here, a group's first Dask worker)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def contract(rank: int, world: int, local_rank: int, local_world: int, master: str, port: int) -> dict[str, str]:
+    """torchrun's environment contract for one rank."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": master, "MASTER_PORT": str(port)}
 
 
 def processes_with(marker: str) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,35 @@ def test_torchs_launcher_with_a_rank_aborting_at_exit_keeps_the_result_and_befor
     assert trained.info["exit_race_rank"] == 1.0 and trained.history[-1] == {"step": 3.0, "loss": 1.0 / 3}
     with pytest.raises(ScriptFailed, match=r"exited with code -6 \(local rank 1\)"):
         trainer.train({"when": "before"}, 3, None, str(tmp_path / "t1" / "r3.json"))
+
+
+ONE_RANK = """
+import argparse, json, os, sys
+import prefect_hyperband as hb
+p = argparse.ArgumentParser(); p.add_argument("--x", type=float); x = p.parse_args().x
+keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+seen = {k: os.environ.get(k) for k in keys}
+seen["parent"] = open(f"/proc/{os.getppid()}/cmdline", "rb").read().decode().replace("\\0", " ")
+seen["torch_imported"] = "torch" in sys.modules
+with open(os.path.join(os.environ["HYPERBAND_CHECKPOINT_DIR"], "seen.json"), "w") as f:
+    json.dump(seen, f)
+hb.report(int(os.environ["HYPERBAND_RESOURCE"]), loss=x)
+"""
+
+
+def test_one_worker_runs_the_script_itself_under_the_launchers_contract_for_rank_0_of_1(tmp_path: Path):
+    """No launcher between the job and a one-rank script (its start imports torch: seconds per trial-rung), and the
+    script still sees what the launcher would give rank 0 of 1, so that ``init_process_group()`` works unchanged."""
+    from prefect_hyperband.trainers.script import ScriptTrainer
+
+    user = tmp_path / "one.py"
+    user.write_text(ONE_RANK)
+    trainer = ScriptTrainer(str(user), "loss", timeout=60)
+    trained = trainer.train({"x": 0.5}, 3, None, str(tmp_path / "t0" / "r3.json"))
+    assert trained.history[-1] == {"step": 3.0, "loss": 0.5} and trained.info == {"world_size": 1.0}
+    seen = json.loads((tmp_path / "t0" / "r3" / "seen.json").read_text())
+    assert {k: seen[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    assert int(seen["MASTER_PORT"]) > 0
+    assert "torch.distributed.run" not in seen["parent"] and not seen["torch_imported"]
+    assert "torch.distributed.run" in " ".join(ScriptTrainer(str(user), "loss", workers=2).command({"x": 0.5}))
