@@ -50,7 +50,8 @@ class _Work:
 Place = Callable[[TrialRung], "tuple[contextvars.Context | None, Callable[[], None]]"]
 
 
-def _the_jobs(trial_rung: TrialRung) -> tuple[None, Callable[[], None]]:
+def in_the_jobs_run(trial_rung: TrialRung) -> tuple[None, Callable[[], None]]:
+    """The place of a trial-rung in no group: the job's own run, nothing to release."""
     return None, lambda: None
 
 
@@ -59,7 +60,7 @@ class ThreadExecutor:
     the context ``place`` gives the trial-rung (its group's subflow run)."""
 
     def __init__(self, work: Callable[[TrialRung], Outcome], slots: int, stop: StopToken,
-                 interrupt: Callable[[], None] = lambda: None, place: Place = _the_jobs) -> None:
+                 interrupt: Callable[[], None] = lambda: None, place: Place = in_the_jobs_run) -> None:
         self.work, self.stop, self._interrupt, self.place = work, stop, interrupt, place
         self.pool = ThreadPoolExecutor(max_workers=slots + SPARE_THREADS, thread_name_prefix=THREAD_PREFIX)
         self.abandoned: list[Future] = []

@@ -34,6 +34,7 @@ from typing import Any, Callable, TypeVar
 from prefect import flow
 
 from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, Decision
+from prefect_hyperband.executors.threads import in_the_jobs_run
 from prefect_hyperband.hyperband.trial import TrialRung
 
 T = TypeVar("T")
@@ -75,7 +76,7 @@ class Groups:
         executor's ``place``: ``executors.threads.ThreadExecutor``)."""
         group = self._take(trial_rung)
         if group is None:
-            return None, lambda: None
+            return in_the_jobs_run(trial_rung)
         if not group.ready.wait(START_TIMEOUT):
             self._failed(group, "its subflow run did not start within %g s" % START_TIMEOUT)
         return (None if group.context is None else group.context.copy()), lambda: self._release(group)
