@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow_runs import runs_of  # noqa: E402  (tests/flows)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 HYPERBAND = str(Path(sys.executable).parent / "hyperband")
 
 
@@ -31,8 +31,12 @@ def small_disk(tmp_path):
 
 
 def test_a_full_job_folder_stops_the_job_in_one_line_and_resume_finishes_it(small_disk, tmp_path, mlflow_db):
+    from prefect.settings import PREFECT_API_URL
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    # the session's Prefect server (a temporary one per process is not what this test is about: its start costs
+    # each of the two jobs about 12 s of CPU)
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": PREFECT_API_URL.value()}
     argv = [HYPERBAND, "tune", "--model", "synthetic", "--max-resource", "27", "--eta", "3", "--concurrency", "2",
             "--job-dir", str(small_disk / "jobs"), "--tracking-uri", uri, "--experiment", "full", "--json"]
     first = subprocess.run([*argv, "--job-id", "full"], capture_output=True, text=True, env=env, cwd=tmp_path,
