@@ -33,8 +33,8 @@ from typing import Any, Callable, TypeVar
 
 from prefect import flow
 
-from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, Decision
 from prefect_hyperband.executors.threads import in_the_jobs_run
+from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, Decision
 from prefect_hyperband.hyperband.trial import TrialRung
 
 T = TypeVar("T")
