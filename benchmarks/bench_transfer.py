@@ -21,6 +21,7 @@ Run from the repository root::
     python benchmarks/bench_transfer.py                       # both data sets, 5 seeds, R=27 (~20 min on 2 cores)
     python benchmarks/bench_transfer.py --max-resource 9 --seeds 0,1   # a quick look
     python benchmarks/bench_transfer.py --parts same --best-at-r       # only models trained to R count
+    python benchmarks/bench_transfer.py --parts same --warm-order widest   # the warm job's brackets widest first
 """
 
 from __future__ import annotations
@@ -145,6 +146,9 @@ def main() -> None:
     ap.add_argument("--parts", default="same,other", help="same: warm from the same data; other: from other data")
     ap.add_argument("--best-at-r", action="store_true",
                     help="only results at R count toward the best-so-far and the first job's best (the target)")
+    ap.add_argument("--warm-order", choices=("narrowest", "widest"), default="narrowest",
+                    help="same data: the warm job's brackets narrowest first (as --warm-start runs them) or widest "
+                         "first (as a cold job)")
     args = ap.parse_args()
     AT_R["on"] = args.best_at_r
     parts = args.parts.split(",")
@@ -162,7 +166,8 @@ def main() -> None:
                     first = job(trainer_for(data, metric, seed, half), big, seed, way)
                     cold.append(job(trainer_for(data, metric, seed, half), big, seed + 100, way, None, first["best"]))
                     warm.append(job(trainer_for(data, metric, seed, half), big, seed + 100, way,
-                                    identical(first["results"], big), first["best"], narrow_first=True))
+                                    identical(first["results"], big), first["best"],
+                                    narrow_first=args.warm_order == "narrowest"))
                 if "other" not in parts:
                     continue
                 from bench_priors import reference_values
@@ -179,7 +184,8 @@ def main() -> None:
                 bests = ", ".join(f"{r['best']:.4f}" for r in cold)
                 print(f"same data: the target is the first job's best{' at R' if args.best_at_r else ''} (the cold "
                       f"jobs' own bests: {bests})")
-                compare(f"{data}, warm-started from a job on the same data", cold, warm, 0.5)
+                compare(f"{data}, warm-started from a job on the same data (brackets {args.warm_order} first)",
+                        cold, warm, 0.5)
             if "other" not in parts:
                 continue
             print(f"other data ({other}): the target per seed is the top-10 % of {args.reference} reference configs "
