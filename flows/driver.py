@@ -196,7 +196,8 @@ def _live_importance(job: Job, method: str) -> importance_report.Live | None:
         return None
     return importance_report.Live(
         lambda records: importance_report.compute(job, records, method),
-        lambda found, step: importance_report.publish(found, job.tracking_uri, job.parent_run_id, step, prefect=False))
+        lambda found, step: importance_report.publish(found, job.tracking_uri, job.parent_run_id, step, prefect=False),
+        warm=importance_report.preload)  # the imports now, while the job starts, not amid its results
 
 
 def _show_start(job: Job, rows: list[dict[str, Any]], scheduler: Scheduler) -> None:

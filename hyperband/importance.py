@@ -47,6 +47,14 @@ class Importance:
                 for name in self.scores for i, (p, v) in enumerate(self.top(name, len(self.scores[name])))]
 
 
+def preload() -> None:
+    """Import what ``importance`` needs (Optuna and its evaluators: about 3 s of one core here), so that a job can
+    pay for it before its results arrive."""
+    import importlib
+
+    importlib.import_module("optuna.importance")
+
+
 def importance(space: Space, results: Iterable[tuple[Mapping[str, Any], int, Score]], direction: Directions,
                objectives: Sequence[str] = ("score",), method: str = "ped-anova",
                seed: int = 0) -> Importance | None:
@@ -89,4 +97,4 @@ def importance(space: Space, results: Iterable[tuple[Mapping[str, Any], int, Sco
     return found
 
 
-__all__ = ["Importance", "METHODS", "MIN_RESULTS", "importance"]
+__all__ = ["Importance", "METHODS", "MIN_RESULTS", "importance", "preload"]

@@ -43,6 +43,60 @@ def test_at_most_every_interval_and_one_at_a_time_with_the_results_read_when_due
     assert published == [(3, 3), (6, 6)] and live.published == 2
 
 
+def test_the_imports_are_paid_when_the_job_starts_and_no_computation_starts_before_they_end():
+    """``warm`` (the driver's: ``importance_report.preload``) runs at once on the importances' thread; a computation
+    due meanwhile is skipped, as while another computes, and starts once the imports are done."""
+    clock, gate, published, reads, warmed = Clock(), threading.Event(), [], [], []
+
+    def warm():
+        warmed.append(threading.current_thread().name)
+        gate.wait(5)
+
+    live = Live(lambda results: Importance("ped-anova", 9, len(results), {"score": {"x": 1.0}}),
+                lambda found, step: published.append(step), interval=10, clock=clock, count=len, warm=warm)
+    assert warmed == ["hyperband-importance"]  # before any result was offered
+    results = lambda: reads.append(1) or ["r"] * 4  # noqa: E731
+    clock.now = 10
+    live.offer(results)
+    assert reads == [] and published == []  # due, but the imports are not done: nothing read
+    gate.set()
+    live.close()
+    clock.now = 20
+    live.offer(results)
+    live.close()
+    assert reads == [1] and published == [4]
+
+
+def test_imports_that_fail_leave_the_computation_to_say_so(monkeypatch):
+    hooked, published = [], []
+    monkeypatch.setattr(threading, "excepthook", lambda args: hooked.append(args.exc_type))
+
+    def warm():
+        raise ImportError("no optuna")
+
+    clock = Clock()
+    live = Live(lambda results: Importance("ped-anova", 9, len(results), {"score": {"x": 1.0}}),
+                lambda found, step: published.append(step), interval=10, clock=clock, count=len, warm=warm)
+    live.close()
+    clock.now = 10
+    live.offer(lambda: ["r"])
+    live.close()
+    assert hooked == [] and published == [1]  # no thread traceback; the computation ran (and would say what failed)
+
+
+def test_preload_imports_the_evaluators_and_the_charts_backend_in_a_process_that_had_neither():
+    import subprocess
+    import sys
+
+    probe = ("import sys; from prefect_hyperband.tasks.importance_report import preload; "
+             "wanted = ('optuna.importance', 'matplotlib.figure', 'matplotlib.backends.backend_agg'); "
+             "before = [m for m in wanted if m in sys.modules]; preload(); "
+             "print(before, [m for m in wanted if m not in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == "[] []", out.stdout  # none imported before it, all imported by it
+
+
 def test_a_failed_computation_is_kept_for_one_line_and_too_few_results_publish_nothing():
     clock = Clock()
     outcomes = iter([None, ValueError("bad rung")])
