@@ -57,12 +57,11 @@ def tune(
     Several objectives: ``metrics={"val_loss": "min", "latency_ms": "min"}`` (or as ``metric``; the first is the
     job's metric; each value ``max`` or ``min``, no ``direction``); ``train`` returns every one of them.
     """
-    from prefect_hyperband.flows.server import batch_server_writes
+    from prefect_hyperband.flows.process import temporary_server
     from prefect_hyperband.flows.tune import tune as tune_flow
     from prefect_hyperband.trainers.function import entry_of
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    batch_server_writes()  # for the temporary server Prefect starts when no PREFECT_API_URL is set
     code: dict[str, str]
     if isinstance(train, str) and train.endswith(".py"):
         code = {"script": train}
@@ -72,6 +71,7 @@ def tune(
     entries = [f"{name}:{way}" for name, way in named.items()] if isinstance(named, Mapping) else named
     params = TuneParams(**code, space=dict(space) if isinstance(space, Mapping) else space, metric=entries,
                         direction=direction, max_resource=max_resource, eta=eta, min_resource=min_resource, **options)
+    temporary_server()  # without PREFECT_API_URL, as the CLI's (batched writes, flows.server's app)
     with stopping.bind(stop or StopToken()):
         state = tune_flow(params, return_state=True)
     if state.is_cancelled():

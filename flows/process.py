@@ -73,12 +73,12 @@ def temporary_server():
     from prefect.server.api import server as prefect_server
     from prefect.settings import PREFECT_HOME
 
-    from prefect_hyperband.flows.server import batch_server_writes
+    from prefect_hyperband.flows.server import batch_server_writes, with_our_app
     from prefect_hyperband.trainers.base import file_lock
 
     batch_server_writes()  # the server inherits them: its event consumers write in batches
     instance = prefect_server.SubprocessASGIServer()  # the process's singleton: Prefect's clients find it running
-    real = subprocess.Popen
+    real = with_our_app(subprocess.Popen)  # Prefect's app, its new runs begun IMMEDIATE on SQLite (flows.server)
     # its own errors (a shutdown's CancelledError traceback, SQLite's "database is locked" it retries) go to a
     # log file, not into the job's output
     log_path = Path(PREFECT_HOME.value()) / "temporary-server.log"

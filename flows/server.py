@@ -1,4 +1,5 @@
-"""Settings for a Prefect server on the job's own machine: its event consumers write in batches.
+"""A Prefect server on the job's own machine: its event consumers write in batches, and on SQLite a new task run or
+flow run does not wait 2 s for a write that raced it.
 
 Every task run sends its state changes to the server as events (Pending, Running, Completed): about
 six per trial-rung. Prefect's task-run recorder writes them to the database one event per
@@ -11,11 +12,24 @@ every 5 s).
 
 Applied to the temporary server the CLI starts, and to the test suite's and the benchmarks'; for a
 server you run yourself, set the same variables where it starts (docs/operations.md, "1. Prefect server").
+
+On SQLite, Prefect's server creates a task run (a subflow's, as each bracket's ``hyperband-group``) or a flow run
+by reading first (the parent's labels) and then inserting, in one transaction begun DEFERRED. When another
+writer commits in between (the task-run recorder's batch, a log write), SQLite refuses the read's upgrade to a
+write at once (SQLITE_BUSY_SNAPSHOT; its busy timeout does not apply), the server answers 503 and Prefect's client
+tries again after 2 s: measured, a default-shaped synthetic job (R=9, 22 trial-rungs, a test server) took 9.2-10.3 s,
+most of it trial-rungs waiting for their bracket's subflow run. ``create_app`` is Prefect's application with those
+two POSTs begun IMMEDIATE (the write lock first, waited for under the busy timeout, as Prefect's own orchestration
+does): the same jobs took 5.3-5.4 s, and no 503 was answered. The temporary servers started here (the CLI's, the
+Python API's, the test suite's) run it; Prefect is pinned, and ``tests/flows/test_server.py`` checks the internals
+it relies on.
 """
 
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
+from typing import Any, Callable
 
 BATCHED_WRITES = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "200",
@@ -30,3 +44,53 @@ def batch_server_writes() -> None:
     starts afterwards inherits them."""
     for name, value in BATCHED_WRITES.items():
         os.environ.setdefault(name, value)
+
+
+#: the uvicorn factory Prefect starts its temporary server with, and ours in its place
+PREFECTS_APP = "prefect.server.api.server:create_app"
+OUR_APP = "prefect_hyperband.flows.server:create_app"
+#: the POSTs whose handler reads and then inserts: a new task run, a new flow run
+READ_THEN_INSERT = ("/api/task_runs", "/api/flow_runs")
+
+_immediate: ContextVar[bool] = ContextVar("hyperband_sqlite_immediate", default=False)
+
+
+def create_app() -> Any:
+    """Prefect's server application (``PREFECTS_APP``, its settings from the environment), where on SQLite the
+    ``READ_THEN_INSERT`` requests begin their transaction IMMEDIATE (see the module's notes)."""
+    from prefect.server.api.server import create_app as prefects
+    from prefect.server.database.configurations import AioSqliteConfiguration
+
+    begin = AioSqliteConfiguration.begin_transaction
+
+    def begin_transaction(self: Any, session: Any, with_for_update: bool = False) -> Any:
+        return begin(self, session, with_for_update=with_for_update or _immediate.get())
+
+    AioSqliteConfiguration.begin_transaction = begin_transaction  # type: ignore[method-assign]
+    app = prefects()
+
+    async def asgi(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        inserts = scope["type"] == "http" and scope["method"] == "POST" and scope["path"].rstrip("/") in READ_THEN_INSERT
+        if not inserts:
+            return await app(scope, receive, send)
+        token = _immediate.set(True)
+        try:
+            await app(scope, receive, send)
+        finally:
+            _immediate.reset(token)
+
+    return asgi
+
+
+def with_our_app(popen: Callable[..., Any]) -> Callable[..., Any]:
+    """``popen`` (``subprocess.Popen``, as Prefect's ``SubprocessASGIServer`` calls it) starting ``OUR_APP`` where
+    Prefect asks for ``PREFECTS_APP``."""
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = ([OUR_APP if a == PREFECTS_APP else a for a in args[0]], *args[1:])
+        elif "args" in kwargs:
+            kwargs["args"] = [OUR_APP if a == PREFECTS_APP else a for a in kwargs["args"]]
+        return popen(*args, **kwargs)
+
+    return start

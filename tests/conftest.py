@@ -29,10 +29,19 @@ def _mlflow_writer_in_a_thread(request, monkeypatch):
 
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """One temporary Prefect server for every flow test (starting one takes seconds)."""
+    """One temporary Prefect server for every flow test (starting one takes seconds), running the app the CLI's
+    temporary server runs (``flows.server.create_app``)."""
+    import contextlib
+    import subprocess
+    from unittest import mock
+
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=180):
+    from prefect_hyperband.flows.server import with_our_app
+
+    with contextlib.ExitStack() as harness:
+        with mock.patch.object(subprocess, "Popen", with_our_app(subprocess.Popen)):  # only while it starts
+            harness.enter_context(prefect_test_harness(server_startup_timeout=180))
         yield
 
 
