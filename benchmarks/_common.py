@@ -69,10 +69,11 @@ def quiet() -> None:
 
 @contextlib.contextmanager
 def prefect_server() -> Iterator[None]:
-    """A temporary Prefect API for in-process flow runs (what the test suite uses)."""
-    from prefect.testing.utilities import prefect_test_harness
+    """A temporary Prefect API for in-process flow runs (what the test suite uses), running the app the CLI's
+    temporary server runs."""
+    from prefect_hyperband.flows.server import harness
 
-    with prefect_test_harness(server_startup_timeout=180):
+    with harness(startup_timeout=180):
         quiet()
         yield
 

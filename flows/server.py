@@ -27,9 +27,10 @@ it relies on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from contextvars import ContextVar
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 BATCHED_WRITES = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "200",
@@ -94,3 +95,18 @@ def with_our_app(popen: Callable[..., Any]) -> Callable[..., Any]:
         return popen(*args, **kwargs)
 
     return start
+
+
+@contextlib.contextmanager
+def harness(startup_timeout: int = 180) -> Iterator[None]:
+    """Prefect's test harness (a temporary server, this process's settings pointing at it) with its server running
+    ``OUR_APP``: the test suite's and the benchmarks' Prefect, as the CLI's temporary server."""
+    import subprocess
+    from unittest import mock
+
+    from prefect.testing.utilities import prefect_test_harness
+
+    with contextlib.ExitStack() as started:
+        with mock.patch.object(subprocess, "Popen", with_our_app(subprocess.Popen)):  # only while it starts
+            started.enter_context(prefect_test_harness(server_startup_timeout=startup_timeout))
+        yield

@@ -31,17 +31,9 @@ def _mlflow_writer_in_a_thread(request, monkeypatch):
 def prefect_harness():
     """One temporary Prefect server for every flow test (starting one takes seconds), running the app the CLI's
     temporary server runs (``flows.server.create_app``)."""
-    import contextlib
-    import subprocess
-    from unittest import mock
+    from prefect_hyperband.flows.server import harness
 
-    from prefect.testing.utilities import prefect_test_harness
-
-    from prefect_hyperband.flows.server import with_our_app
-
-    with contextlib.ExitStack() as harness:
-        with mock.patch.object(subprocess, "Popen", with_our_app(subprocess.Popen)):  # only while it starts
-            harness.enter_context(prefect_test_harness(server_startup_timeout=180))
+    with harness(startup_timeout=180):
         yield
 
 

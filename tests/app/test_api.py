@@ -30,3 +30,29 @@ def test_an_option_that_is_no_field_is_refused_before_anything_runs():
     with pytest.raises(pydantic.ValidationError, match="concurency"):
         hb.tune(lambda trial: {"loss": 0.0}, space={"x": {"type": "float", "low": 0, "high": 1}}, metric="loss",
                 direction="minimize", concurency=2)
+
+
+def test_tune_starts_the_clis_temporary_server_once_its_parameters_are_valid(monkeypatch):
+    """Without ``PREFECT_API_URL``, ``hb.tune`` starts the server the CLI starts (batched writes, ``flows.server``'s
+    app), not the one Prefect would start on its own; after the parameters are checked, before the flow."""
+    from prefect_hyperband.flows import process
+    from prefect_hyperband.flows import tune as tune_module
+
+    calls: list[str] = []
+
+    class Started(Exception):
+        pass
+
+    def flow(params, return_state):
+        calls.append("flow")
+        raise Started
+
+    monkeypatch.setattr(process, "temporary_server", lambda: calls.append("server"))
+    monkeypatch.setattr(tune_module, "tune", flow)
+    space = {"x": {"type": "float", "low": 0, "high": 1}}
+    with pytest.raises(pydantic.ValidationError):
+        hb.tune(lambda trial: {"loss": 0.0}, space=space, metric="loss", direction="minimize", concurency=2)
+    assert calls == []
+    with pytest.raises(Started):
+        hb.tune(lambda trial: {"loss": 0.0}, space=space, metric="loss", direction="minimize")
+    assert calls == ["server", "flow"]
