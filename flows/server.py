@@ -21,7 +21,7 @@ tries again after 2 s: measured, a default-shaped synthetic job (R=9, 22 trial-r
 most of it trial-rungs waiting for their bracket's subflow run. ``create_app`` is Prefect's application with those
 two POSTs begun IMMEDIATE (the write lock first, waited for under the busy timeout, as Prefect's own orchestration
 does): the same jobs took 5.3-5.4 s, and no 503 was answered. The temporary servers started here (the CLI's, the
-Python API's, the test suite's) run it; Prefect is pinned, and ``tests/flows/test_server.py`` checks the internals
+Python API's, the test suite's, the benchmarks') run it; Prefect is pinned, and ``tests/flows/test_server.py`` checks the internals
 it relies on.
 """
 
@@ -87,11 +87,14 @@ def with_our_app(popen: Callable[..., Any]) -> Callable[..., Any]:
     """``popen`` (``subprocess.Popen``, as Prefect's ``SubprocessASGIServer`` calls it) starting ``OUR_APP`` where
     Prefect asks for ``PREFECTS_APP``."""
 
+    def ours(argv: list[str]) -> list[str]:
+        return [OUR_APP if a == PREFECTS_APP else a for a in argv]
+
     def start(*args: Any, **kwargs: Any) -> Any:
         if args:
-            args = ([OUR_APP if a == PREFECTS_APP else a for a in args[0]], *args[1:])
+            args = (ours(args[0]), *args[1:])
         elif "args" in kwargs:
-            kwargs["args"] = [OUR_APP if a == PREFECTS_APP else a for a in kwargs["args"]]
+            kwargs["args"] = ours(kwargs["args"])
         return popen(*args, **kwargs)
 
     return start
