@@ -160,7 +160,8 @@ def scheduler(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed
     from prefect_hyperband.hyperband.asha import AshaState
     from prefect_hyperband.hyperband.priorband import PriorBandSampler
     from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
-    from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, PriorFirst
+    from prefect_hyperband.hyperband.first import PriorFirst
+    from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler
     from prefect_hyperband.hyperband.space import parse
 
     space = parse(with_prior(problem.space, prior) if prior else problem.space)

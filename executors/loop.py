@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from prefect_hyperband.hyperband.accounting import RungResult
+from prefect_hyperband.hyperband.first import is_baseline
 from prefect_hyperband.hyperband.promotion import first
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, ended
 from prefect_hyperband.hyperband.trial import TrialRung
@@ -160,15 +161,27 @@ class Timeouts:
 
 @dataclass
 class Drive:
-    """What the loop leaves: every finished trial-rung (``RungResult`` fields) and the baseline's score."""
+    """What the loop leaves: every finished trial-rung of the search (``RungResult`` fields) and the baseline's (the
+    default config's, ``hyperband.first.Baseline``; None: not trained)."""
 
     rows: list[dict[str, Any]]
-    default_score: float | None
+    baseline: dict[str, Any] | None
     elapsed: float
     #: worker-seconds of trainings that left no result: failed, stopped, timed out, run again (measured)
     lost: float = 0.0
     #: the criterion that ended the job before its schedule did (``hyperband.criteria``); None: it ran to its end
     stopped_by: str | None = None
+
+    @classmethod
+    def of(cls, rows: list[dict[str, Any]], elapsed: float, lost: float) -> "Drive":
+        """The loop's rows, the baseline's apart."""
+        baseline = [r for r in rows if is_baseline(r["bracket"])]
+        return cls([r for r in rows if not is_baseline(r["bracket"])], baseline[-1] if baseline else None, elapsed, lost)
+
+    @property
+    def default_score(self) -> float | None:
+        """The default config's metric; None when it was not trained, or failed."""
+        return None if self.baseline is None else self.baseline["score"]
 
 
 @dataclass
@@ -183,8 +196,7 @@ class Flight:
 @dataclass
 class Loop:
     """Run ``scheduler`` to the end with ``concurrency`` trial-rungs in flight (``workers`` each); ``save(rows,
-    elapsed, lost)`` after every pass that settled a result, ``save(..., final=True)`` once at the end.
-    ``baseline``: the default config's training, in a slot too."""
+    elapsed, lost)`` after every pass that settled a result, ``save(..., final=True)`` once at the end."""
 
     scheduler: Scheduler
     executor: Executor
@@ -199,15 +211,12 @@ class Loop:
     rows: list[dict[str, Any]] = field(default_factory=list)
     spent: float = 0.0  # seconds of earlier runs of the job (a resume)
     lost: float = 0.0
-    baseline: Future[float | None] | None = None
     grace: float = STOP_GRACE
     flights: dict[Future, Flight] = field(default_factory=dict, init=False)
     retry: list[TrialRung] = field(default_factory=list, init=False)
     attempts: Counter = field(default_factory=Counter, init=False)
     to_close: list[str] = field(default_factory=list, init=False)
-    default_score: float | None = field(default=None, init=False)
     stop_began: float | None = field(default=None, init=False)
-    baseline_done: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.began = self.clock.now()
@@ -224,11 +233,10 @@ class Loop:
                 self._fill()
                 if self._over():
                     break
-                watched = [*self.flights, *([self.baseline] if self._baseline_running() else [])]
-                done = self.clock.wait(watched, POLL)
+                done = self.clock.wait(list(self.flights), POLL)
                 settled = len(self.rows)
                 self._give_up_overdue()
-                for future in [f for f in [*self.flights, self.baseline] if f in done]:  # in the order submitted
+                for future in [f for f in self.flights if f in done]:  # in the order submitted
                     self._done(future)
                 self._fill()  # the next trial-rungs train while the state is saved and runs are closed
                 if len(self.rows) > settled:
@@ -243,7 +251,7 @@ class Loop:
             self.executor.shutdown(wait=self.stop_began is None)
             self.tracker.drain()  # every run created and closed before the summary and the champion
             self.save(self.rows, self.elapsed(), self.lost, final=True)
-        return Drive(self.rows, self.default_score, self.elapsed(), self.lost)
+        return Drive.of(self.rows, self.elapsed(), self.lost)
 
     def _notice_stop(self) -> None:
         if self.stop.requested() and self.stop_began is None:  # Ctrl-C, SIGTERM, a cancellation
@@ -252,9 +260,6 @@ class Loop:
             self.events.warning(f"stopping: {training} trial-rungs in flight are given {self.grace:.0f} s; "
                                 "the job is saved for --resume")
             self.executor.interrupt()  # trainings in processes end now; threads at their next unit
-
-    def _baseline_running(self) -> bool:
-        return self.baseline is not None and not self.baseline_done
 
     def _fill(self) -> None:
         """Trial-rungs into the free slots, unless the job is stopping."""
@@ -266,18 +271,14 @@ class Loop:
             self.flights[self.executor.submit(trial_rung)] = Flight(trial_rung, self.timeouts.limit(trial_rung))
 
     def _busy(self) -> int:
-        return sum(not f.recording for f in self.flights.values()) + self._baseline_running()
+        return sum(not f.recording for f in self.flights.values())
 
     def _over(self) -> bool:
         if self.stop_began is not None and self.clock.now() - self.stop_began > self.grace:
             return True
-        return not self.flights and not self._baseline_running()
+        return not self.flights
 
     def _done(self, future: Future) -> None:
-        if future is self.baseline:
-            self.baseline_done = True
-            self.default_score = None if self.stop_began is not None else self._baseline_score(future)
-            return
         flight = self.flights.pop(future, None)
         if flight is None:  # given up on its timeout in this same pass
             return
@@ -285,13 +286,6 @@ class Loop:
             self._recorded(flight.trial_rung, future)
         else:
             self._trained(flight, future)
-
-    def _baseline_score(self, future: Future) -> float | None:
-        try:
-            return future.result()
-        except Exception as exc:  # the orchestration failed: the job goes on without its baseline
-            self.events.warning(f"default config failed: {exc}")
-            return None
 
     def _trained(self, flight: Flight, future: Future[Outcome]) -> None:
         """A trial-rung's training ended: its record goes to the tracker; its slot takes the next trial-rung."""

@@ -14,7 +14,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from prefect_hyperband.executors.loop import Outcome
 from prefect_hyperband.hyperband.trial import TrialRung
@@ -64,10 +64,6 @@ class ThreadExecutor:
         self.work, self.stop, self._interrupt, self.place = work, stop, interrupt, place
         self.pool = ThreadPoolExecutor(max_workers=slots + SPARE_THREADS, thread_name_prefix=THREAD_PREFIX)
         self.abandoned: list[Future] = []
-
-    def call(self, fn: Callable[[], Any]) -> Future:
-        """``fn()`` in a thread of the pool, in a copy of this context (the baseline's training)."""
-        return self.pool.submit(contextvars.copy_context().run, fn)
 
     def submit(self, trial_rung: TrialRung) -> Future[Outcome]:
         record = _Work()

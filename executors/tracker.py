@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from typing import Callable
 
 from prefect_hyperband.executors.loop import Outcome
+from prefect_hyperband.hyperband.first import is_baseline
 from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.job import Job
@@ -56,14 +57,19 @@ class MlflowTracker:
 
     def start(self, trial_rung: TrialRung) -> None:
         t = trial_rung.trial_id
-        if t in self.runs or t in self.creating:
+        if t in self.runs or t in self.creating or is_baseline(trial_rung.bracket):  # the baseline: no run of its own
             return
         self.creating[t] = self.waiting.watch(self.writer.submit("start", self.job, t, trial_rung.bracket, time.time()))
 
     def record(self, out: Outcome) -> Future[Outcome]:
         """The trial-rung's metrics, to the trial's run (made then if its creation failed); its future ends once
-        written, with the run known (``runs``)."""
+        written, with the run known (``runs``). The baseline's has no run: its metric goes on the parent run at the
+        job's end (``default_<metric>``)."""
         trial_rung = out.trial_rung
+        if is_baseline(trial_rung.bracket):
+            kept: Future[Outcome] = Future()
+            kept.set_result(out)
+            return kept
         rung = None
         if not (out.error is not None and self.stop.requested()):  # stopped, not failed: --resume trains it again
             # a trial's first rung brings its params (again, the same values, when it is trained again after a kill)

@@ -21,13 +21,14 @@ from prefect_hyperband.flows.groups import Groups
 from prefect_hyperband.flows.state import StateWriter
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.criteria import Criteria, Stopping
+from prefect_hyperband.hyperband.first import PRIOR_BRACKET, PRIOR_TRIAL, is_baseline
 from prefect_hyperband.hyperband.journal import Journaled
 from prefect_hyperband.hyperband.promotion import best_key, failed, first, sort_key
-from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, PRIOR_TRIAL, Decision, Scheduler, best_of
+from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, best_of
 from prefect_hyperband.tasks import importance_report, report
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import close_trial_runs
-from prefect_hyperband.tasks.trials import promote_rung, train_default
+from prefect_hyperband.tasks.trials import promote_rung
 from prefect_hyperband.tasks.writer import Writer
 from prefect_hyperband.trainers import factory, stopping
 
@@ -35,8 +36,8 @@ from prefect_hyperband.trainers import factory, stopping
 PROGRESS_INTERVAL = 2.0
 
 
-def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, baseline: bool,
-          lost: float = 0.0, runs: dict[str, str] | None = None, progress: report.ProgressBar | None = None,
+def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, lost: float = 0.0,
+          runs: dict[str, str] | None = None, progress: report.ProgressBar | None = None,
           saved: dict[str, Any] | None = None, writer: Writer | None = None, criteria: Criteria | None = None,
           clock=lambda: 0.0, importance: str = "none") -> Drive:
     """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every pass
@@ -73,8 +74,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
                     metric=job.metric_key) if criteria is not None and criteria.any() else None
     loop = Loop(goal or journaled, executor, tracker, RealClock(), token, events, save=state.save,
                 concurrency=job.concurrency, workers=job.settings.workers,
-                trial_timeout=job.trial_timeout, rows=rows, spent=spent, lost=lost, grace=stop_grace(),
-                baseline=executor.call(functools.partial(_baseline, job)) if baseline else None)
+                trial_timeout=job.trial_timeout, rows=rows, spent=spent, lost=lost, grace=stop_grace())
     try:
         result = loop.run()
         if goal is not None and goal.reason is not None:
@@ -103,16 +103,6 @@ class _WorkerSeconds:
         return self.total + self.lost()
 
 
-def _baseline(job: Job) -> float | None:
-    """The default config's score (its ``train default config`` task); None when it failed (said in the log)."""
-    state = train_default(job, return_state=True)
-    value = state.result(raise_on_failure=False)
-    if isinstance(value, BaseException) or not state.is_completed():
-        get_run_logger().warning("default config failed: %s", value)
-        return None
-    return float(value)
-
-
 def close_decided(job: Job, scheduler: Scheduler, runs: dict[str, str]) -> None:
     """On resume: end again the runs of trials already decided (a kill may have come before their closing)."""
     close_trial_runs(job, [t for t in scheduler.records() if t.status != "running"], runs)
@@ -134,6 +124,9 @@ class _Events:
         self.logger.warning(message)
 
     def settled(self, out: Outcome, decisions: list[Decision]) -> None:
+        if is_baseline(out.trial_rung.bracket):  # not a result of the search: one line, nothing else moves
+            self._baseline(out)
+            return
         trial_rung, self.results = out.trial_rung, self.results + 1
         improved = self._improves(out)
         self._advance()
@@ -151,6 +144,15 @@ class _Events:
         if self.live is not None:
             self.live.offer(self.scheduler.records)
         self.groups.settled(decisions)
+
+    def _baseline(self, out: Outcome) -> None:
+        if out.error:
+            self.logger.warning("the default config failed at r=%d: %s; the summary has no baseline",
+                                out.trial_rung.resource, out.error)
+        else:
+            self.logger.info("the default config at r=%d: %s %s (the baseline, not a trial of the search)",
+                             out.trial_rung.resource, self.job.metric_key,
+                             "n/a" if out.metric is None else f"{out.metric:.4f}")
 
     def _improves(self, out: Outcome) -> bool:
         """Whether ``out`` is the best so far (``best_of``'s ranking, kept result by result: no scan of the job)."""
@@ -203,7 +205,9 @@ def _live_importance(job: Job, method: str) -> importance_report.Live | None:
 def _show_start(job: Job, rows: list[dict[str, Any]], scheduler: Scheduler) -> None:
     if not display.active():
         return
-    inner = getattr(scheduler, "inner", scheduler)
+    inner = scheduler
+    while hasattr(inner, "inner"):  # the schedule under its wrappers (the baseline, the prior first)
+        inner = inner.inner
     limits = ""
     if job.mode == "asha":
         budget = getattr(inner, "time_budget", None)
@@ -212,7 +216,7 @@ def _show_start(job: Job, rows: list[dict[str, Any]], scheduler: Scheduler) -> N
     planned = {b["s"]: sum(r["n_configs"] for r in b["rungs"]) for b in plan["brackets"]}
     if job.prior_first:
         planned[PRIOR_BRACKET] = 1
-    done = Counter(int(r["bracket"]) for r in rows)
+    done = Counter(int(r["bracket"]) for r in rows if not is_baseline(r["bracket"]))
     display.start(display.Start(job.job_id, job.mode, job.metric_key, planned, dict(done), limits))
 
 

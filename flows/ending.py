@@ -10,7 +10,7 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.states import Cancelled, State
 
-from prefect_hyperband.executors.loop import JobStopped
+from prefect_hyperband.executors.loop import Drive, JobStopped
 from prefect_hyperband.flows import objectives, parents
 from prefect_hyperband.flows.lost import end_orphan_runs
 from prefect_hyperband.flows.params import TuneParams
@@ -66,7 +66,7 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
         _pause_open_runs(job, records, runs, run.stopped_by)
     end_orphan_runs(job, records, runs, logger)
     points = front.points(records, job.directions) if job.objectives else []  # several objectives: the front, once
-    summary, best = _summarise(job, records, run.rows, run.default_score, run.elapsed, run.lost, runs, points)
+    summary, best = _summarise(job, records, run, runs, points)
     version = _champion(params, job, best, logger)
     mattered = _importance(job, records, params.importance, logger)
     progress.finish()
@@ -234,8 +234,7 @@ def _space_needed(job: Job, scheduler, stop: JobStopped) -> str:
     return f"; the job folder holds {size / 2**20:,.2f} MiB for {done} trial-rungs (about {size / done / 2**10:,.1f} KiB each)"
 
 
-def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]], default_score: float | None,
-               wall: float, lost: float, runs: dict[str, str],
+def _summarise(job: Job, records: list[TrialRecord], run: Drive, runs: dict[str, str],
                points: list[front.Point]) -> tuple[Summary, dict | None]:
     """The job's summary and its champion; ``points``: the front of several objectives (empty with one metric)."""
     found = champion(job, records, points)
@@ -246,17 +245,18 @@ def _summarise(job: Job, records: list[TrialRecord], rows: list[dict[str, Any]],
                 **({"values": list(value)} if isinstance(value, tuple) else {}),
                 "run_id": runs.get(t.trial_id), "checkpoint": job.checkpoint_url(t.trial_id, resource), "bracket": t.bracket}
     summary = summarise(
-        [RungResult(**r) for r in rows],
+        [RungResult(**r) for r in run.rows],
         metric=job.metric_key,  # the metric's one name: MLflow's, the leaderboard's, the summary's, the plots'
         configs=len(records),
         max_resource=job.max_resource,
         reached_max_resource=sum(1 for t in records if t.status == "completed"),
         failed_trials=sum(1 for t in records if t.status == "failed"),
         best=(best["trial_id"], best["resource"], best["score"]) if best else None,
-        default_score=default_score,
-        wall_seconds=wall,
+        default_score=run.default_score,
+        wall_seconds=run.elapsed,
         concurrency=job.concurrency,
-        lost_worker_seconds=lost,
+        lost_worker_seconds=run.lost,
+        baseline=None if run.baseline is None else RungResult(**run.baseline),
     )
     if job.objectives:
         summary = replace(summary, objectives=tuple(name for name, _ in job.objectives),

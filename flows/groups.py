@@ -34,7 +34,8 @@ from typing import Any, Callable, TypeVar
 from prefect import flow
 
 from prefect_hyperband.executors.threads import in_the_jobs_run
-from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, Decision
+from prefect_hyperband.hyperband.first import BASELINE_BRACKET, PRIOR_BRACKET
+from prefect_hyperband.hyperband.scheduler import Decision
 from prefect_hyperband.hyperband.trial import TrialRung
 
 T = TypeVar("T")
@@ -118,7 +119,7 @@ class Groups:
 
     def _key(self, trial_rung: TrialRung) -> tuple[tuple[Any, ...], str, int] | None:
         """The group's key and title for the next trial-rung like ``trial_rung`` (counted here: call under the lock)."""
-        if trial_rung.bracket == PRIOR_BRACKET:
+        if trial_rung.bracket in (PRIOR_BRACKET, BASELINE_BRACKET):  # one trial-rung apart: in the job's own run
             return None
         level = ("bracket", trial_rung.bracket) if self.mode != "asha" else ("r", trial_rung.resource)
         n = self.dealt[level]

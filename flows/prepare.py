@@ -132,6 +132,7 @@ def prepare(params: TuneParams) -> Job:
         mode=params.mode,
         sampler=params.sampler,
         prior_first=params.prior_first,
+        baseline=params.baseline and bool(default_config),
         parent_run_id=(record or {}).get("parent_run_id"),
         trial_timeout=params.trial_timeout,
         storage=None if store.local else store.root,

@@ -73,7 +73,7 @@ def stop() -> None:
 
 def _label(s: int) -> str:
     """A bracket's line: ``bracket s=3``, or the priors' mode trained first (``--prior-first``)."""
-    from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET
+    from prefect_hyperband.hyperband.first import PRIOR_BRACKET
 
     return "prior's mode at R" if s == PRIOR_BRACKET else f"bracket s={s}"
 

@@ -12,10 +12,11 @@ from typing import Any, Callable
 
 from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.first import Baseline, PriorFirst
 from prefect_hyperband.hyperband.journal import Diverged, Journaled, replay
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
-from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, PriorFirst, Sampler, Scheduler
+from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, Sampler, Scheduler
 from prefect_hyperband.hyperband.space import Space, parse
 from prefect_hyperband.hyperband.warm import WarmSampler, draw_seed
 from prefect_hyperband.tasks.job import Job
@@ -317,14 +318,16 @@ def make_scheduler(job: Job, max_trials: int, time_budget: float | None, clock: 
     """The job's scheduler, new or as saved (its trial-rungs in flight still out: ``load_state`` replays the journal,
     then offers them again): ASHA, or Hyperband's brackets (in turn when TPE or PriorBand proposes
     configs: each bracket samples from what the earlier ones taught); with ``prior_first``, after the priors' mode
-    trained straight to R."""
+    trained straight to R; with ``baseline``, after the default config trained to R (a state saved before the
+    baseline was the scheduler's goes on without one)."""
     space = parse(job.space)
     inner = _schedule(job, space, max_trials, time_budget, clock, saved)
-    if not job.prior_first:
-        return inner
+    if job.prior_first:
+        inner = (PriorFirst.from_json(saved, inner, requeue=False) if saved
+                 else PriorFirst(inner, priors.mode(space), job.max_resource))
     if saved:
-        return PriorFirst.from_json(saved, inner, requeue=False)
-    return PriorFirst(inner, priors.mode(space), job.max_resource)
+        return Baseline.from_json(saved, inner, requeue=False) if saved.get("baseline") else inner
+    return Baseline(inner, dict(job.default_config), job.max_resource) if job.baseline else inner
 
 
 def _schedule(job: Job, space: Space, max_trials: int, time_budget: float | None, clock: Callable[[], float],

@@ -20,6 +20,7 @@ from prefect_hyperband.flows.process import job_lines_in_ui, stop_on_signals
 from prefect_hyperband.flows.state import load_state, make_scheduler, save_job_record
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.criteria import Criteria
+from prefect_hyperband.hyperband.first import is_baseline
 from prefect_hyperband.tasks import report, service_wait, tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import start_job_run
@@ -89,14 +90,13 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
         tracking.set_status(job.tracking_uri, job.parent_run_id, "RUNNING")  # it ended KILLED if the job was stopped
         _adopt_runs(job, runs)
         close_decided(job, scheduler, runs)
-        logger.info("job %s resumed: %d trial-rungs kept", job.job_id, len(rows))
+        logger.info("job %s resumed: %d trial-rungs kept", job.job_id, sum(not is_baseline(r["bracket"]) for r in rows))
     progress = report.ProgressBar(report.report_start(plan["trial_rungs"]), plan["trial_rungs"])
     if not job.trial_pool:
         factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
-        run = drive(job, scheduler, rows, spent, baseline=params.baseline and bool(job.default_config), lost=lost,
-                    runs=runs, progress=progress, saved=saved, writer=writer, criteria=_criteria(job, params),
-                    clock=clock, importance=params.importance)
+        run = drive(job, scheduler, rows, spent, lost=lost, runs=runs, progress=progress, saved=saved, writer=writer,
+                    criteria=_criteria(job, params), clock=clock, importance=params.importance)
     except JobStopped as stop:
         return ending.stopped(job, scheduler, runs, stop, logger)
     return ending.finish(params, job, scheduler.records(), run, runs, max_trials, progress, logger)

@@ -49,6 +49,9 @@ class Summary:
     #: measured: worker-seconds of trainings that left no result (failed, stopped, timed out, run again);
     #: part of ``worker_seconds``. A process killed outright (SIGKILL) loses its in-flight work unmeasured.
     lost_worker_seconds: float = 0.0
+    #: measured: worker-seconds of the baseline, the default config trained to R (``hyperband.first.Baseline``); part of
+    #: ``worker_seconds`` and of its estimate without early stopping (either job trains it)
+    baseline_worker_seconds: float = 0.0
     #: several objectives: their names (the metric first), and how many configs are on the Pareto front
     objectives: tuple[str, ...] = ()
     front_size: int = 0
@@ -70,7 +73,10 @@ def summarise(
     wall_seconds: float,
     concurrency: int = 1,
     lost_worker_seconds: float = 0.0,
+    baseline: RungResult | None = None,
 ) -> Summary:
+    """The job's figures from its trial-rungs (``rows``) and, apart, its baseline's (``baseline``: the default config's
+    training, whose metric is ``default_score``): its cost is counted."""
     rows = list(rows)
     used = sum(r.resource_trained for r in rows)
     train_ws = sum(r.train_seconds * r.workers for r in rows)
@@ -79,7 +85,8 @@ def summarise(
     without = configs * max_resource
     # every config trained to R: the measured worker-seconds per unit times configs·R,
     # plus one evaluation per config at the measured seconds per evaluation
-    estimated = (train_ws / used * without if used else 0.0) + eval_s / evaluated * configs
+    base_ws = baseline.train_seconds * baseline.workers + baseline.eval_seconds if baseline is not None else 0.0
+    estimated = (train_ws / used * without if used else 0.0) + eval_s / evaluated * configs + base_ws
     return Summary(
         metric=metric,
         configs=configs,
@@ -93,7 +100,7 @@ def summarise(
         default_score=default_score,
         resource_used=used,
         resource_without_early_stopping=without,
-        worker_seconds=train_ws + eval_s + lost_worker_seconds,
+        worker_seconds=train_ws + eval_s + lost_worker_seconds + base_ws,
         worker_seconds_without_early_stopping=estimated,
         wall_seconds=wall_seconds,
         sequential_seconds=sum(r.train_seconds + r.eval_seconds for r in rows),
@@ -101,6 +108,7 @@ def summarise(
         wall_seconds_without_early_stopping=estimated / max(1, concurrency),
         longest_idle_seconds=longest_idle(rows),
         lost_worker_seconds=lost_worker_seconds,
+        baseline_worker_seconds=base_ws,
     )
 
 
@@ -156,6 +164,8 @@ def table(s: Summary) -> str:
         f"training {s.sequential_seconds:,.1f} s of the wall, longest idle stretch {s.longest_idle_seconds:.1f} s"
         + (f"; {s.lost_worker_seconds:,.1f} worker-s lost to failed, stopped or retried trainings"
            if s.lost_worker_seconds >= 0.05 else "")
+        + (f"; the default config's training {s.baseline_worker_seconds:,.1f} worker-s, in both costs"
+           if s.baseline_worker_seconds >= 0.05 else "")
         + (f"; {s.front_size} configs on the Pareto front of {', '.join(s.objectives)}" if s.objectives else "")
     )
     return "\n".join([*lines, footer])

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+from prefect_hyperband.hyperband.first import BASELINE_TRIAL
 from prefect_hyperband.hyperband.promotion import Directions, Score, failed, first, sign
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, TrialRecord
 from prefect_hyperband.hyperband.trial import TrialRung
@@ -51,7 +52,8 @@ class Stopping:
         self.best_at_r: float | None = None
         self.since_best = 0  # results at R in a row that brought no new best at R
         for row in rows:
-            self._see(str(row["trial_id"]), int(row["resource"]), row["score"])
+            if row["trial_id"] != BASELINE_TRIAL:
+                self._see(str(row["trial_id"]), int(row["resource"]), row["score"])
 
     # -- the scheduler's members
 
@@ -63,7 +65,8 @@ class Stopping:
     def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
                error: str | None = None) -> list[Decision]:
         decisions = self.inner.report(trial_id, resource, score, checkpoint, error)
-        self._see(trial_id, resource, score)
+        if trial_id != BASELINE_TRIAL:  # the default config: the summary's baseline, not a result of the search
+            self._see(trial_id, resource, score)
         return decisions
 
     def finish(self) -> list[Decision]:

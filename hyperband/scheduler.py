@@ -13,7 +13,8 @@ resumes: jobs that were in flight when the state was saved are offered again fir
   the sampler is random, so the same seed gives the same configs in any order of execution.
 * ``AshaScheduler``: ``asha.AshaState`` with its stopping rules (``max_trials``, a time budget
   measured by a clock passed in).
-* ``PriorFirst``: either of them, after one trial of the priors' mode trained straight to R (``--prior-first``).
+* ``first.PriorFirst`` and ``first.Baseline`` wrap either of them: one config trained straight to R before the
+  schedule (the priors' mode with ``--prior-first``; the default config, the summary's baseline).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.bracket import BracketState
 from prefect_hyperband.hyperband.priorband import first_rung
-from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, best_key, failed
+from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, best_key, failed
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 from prefect_hyperband.hyperband.space import Space
 from prefect_hyperband.hyperband.trial import Status, TrialRung
@@ -301,90 +302,3 @@ class AshaScheduler:
     def to_json(self) -> dict[str, Any]:
         return {"kind": "asha", "state": self.state.to_json(), "sampler": self.sampler.to_json(),
                 "max_trials": self.max_trials, "time_budget": self.time_budget}
-
-
-# --------------------------------------------------------------------------------- the prior first
-
-#: the trial ``--prior-first`` adds before the schedule: its id, and its bracket (outside the schedule's 0..s_max)
-PRIOR_TRIAL, PRIOR_BRACKET = "prior", -1
-
-
-@dataclass
-class PriorFirst:
-    """A scheduler with one trial before its first job: the priors' mode (``priors.mode``) trained straight to R.
-
-    PriorBand evaluated the prior first, at the highest fidelity, when it was published (NePS's PriorBand of then
-    defaulted to ``sample_default_first`` and ``sample_default_at_target``; NePS today offers it as
-    ``sample_prior_first="highest_fidelity"``). As there, the trial stands outside the brackets (bracket
-    ``PRIOR_BRACKET``, one rung at R) and its result is not told to the sampler (NePS leaves it out of the table
-    its brackets and sampler read); it is in the job's records, its best and its front like any trial. With several
-    slots, the schedule's first jobs start beside it."""
-
-    inner: Scheduler
-    config: dict[str, Any]
-    max_resource: int
-    status: Status | None = None  # None: not offered yet (or in flight when the state was saved); running: in flight
-    score: Score = None
-    checkpoint: str | None = None
-    error: str | None = None
-
-    def next_trial_rung(self) -> TrialRung | None:
-        if self.status is None:
-            self.status = "running"
-            return TrialRung(PRIOR_TRIAL, PRIOR_BRACKET, 0, self.max_resource, dict(self.config), None)
-        return self.inner.next_trial_rung()
-
-    def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
-               error: str | None = None) -> list[Decision]:
-        if trial_id != PRIOR_TRIAL:
-            return self.inner.report(trial_id, resource, score, checkpoint, error)
-        if self.status != "running" or resource != self.max_resource:
-            raise ValueError(f"trial {trial_id} has no trial-rung to r={resource} in flight; report each once")
-        lost = failed(score)
-        self.status = "failed" if lost else "completed"
-        self.score = as_score(score)
-        self.checkpoint, self.error = (None, error or "failed") if lost else (checkpoint, None)
-        return [Decision(self.status, PRIOR_BRACKET, 0, resource, PRIOR_TRIAL, 1)]  # type: ignore[arg-type]
-
-    def finish(self) -> list[Decision]:
-        if self.status == "running":
-            raise ValueError(f"cannot finish with trial-rungs in flight: report {PRIOR_TRIAL} first")
-        return self.inner.finish()
-
-    @property
-    def done(self) -> bool:
-        return self.status in ("completed", "failed") and self.inner.done
-
-    def records(self, ids: Iterable[str] | None = None) -> list[TrialRecord]:
-        if ids is not None:
-            ids = list(ids)
-            if PRIOR_TRIAL not in ids:
-                return self.inner.records(ids)
-            inner = iter(self.inner.records([t for t in ids if t != PRIOR_TRIAL]))
-            return [self._record() if t == PRIOR_TRIAL else next(inner) for t in ids]
-        return ([] if self.status is None else [self._record()]) + self.inner.records()
-
-    def _record(self) -> TrialRecord:
-        return TrialRecord(PRIOR_TRIAL, PRIOR_BRACKET, dict(self.config), self.status or "running", 0,
-                           self.max_resource if self.status == "completed" else 0,
-                           {} if self.status in (None, "running") else {self.max_resource: self.score}, self.error)
-
-    def requeue(self) -> None:
-        if self.status == "running":  # in flight when saved: offered again
-            self.status = None
-        self.inner.requeue()
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.inner.to_json(), "prior_first": {
-            "config": self.config, "max_resource": self.max_resource, "status": self.status, "score": self.score,
-            "checkpoint": self.checkpoint, "error": self.error}}
-
-    @classmethod
-    def from_json(cls, raw: Mapping[str, Any], inner: Scheduler, requeue: bool = True) -> "PriorFirst":
-        """As saved; ``requeue``: the prior trial, when in flight, is offered again (``inner`` is loaded apart)."""
-        mine = raw["prior_first"]
-        loaded = cls(inner, dict(mine["config"]), mine["max_resource"], mine["status"], as_score(mine["score"]),
-                     mine["checkpoint"], mine["error"])
-        if requeue and loaded.status == "running":
-            loaded.status = None
-        return loaded

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
+from prefect_hyperband.hyperband.first import is_baseline
+
 Direction = Literal["min", "max"]
 
 
@@ -42,8 +44,10 @@ def default_target(tuned_at_smallest: float | None, direction: Direction, margin
 def time_to_target(rows: Iterable[Mapping[str, Any]], target: float | None, direction: Direction) -> float | None:
     """Seconds from the job's first trial-rung start until its best-so-far first reached ``target``.
 
-    ``rows`` are trial-rungs with ``started``/``ended`` (epoch seconds) and ``score`` (None: failed)."""
-    rows = [r for r in rows if r.get("started") is not None and r.get("ended") is not None]
+    ``rows`` are trial-rungs with ``started``/``ended`` (epoch seconds) and ``score`` (None: failed); the baseline's
+    (the default config's, ``hyperband.first.Baseline``) is not the search's and is left out."""
+    rows = [r for r in rows if r.get("started") is not None and r.get("ended") is not None
+            and not is_baseline(r.get("bracket", 0))]
     if target is None or not rows:
         return None
     t0 = min(float(r["started"]) for r in rows)

@@ -33,6 +33,8 @@ class Job:
     sampler: Literal["random", "tpe", "priorband"] = "random"
     #: train the priors' mode straight to R before the schedule (``scheduler.PriorFirst``)
     prior_first: bool = False
+    #: train the default config to R before the schedule, the summary's baseline (``hyperband.first.Baseline``)
+    baseline: bool = False
     parent_run_id: str | None = None
     trial_timeout: float | None = None  # seconds a trial-rung may take; None: from the job's measurements
     #: the job's state and checkpoints, ``<--storage>/<job_id>``, when that is a URL (s3://...); None: ``job_dir``

@@ -118,11 +118,3 @@ def promote_rung(s: int, rung: int, resource: int, promoted: list[str], stopped:
     """A rung of bracket s closed (the scheduler ranked it): the top ⌊n_i/η⌋, ``promoted``, go up from ``resource``
     units, ``stopped`` end there. Its task run puts the decision in the job's DAG in the Prefect UI."""
     return promoted
-
-
-@task(name="train default config", cache_policy=NO_CACHE)
-def train_default(job: Job) -> float:
-    """XGBoost's (or the model's) default config trained to R: the quality baseline of the summary."""
-    trainer = factory.get(job.settings)
-    result = trainer.train(job.default_config, job.max_resource, None, job.checkpoint_path("default", job.max_resource))
-    return trainer.evaluate(result.checkpoint)

@@ -12,10 +12,11 @@ import pytest
 
 from prefect_hyperband.executors.loop import ORCHESTRATION_RETRIES, POLL, JobStopped, Loop, Outcome
 from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.first import BASELINE_BRACKET, BASELINE_TRIAL, Baseline, PriorFirst
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler
 from prefect_hyperband.hyperband import priors
-from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, PriorFirst
+from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler
 from prefect_hyperband.hyperband.space import parse
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.trainers.base import Evaluation, TrainResult
@@ -341,13 +342,29 @@ def test_a_trainer_error_fails_its_trial_which_is_closed_and_never_promoted():
     assert drive.lost == 1.0  # the second it took left no result: lost worker-seconds
 
 
-def test_the_baseline_takes_a_slot_and_its_score_comes_back():
-    base: Future = Future()
-    sim = Sim()
-    sim.on_submit = lambda trial_rung: base.set_result(0.7) if len(sim.submitted) == 3 and not base.done() else None
-    drive = make(hyperband(), sim, concurrency=2, baseline=base).run()
-    assert drive.default_score == 0.7
-    assert sim.most == 2
+def test_the_baseline_is_a_trial_rung_of_the_scheduler_in_a_slot_and_its_row_comes_back_apart():
+    sim, saves = Sim(), []
+    sched = Baseline(hyperband(), {"x": 0.25}, 9)
+    drive = make(sched, sim, concurrency=2, saves=saves).run()
+    first = sim.submitted[0]
+    assert (first.trial_id, first.bracket, first.resource, first.config) == (BASELINE_TRIAL, BASELINE_BRACKET, 9, {"x": 0.25})
+    assert sim.most == 2 and sched.done  # it took one of the two slots; the schedule ran to its end beside it
+    assert len(drive.rows) == 22 and all(r["trial_id"] != BASELINE_TRIAL for r in drive.rows)
+    assert drive.baseline["score"] == drive.default_score == pytest.approx(0.25 + 1 / 9)
+    assert drive.baseline["train_seconds"] == 9.0  # its cost, for the summary
+    assert BASELINE_TRIAL not in scores(sched)  # not a trial of the search
+    assert saves[-1]["scheduler"]["baseline"]["status"] == "completed"  # saved: a resume does not train it again
+
+
+def test_a_failed_baseline_leaves_no_default_score_and_the_job_goes_on():
+    def behave(trial_rung, attempt):
+        if trial_rung.trial_id == BASELINE_TRIAL:
+            return 2.0, Outcome(trial_rung, None, None, "ValueError: no default")
+        return float(trial_rung.resource), trained(trial_rung, float(trial_rung.resource))
+
+    sched = Baseline(hyperband(), {"x": 0.25}, 9)
+    drive = make(sched, Sim(behave)).run()
+    assert drive.default_score is None and drive.baseline["score"] is None and len(drive.rows) == 22 and sched.done
 
 
 def test_the_same_seed_gives_the_same_rows_whatever_the_concurrency():

@@ -10,7 +10,8 @@ import pytest
 
 from prefect_hyperband.flows.groups import Groups
 from prefect_hyperband.flows.params import TuneParams
-from prefect_hyperband.hyperband.scheduler import PRIOR_BRACKET, Decision
+from prefect_hyperband.hyperband.first import PRIOR_BRACKET
+from prefect_hyperband.hyperband.scheduler import Decision
 from prefect_hyperband.hyperband.trial import TrialRung
 
 

@@ -329,6 +329,32 @@ def test_a_job_ends_when_its_goal_is_met_and_a_resume_with_a_looser_goal_finishe
     assert len(runs) == 17  # one child run per config, across the stop
 
 
+def test_the_baseline_trains_once_in_a_slot_across_a_stop_and_a_resume_and_is_no_trial_of_the_search(tracking_uri, tmp_path):
+    """The default config trained to R is the scheduler's first trial-rung (``hyperband.first.Baseline``): its metric is the
+    summary's and the parent run's, its seconds are the job's cost, it meets no goal, has no child run, and the
+    job's state keeps it: the resume does not train it again."""
+    from prefect_hyperband.flows.tune import tune
+
+    base = dict(model="synthetic", max_resource=9, eta=3, concurrency=1, job_dir=str(tmp_path), experiment="base",
+                job_id="base")
+    first = tune(TuneParams(**base, target_score=1.0))  # every result at R meets it: the search's first there ends it
+    assert "by trial default" not in first["stopped_by"]
+    checkpoint = tmp_path / "base" / "checkpoints" / "default" / "r9.json"
+    made = checkpoint.stat().st_mtime_ns
+    summary = first["summary"]
+    assert summary["default_score"] is not None and summary["baseline_worker_seconds"] > 0
+    again = tune(TuneParams(**{**base, "resume": True}, target_score=0.0))
+    assert checkpoint.stat().st_mtime_ns == made  # not trained again
+    assert again["summary"]["default_score"] == summary["default_score"]
+    assert again["summary"]["baseline_worker_seconds"] == summary["baseline_worker_seconds"]
+    assert again["summary"]["trial_rungs"] == 22 and again["summary"]["configs"] == 17  # the search's own
+    rows = saved_rows(str(tmp_path / "base"))
+    assert [r["trial_id"] for r in rows].count("default") == 1 and len(rows) == 23
+    client, parent, runs = runs_of(tracking_uri, "base", first["parent_run_id"])
+    assert len(runs) == 17 and "default" not in {r.data.tags["hyperband.trial_id"] for r in runs}
+    assert client.get_run(first["parent_run_id"]).data.metrics["default_val_loss"] == pytest.approx(summary["default_score"])
+
+
 def test_a_target_resource_above_r_is_one_line_and_exit_2(capsys):
     from prefect_hyperband.app.cli import main
 

@@ -56,3 +56,15 @@ def test_lost_work_is_part_of_the_cost_and_said_in_the_footer():
                   best=("s0-0000", 3, 0.1), default_score=None, wall_seconds=5.0, lost_worker_seconds=7.0)
     assert s.worker_seconds == 2.0 * 2 + 0.5 + 7.0 and s.lost_worker_seconds == 7.0
     assert "7.0 worker-s lost" in table(s)
+
+
+def test_the_baseline_s_training_is_part_of_both_costs_and_said_in_the_footer():
+    rows = [RungResult("s0-0000", 0, 0, 9, 9, 9.0, 0.0, 1, 0.5)]
+    baseline = RungResult("default", -2, 0, 9, 9, 4.0, 0.5, 2, 0.6)
+    s = summarise(rows, metric="loss", configs=2, max_resource=9, reached_max_resource=1, failed_trials=0,
+                  best=("s0-0000", 9, 0.5), default_score=0.6, wall_seconds=20.0, baseline=baseline)
+    assert s.baseline_worker_seconds == 4.0 * 2 + 0.5
+    assert s.worker_seconds == 9.0 + 8.5  # what the job spent, the default config's training included
+    assert s.worker_seconds_without_early_stopping == pytest.approx(18.0 + 8.5)  # either job trains it
+    assert s.trial_rungs == 1 and s.resource_used == 9  # the search's figures are the search's
+    assert "the default config's training 8.5 worker-s, in both costs" in table(s)

@@ -11,10 +11,11 @@ import pytest
 
 from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.first import Baseline, PriorFirst
 from prefect_hyperband.hyperband.journal import Diverged, Journaled, replay
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
-from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, PriorFirst
+from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler
 from prefect_hyperband.hyperband.space import parse
 
 SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}, "y": {"type": "int", "low": 1, "high": 50}})
@@ -65,6 +66,8 @@ KINDS = {
     "priorband": lambda: hyperband("priorband"),
     "asha": asha,
     "prior-first-asha": lambda: PriorFirst(asha(), priors.mode(PRIORS), 27),
+    "baseline-hyperband-tpe": lambda: Baseline(hyperband("tpe"), {"x": 0.5, "y": 25}, 27),
+    "baseline-prior-first-asha": lambda: Baseline(PriorFirst(asha(), priors.mode(PRIORS), 27), {"x": 0.5, "y": 25}, 27),
 }
 
 
@@ -82,7 +85,8 @@ def load(raw: dict, requeue: bool):
                        else PriorBandSampler.from_json(PRIORS, raw["sampler"]))
         space = PRIORS if raw.get("sampler") and raw["sampler"]["kind"] == "priorband" else SPACE
         inner = HyperbandScheduler.from_json(inner_raw, space, sampler, requeue=requeue)
-    return PriorFirst.from_json(raw, inner, requeue=requeue) if "prior_first" in raw else inner
+    inner = PriorFirst.from_json(raw, inner, requeue=requeue) if "prior_first" in raw else inner
+    return Baseline.from_json(raw, inner, requeue=requeue) if "baseline" in raw else inner
 
 
 def roundtrip(raw: dict) -> dict:
