@@ -183,16 +183,22 @@ def log_trial_rung(job: Job, run_id: str, resource: int, trained: TrainResult | 
     retrying(tracking.log_result, job.tracking_uri, run_id, history, metrics, resource, params)
 
 
-#: runs a tracking server ends at once (each run's two writes stay in order): ending 7,000 runs one by one over
-#: HTTP took 13 minutes after a 10,000-trial-rung job's last result
+#: runs a tracking server ends at once (each run's two writes stay in order) when a call ends at least
+#: ``CLOSE_AT_ONCE_FROM`` of them: ending 7,000 runs one by one over HTTP took 13 minutes after a 10,000-trial-rung
+#: job's last result (its end closes them in calls of ``executors.tracker.CLOSE_CHUNK``, 100)
 CLOSE_THREADS = 8
+#: fewer than this (a rung's close ends a few runs, every few seconds): one at a time. Twenty jobs sharing one
+#: server, each ending every rung's runs eight at once, stalled it for tens of seconds at a time
+#: (``benchmarks/bench_load.py --jobs 20``: 569 s a job and MLflow's p99 29.7 s, against 196 s and 0.44 s)
+CLOSE_AT_ONCE_FROM = 50
 
 
 def close_trial_runs(job: Job, trials: list[TrialRecord], runs: dict[str, str]) -> None:
     """Status tags of trials whose fate is known (stopped, failed, completed); their runs (``runs``: trial id ->
-    run id) end: against a tracking server, ``CLOSE_THREADS`` runs at once (a local store takes one writer)."""
+    run id) end: against a tracking server, ``CLOSE_THREADS`` runs at once when there are ``CLOSE_AT_ONCE_FROM`` or
+    more (a local store takes one writer)."""
     open_runs = [(t, runs[t.trial_id]) for t in trials if t.trial_id in runs]
-    if len(open_runs) > 1 and str(job.tracking_uri).startswith(("http://", "https://")):
+    if len(open_runs) >= CLOSE_AT_ONCE_FROM and str(job.tracking_uri).startswith(("http://", "https://")):
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(min(CLOSE_THREADS, len(open_runs)), thread_name_prefix="hyperband-close") as pool:

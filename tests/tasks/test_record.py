@@ -37,14 +37,23 @@ def calls(monkeypatch):
     return seen
 
 
-def test_against_a_tracking_server_runs_end_several_at_once_each_in_order(calls):
+def test_against_a_tracking_server_many_runs_end_several_at_once_each_in_order(calls):
     job = SimpleNamespace(tracking_uri="http://127.0.0.1:5000")
-    record.close_trial_runs(job, _trials(20), {f"s0-{i:04d}": f"run-{i}" for i in range(20)})
-    assert sorted(r for w, r, _ in calls if w == "end") == sorted(f"run-{i}" for i in range(20))
-    for i in range(20):  # a run's tags before its end
+    n = record.CLOSE_AT_ONCE_FROM
+    record.close_trial_runs(job, _trials(n), {f"s0-{i:04d}": f"run-{i}" for i in range(n)})
+    assert sorted(r for w, r, _ in calls if w == "end") == sorted(f"run-{i}" for i in range(n))
+    for i in range(n):  # a run's tags before its end
         mine = [w for w, r, _ in calls if r == f"run-{i}"]
         assert mine == ["tags", "end"]
     assert ("end", "run-3", "FAILED") in calls
+
+
+def test_against_a_tracking_server_a_few_runs_end_one_by_one(calls):
+    """A rung's close, every few seconds of a job: many jobs share the server, and eight at once from each stalled it."""
+    job = SimpleNamespace(tracking_uri="http://127.0.0.1:5000")
+    n = record.CLOSE_AT_ONCE_FROM - 1
+    record.close_trial_runs(job, _trials(n), {f"s0-{i:04d}": f"r-{i}" for i in range(n)})  # no run-0/1: no gate
+    assert [(w, r) for w, r, _ in calls] == [(w, f"r-{i}") for i in range(n) for w in ("tags", "end")]
 
 
 def test_a_local_store_ends_them_one_by_one_and_a_trial_with_no_run_is_skipped(calls):
@@ -55,14 +64,15 @@ def test_a_local_store_ends_them_one_by_one_and_a_trial_with_no_run_is_skipped(c
 
 def test_a_run_that_cannot_be_ended_past_its_retries_fails_the_call(monkeypatch, calls):
     def refuse(uri, run_id, status):
-        if run_id == "run-5":
+        if run_id == "r-5":
             raise ConnectionError("gone")
 
     monkeypatch.setattr(tracking, "end_run", refuse)
     monkeypatch.setattr(record.retrying, "__kwdefaults__", {"delays": (), "within": None})  # no waits between tries here
-    with pytest.raises(ConnectionError, match="gone"):
-        record.close_trial_runs(SimpleNamespace(tracking_uri="https://mlflow"), _trials(8),
-                                {f"s0-{i:04d}": f"run-{i}" for i in range(8)})
+    for n in (8, record.CLOSE_AT_ONCE_FROM):  # one by one, and several at once
+        with pytest.raises(ConnectionError, match="gone"):
+            record.close_trial_runs(SimpleNamespace(tracking_uri="https://mlflow"), _trials(n),
+                                    {f"s0-{i:04d}": f"r-{i}" for i in range(n)})
 
 
 def test_a_champion_registered_before_the_jobs_end_was_cut_short_is_not_registered_again(tmp_path, monkeypatch):
