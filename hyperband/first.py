@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Mapping
 
-from prefect_hyperband.hyperband.promotion import Score, as_score, failed, first
+from prefect_hyperband.hyperband.promotion import Score, as_score, failed
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, TrialRecord
 from prefect_hyperband.hyperband.trial import Status, TrialRung
 
@@ -129,11 +129,6 @@ class Baseline(First):
     """The default config trained straight to R before the schedule: the summary's baseline, no trial of the search."""
 
     TRIAL, BRACKET, KEY = BASELINE_TRIAL, BASELINE_BRACKET, "baseline"
-
-    @property
-    def default_score(self) -> float | None:
-        """The default config's metric (of several objectives, the first); None until it is trained, or failed."""
-        return None if self.status != "completed" else first(self.score)
 
     def _decided(self) -> list[Decision]:
         return []  # nothing of the search was decided

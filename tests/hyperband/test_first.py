@@ -30,9 +30,9 @@ def test_handed_out_first_at_r_then_the_schedule():
 def test_its_result_decides_nothing_and_is_no_record_of_the_search():
     sched = wrapped()
     sched.next_trial_rung()
-    assert sched.default_score is None
+    assert sched.score is None
     assert sched.report(BASELINE_TRIAL, 9, 0.42, "ck/default/9") == []
-    assert sched.default_score == 0.42
+    assert sched.status == "completed" and sched.score == 0.42
     assert all(t.trial_id != BASELINE_TRIAL for t in sched.records())
     with pytest.raises(ValueError, match="report each once"):
         sched.report(BASELINE_TRIAL, 9, 0.42, "ck/default/9")
@@ -50,7 +50,7 @@ def test_failed_it_has_no_score_and_the_job_is_done_when_the_schedule_is():
             sched.report(t.trial_id, t.resource, None, None, "ValueError: no default")
         else:
             sched.report(t.trial_id, t.resource, t.config["x"], f"ck/{t.trial_id}/{t.resource}")
-    assert sched.done and sched.status == "failed" and sched.default_score is None and sched.error.startswith("ValueError")
+    assert sched.done and sched.status == "failed" and sched.score is None and sched.error.startswith("ValueError")
     assert sched.finish() == []
 
 
@@ -64,8 +64,9 @@ def test_saved_with_the_scheduler_and_handed_out_again_only_when_it_was_in_fligh
     sched.report(BASELINE_TRIAL, 9, 0.42, "ck/default/9")
     raw = json.loads(json.dumps(sched.to_json()))
     done = Baseline.from_json(raw, inner())
-    assert done.default_score == 0.42 and done.next_trial_rung().trial_id != BASELINE_TRIAL  # kept: not trained again
+    assert done.status == "completed" and done.score == 0.42
+    assert done.next_trial_rung().trial_id != BASELINE_TRIAL  # kept: not trained again
+    in_flight = wrapped()
+    in_flight.next_trial_rung()
     with pytest.raises(ValueError, match="in flight"):
-        wrapped_in_flight = wrapped()
-        wrapped_in_flight.next_trial_rung()
-        wrapped_in_flight.finish()
+        in_flight.finish()
