@@ -55,10 +55,13 @@ def tune(params: TuneParams) -> dict[str, Any]:
     job = prepare(params)
     token = stopping.current() or stopping.StopToken()  # the caller's (``prefect_hyperband.tune(stop=...)``), or new
     # one process per job; the bound before the writer's process starts: it inherits it. Ctrl-C stops the job from
-    # here on (its start takes seconds: the MLflow writer, the parent run, the data), not only once trials run
-    with service_wait.bound_client_waits(params.service_wait), \
-            job_lock(job.job_dir, job.job_id, flow_run_id=str(flow_run.id)) as lost, factory.scope(), \
-            stopping.bind(token), stop_on_signals(token, kill=factory.current().close_all), job_lines_in_ui():
+    # here on (its start takes seconds: the MLflow writer, the parent run, the data), not only once trials run: the
+    # handler is in place before the lock exists, and the job's trainers are closed before the lock goes
+    trainers = factory.Trainers()
+    with service_wait.bound_client_waits(params.service_wait), stopping.bind(token), \
+            stop_on_signals(token, kill=trainers.close_all), \
+            job_lock(job.job_dir, job.job_id, flow_run_id=str(flow_run.id)) as lost, factory.scope(trainers), \
+            job_lines_in_ui():
         if took_over(lost):
             logger.warning(took_over(lost))
         if lost and lost.get("flow_run_id") not in (None, str(flow_run.id)):

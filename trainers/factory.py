@@ -80,9 +80,10 @@ _scope: contextvars.ContextVar[Trainers | None] = contextvars.ContextVar("hyperb
 
 
 @contextlib.contextmanager
-def scope() -> Iterator[Trainers]:
-    """The trainers of the code run in this context and the contexts copied from it (one job), closed at the end."""
-    trainers = Trainers()
+def scope(trainers: Trainers | None = None) -> Iterator[Trainers]:
+    """The trainers (new ones, or ``trainers``) of the code run in this context and the contexts copied from it (one
+    job), closed at the end."""
+    trainers = trainers if trainers is not None else Trainers()
     reset = _scope.set(trainers)
     try:
         yield trainers
