@@ -112,12 +112,17 @@ def test_ten_jobs_on_postgresql_outlive_its_restart_and_the_prefect_servers_then
     flow_runs = _flow_runs(s)
     assert {fr["state"]["type"] for fr in flow_runs} == {"COMPLETED"}
     assert len([fr for fr in flow_runs if fr["parent_task_run_id"] is None]) == 10
-    deadline = time.monotonic() + 60  # task runs arrive as events, recorded by the server's task-run recorder
-    while (task_runs := _http("POST", f"http://127.0.0.1:{s.prefect_port}/api/task_runs/count", {})) < 10 * 2 * 69:
+    # task runs arrive as events, recorded by the server's task-run recorder; a restart of a server whose broker is
+    # in memory (Prefect's default) loses the events it had taken and not yet written: said, not asserted (the jobs'
+    # results are all in MLflow and their states, checked above). Eight (1, 27, 3) jobs make 158 task runs each
+    # (69 trial-rungs and the baseline, each a train and an evaluate; promotes; the report and end tasks), the two
+    # (1, 9, 3) jobs 59 each: 1,382 (1,378 recorded on 2026-11-28)
+    deadline, expected = time.monotonic() + 60, 8 * 158 + 2 * 59
+    while (task_runs := _http("POST", f"http://127.0.0.1:{s.prefect_port}/api/task_runs/count", {})) < expected:
         if time.monotonic() > deadline:
-            print(f"task runs recorded: {task_runs} of {10 * 2 * 69}")
             break
         time.sleep(1)
+    print(f"task runs recorded: {task_runs} of {expected}")
 
     # the controller's machine lost: three jobs SIGKILLed at once, mid-job, then each resumed
     lost = [_job(s, tmp_path, f"lost-{i}", mlflow_url, unit_seconds="0.3", max_resource="9") for i in range(3)]
