@@ -80,6 +80,15 @@ class Servers:
                                                stdin=subprocess.DEVNULL, start_new_session=True))
 
     def __enter__(self) -> "Servers":
+        try:
+            return self._up()
+        except BaseException:  # one that did not start: those that did are stopped, not left running
+            for log in sorted(self.tmp.glob("*.log")):  # what each said last (the scratch folder goes with them)
+                print(f"--- {log.name}:", *log.read_text(errors="replace").splitlines()[-5:], sep="\n", file=sys.stderr)
+            self.__exit__()
+            raise
+
+    def _up(self) -> "Servers":
         data = Path(tempfile.mkdtemp(prefix="bench-pg-"))
         self.data = data
         if os.geteuid() == 0:
@@ -108,13 +117,15 @@ class Servers:
     def __exit__(self, *exc) -> None:
         import signal
 
+        self.data = getattr(self, "data", None)
         for proc in reversed(self.procs):
             try:
                 os.killpg(proc.pid, signal.SIGTERM if proc is not self.procs[0] else signal.SIGINT)
                 proc.wait(timeout=30)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 os.killpg(proc.pid, signal.SIGKILL)
-        shutil.rmtree(self.data, ignore_errors=True)
+        if self.data is not None:
+            shutil.rmtree(self.data, ignore_errors=True)
 
     def connections(self) -> int:
         out = subprocess.run([str(self.pg_bin.parent / "bin" / "psql"), "-h", "127.0.0.1", "-p", str(self.pg), "-U",
