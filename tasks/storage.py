@@ -256,7 +256,10 @@ def filesystem(url: str):
         extra = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(protocol)
         hint = f" (pip install 'prefect-hyperband[{extra}]')" if extra else ""
         raise InputError(f"--storage {url}: no filesystem for {protocol}://{hint}: {exc}") from exc
-    return cls(**_options(protocol))
+    try:  # the host, port and user a URL names (ftp://, sftp://), with S3's endpoint
+        return cls(**{**cls._get_kwargs_from_urls(url), **_options(protocol)})
+    except Exception as exc:  # noqa: BLE001  (each filesystem raises its own: a host that does not answer, a bad URL)
+        raise InputError(f"--storage {url}: cannot open it: {type(exc).__name__}: {first_line(exc)}") from exc
 
 
 def _options(protocol: str) -> dict[str, Any]:

@@ -9,6 +9,8 @@ from prefect_hyperband.flows.state import job_store
 from prefect_hyperband.tasks.storage import Storage, check, filesystem
 from prefect_hyperband.trainers.errors import InputError
 
+from ports import free_port  # tests/ports.py
+
 
 def test_a_folder_is_used_in_place(tmp_path):
     store = Storage(str(tmp_path / "job"), str(tmp_path / "job"))
@@ -58,6 +60,11 @@ def test_storage_that_cannot_be_used_is_one_line(s3, tmp_path):
         check("s3://no-such-bucket/jobs")
     with pytest.raises(InputError, match="no filesystem for nosuch://"):
         check("nosuch://x/y")
+    # a filesystem whose URL names its host (FTP here): that host, and one line when it does not answer (it was a
+    # TypeError for the missing host, and fsspec's traceback at exit)
+    port = free_port("127.0.0.1")
+    with pytest.raises(InputError, match=rf"--storage ftp://127.0.0.1:{port}/jobs: cannot open it: ConnectionRefused"):
+        check(f"ftp://127.0.0.1:{port}/jobs")
     check("s3://bucket/jobs")  # writable: no error, no probe left behind
     assert not s3.find("bucket/jobs/.hyperband-probe")
 
