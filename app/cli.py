@@ -320,6 +320,10 @@ def _ended(state, params, args: argparse.Namespace) -> int:
         print(f"MLflow UI: {mlflow_link(params, result['parent_run_id'])}")
         if result.get("champion_version"):
             print(f"champion: models:/{params.experiment}@champion (version {result['champion_version']})")
+    if result.get("every_trial_failed"):  # nothing tuned: the user's code (or data) fails, not a job to build on
+        print(f"hyperband: error: every trial failed ({result['summary']['failed_trials']}), the first with "
+              f"{result['every_trial_failed']}; fix it and run the job again", file=sys.stderr)
+        return _exit(2)
     return _exit(0)
 
 

@@ -26,6 +26,7 @@ from prefect_hyperband.tasks.record import (
     FULL, cut_short, ends_the_job, finish_job_run, keep_best_checkpoint, outage, reason, register_champion, retrying,
 )
 from prefect_hyperband.trainers import registry
+from prefect_hyperband.trainers.errors import first_line
 
 
 def finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs: dict[str, str], max_trials: int,
@@ -101,7 +102,17 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
         "stopped_by": run.stopped_by,
         "warm_start": {k: job.warm[k] for k in ("parents", "kind", "note")} if job.warm else None,
         "overall_best": overall,
+        "every_trial_failed": _every_trial_failed(records),
     }
+
+
+def _every_trial_failed(records: list[TrialRecord]) -> str | None:
+    """When no trial of the job gave a result, every one failing: the first one's error (the user's code, most
+    often, or its data), for the CLI's one line; else None."""
+    if not records or any(t.status != "failed" for t in records):
+        return None
+    first = next((t for t in records if t.error), records[0])
+    return f"{first.trial_id}: {first_line(first.error or 'no error recorded')}"
 
 
 def _overall_line(job: Job, overall: dict[str, Any]) -> str:

@@ -60,6 +60,10 @@ class ScriptTrainer(Placed):
             raise InputError(f"--script {script!r} is not a file")
         if path.suffix != ".py":
             raise InputError(f"--script {script!r} must be a Python file (.py)")
+        try:  # a script that cannot run at all is the user's input, said now: not every trial failing on it
+            compile(path.read_bytes(), str(path), "exec")
+        except (SyntaxError, ValueError) as exc:
+            raise InputError(f"--script {script!r} does not compile: {type(exc).__name__}: {exc}") from exc
         self.script, self.metric, self.workers = str(path.resolve()), metric, workers
         self.threads = max(1, (threads or os.cpu_count() or 1) // workers)  # per rank
         self.timeout = timeout

@@ -337,3 +337,21 @@ def test_a_prefect_server_restart_is_one_warning_line_on_the_terminal_not_traceb
         hyperband.removeHandler(catch)
     assert said == ["the Prefect API's event stream dropped (ConnectionError: no close frame received or sent); "
                     "Prefect's client reconnects and sends its events again"]
+
+
+def test_a_job_whose_every_trial_failed_ends_in_one_line_and_exit_2(capsys):
+    """Nothing tuned: the user's code fails on every config. The summary (or JSON) is printed, then one line."""
+    from types import SimpleNamespace
+
+    from prefect.states import Completed
+
+    from prefect_hyperband.app import cli
+
+    result = {"job_id": "j", "summary": {"failed_trials": 5}, "best": None, "every_trial_failed": "s1-0000: ValueError: x"}
+    params, args = SimpleNamespace(job_id="j"), SimpleNamespace(json=True)
+    assert cli._ended(Completed(data=result), params, args) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out)["best"] is None
+    assert err.strip() == ("hyperband: error: every trial failed (5), the first with s1-0000: ValueError: x; fix it and "
+                           "run the job again")
+    assert cli._ended(Completed(data={**result, "every_trial_failed": None}), params, args) == 0

@@ -62,3 +62,16 @@ def test_a_full_disk_says_to_free_space(monkeypatch):
 def test_any_other_error_is_the_jobs_own(monkeypatch):
     with pytest.raises(KeyError):
         _end_raising(monkeypatch, KeyError("best"))
+
+
+def test_a_job_whose_every_trial_failed_names_the_first_error_and_one_with_a_result_does_not():
+    from prefect_hyperband.hyperband.scheduler import TrialRecord
+
+    def trial(trial_id: str, status: str, error: str | None = None) -> TrialRecord:
+        return TrialRecord(trial_id, 0, {"x": 0.5}, status, 0, 1, {1: None if error else 0.1}, error)
+
+    failed = [trial("s0-0000", "failed", "ValueError: bad config handling\n  File x"), trial("s0-0001", "failed", "E")]
+    assert ending._every_trial_failed(failed) == "s0-0000: ValueError: bad config handling"
+    assert ending._every_trial_failed([*failed, trial("s0-0002", "completed")]) is None
+    assert ending._every_trial_failed([*failed, trial("s0-0002", "stopped")]) is None
+    assert ending._every_trial_failed([]) is None  # nothing ran (a job stopped before its first result)

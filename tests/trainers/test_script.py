@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from prefect_hyperband.trainers.script import SHUTDOWN_HINT, _failure
+from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.script import SHUTDOWN_HINT, ScriptTrainer, _failure
 
 LAUNCHER = ("E1125 12:36:25.039000 2639 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) "
             "local_rank: 1 (pid: 2642) of binary: /usr/bin/python\nTraceback (most recent call last):\n  File x\n")
@@ -165,3 +166,11 @@ def test_one_worker_runs_the_script_itself_under_the_launchers_contract_for_rank
     assert int(seen["MASTER_PORT"]) > 0
     assert "torch.distributed.run" not in seen["parent"] and not seen["torch_imported"]
     assert "torch.distributed.run" in " ".join(ScriptTrainer(str(user), "loss", workers=2).command({"x": 0.5}))
+
+
+def test_a_script_that_does_not_compile_is_the_users_input_not_every_trial_failing(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nx = (\n")
+    with pytest.raises(InputError, match=r"--script '.*train.py' does not compile: SyntaxError: '\(' was never closed "
+                                         r"\(.*train.py, line 2\)"):
+        ScriptTrainer(str(script), "val_loss")
