@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
 from prefect_hyperband.app.flags import EXIT_USAGE, build_parser, given, schedule_fields, study_model
@@ -322,7 +323,8 @@ def _ended(state, params, args: argparse.Namespace) -> int:
             print(f"champion: models:/{params.experiment}@champion (version {result['champion_version']})")
     if result.get("every_trial_failed"):  # nothing tuned: the user's code (or data) fails, not a job to build on
         print(f"hyperband: error: every trial failed ({result['summary']['failed_trials']}), the first with "
-              f"{result['every_trial_failed']}; fix it and run the job again", file=sys.stderr)
+              f"{result['every_trial_failed']} (each traceback: {Path(result['job_dir']) / 'job.log'}); fix it and run the "
+              "job again", file=sys.stderr)
         return _exit(2)
     return _exit(0)
 

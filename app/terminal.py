@@ -89,6 +89,10 @@ class _JobLogFile(logging.FileHandler):
         super().handleError(record)
 
 
+#: a trial-rung's Prefect tasks: their failure is the job's line "trial T failed at r=R: ..." (or "running it again")
+TRIAL_TASKS = frozenset({"train", "evaluate"})
+
+
 class _TerminalFilter:
     """The terminal shows the job's own lines; each task run's lines stay in the Prefect UI (``--verbose``: both).
     Under the live display, only warnings and errors: the display shows the progress the info lines tell."""
@@ -110,6 +114,8 @@ class _TerminalFilter:
             return False  # the job's stop line says why
         if record.name.startswith("prefect.task_runs") and record.levelno < 30:  # below WARNING
             return False
+        if record.name.startswith("prefect.task_runs") and getattr(record, "task_name", None) in TRIAL_TASKS:
+            return False  # a trial-rung that failed: the job's own line says so; the traceback stays in job.log, the UI
         if not record.name.startswith("prefect.flow_runs") and record.levelno < 30:  # Prefect's own (its server's)
             return False
         if self.live and record.name.startswith("prefect.flow_runs") and record.levelno < 30:

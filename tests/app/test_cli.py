@@ -347,11 +347,31 @@ def test_a_job_whose_every_trial_failed_ends_in_one_line_and_exit_2(capsys):
 
     from prefect_hyperband.app import cli
 
-    result = {"job_id": "j", "summary": {"failed_trials": 5}, "best": None, "every_trial_failed": "s1-0000: ValueError: x"}
+    result = {"job_id": "j", "job_dir": "/jobs/j", "summary": {"failed_trials": 5}, "best": None,
+              "every_trial_failed": "s1-0000: ValueError: x"}
     params, args = SimpleNamespace(job_id="j"), SimpleNamespace(json=True)
     assert cli._ended(Completed(data=result), params, args) == 2
     out, err = capsys.readouterr()
     assert json.loads(out)["best"] is None
-    assert err.strip() == ("hyperband: error: every trial failed (5), the first with s1-0000: ValueError: x; fix it and "
-                           "run the job again")
+    assert err.strip() == ("hyperband: error: every trial failed (5), the first with s1-0000: ValueError: x (each "
+                           "traceback: /jobs/j/job.log); fix it and run the job again")
     assert cli._ended(Completed(data={**result, "every_trial_failed": None}), params, args) == 0
+
+
+def test_a_failed_trial_rung_is_the_jobs_one_line_on_the_terminal_not_prefects_traceback():
+    """A trainer that raises: Prefect's task-run error (with the traceback) stays in job.log and the UI; the terminal
+    has the job's "trial T failed at r=R: ..." line. Other task runs' errors (the job's end) still show."""
+    import logging
+
+    from prefect_hyperband.app.terminal import _TerminalFilter
+
+    try:
+        raise ValueError("bad config handling")
+    except ValueError:
+        exc_info = sys.exc_info()
+    terminal = _TerminalFilter()
+    for task in ("train", "evaluate", "finish parent run"):
+        record = logging.LogRecord("prefect.task_runs", logging.ERROR, "", 0, "Task run failed with exception", (),
+                                   exc_info)
+        record.task_name = task
+        assert terminal.filter(record) is (task == "finish parent run"), task
