@@ -114,7 +114,8 @@ class _TerminalFilter:
             return False  # the job's stop line says why
         if record.name.startswith("prefect.task_runs") and record.levelno < 30:  # below WARNING
             return False
-        if record.name.startswith("prefect.task_runs") and getattr(record, "task_name", None) in TRIAL_TASKS:
+        if (record.name.startswith("prefect.task_runs") and record.levelno >= 40
+                and getattr(record, "task_name", None) in TRIAL_TASKS):
             return False  # a trial-rung that failed: the job's own line says so; the traceback stays in job.log, the UI
         if not record.name.startswith("prefect.flow_runs") and record.levelno < 30:  # Prefect's own (its server's)
             return False

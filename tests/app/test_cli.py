@@ -375,3 +375,7 @@ def test_a_failed_trial_rung_is_the_jobs_one_line_on_the_terminal_not_prefects_t
                                    exc_info)
         record.task_name = task
         assert terminal.filter(record) is (task == "finish parent run"), task
+    said = logging.LogRecord("prefect.task_runs", logging.WARNING, "", 0, "checkpoint r1.ubj is empty (0 bytes); "
+                             "trained it again", (), None)
+    said.task_name = "train"
+    assert terminal.filter(said)  # a train task's own warning is the user's to see
