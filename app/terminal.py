@@ -8,6 +8,7 @@ import sys
 
 from prefect_hyperband.flows.groups import FLOW_NAME as GROUP_FLOW
 from prefect_hyperband.tasks.record import CUT_SHORT
+from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
 from prefect_hyperband.trainers.errors import InputError
 
 
@@ -90,7 +91,7 @@ class _JobLogFile(logging.FileHandler):
 
 
 #: a trial-rung's Prefect tasks: their failure is the job's line "trial T failed at r=R: ..." (or "running it again")
-TRIAL_TASKS = frozenset({"train", "evaluate"})
+TRIAL_TASKS = frozenset({train_trial.name, evaluate_trial.name})
 
 
 class _TerminalFilter:

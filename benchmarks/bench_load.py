@@ -69,6 +69,7 @@ class Servers:
         self.pg_bin, self.tmp = Path(found[-1]).parent, tmp
         self.pg, self.prefect, self.mlflow = free_port(), free_port(), free_port()
         self.procs: list[subprocess.Popen] = []
+        self.data: Path | None = None  # PostgreSQL's folder, once made
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
         self.env.update(PATH=f"{BIN}{os.pathsep}{self.env.get('PATH', '')}", PREFECT_HOME=str(tmp / "prefect-home"),
                         PREFECT_API_URL=f"http://127.0.0.1:{self.prefect}/api", PREFECT_SERVER_ANALYTICS_ENABLED="false",
@@ -117,7 +118,6 @@ class Servers:
     def __exit__(self, *exc) -> None:
         import signal
 
-        self.data = getattr(self, "data", None)
         for proc in reversed(self.procs):
             try:
                 os.killpg(proc.pid, signal.SIGTERM if proc is not self.procs[0] else signal.SIGINT)
