@@ -18,6 +18,16 @@ class JobCancelled(Exception):
     """The job stopped on request (``stop.request()``, a signal); its state is saved for a resume."""
 
 
+class EveryTrialFailed(Exception):
+    """No trial of the job gave a result: each failed (the first's error is in the message, every traceback in the
+    job's ``job.log``); the job's end is written as any job's (its parent run ``FAILED``), its flow run Failed.
+    ``result``: the ``JobResult`` (no best config)."""
+
+    def __init__(self, message: str, result: "JobResult") -> None:
+        super().__init__(message)
+        self.result = result
+
+
 @dataclass(frozen=True)
 class JobResult:
     """What a job found: the best config and score (any rung, as the paper returns), where it is recorded."""
@@ -57,6 +67,7 @@ def tune(
     Several objectives: ``metrics={"val_loss": "min", "latency_ms": "min"}`` (or as ``metric``; the first is the
     job's metric; each value ``max`` or ``min``, no ``direction``); ``train`` returns every one of them.
     """
+    from prefect_hyperband.flows.ending import every_trial_failed
     from prefect_hyperband.flows.process import temporary_server
     from prefect_hyperband.flows.tune import tune as tune_flow
     from prefect_hyperband.trainers.function import entry_of
@@ -76,13 +87,17 @@ def tune(
         state = tune_flow(params, return_state=True)
     if state.is_cancelled():
         raise JobCancelled(state.message or "the job was stopped")
-    result = state.result()
+    failed = every_trial_failed(state)
+    result = failed or state.result()
     best = result.get("best") or {}
-    return JobResult(
+    found = JobResult(
         best_config=dict(best.get("config") or {}), best_score=best.get("score"), best_trial=best.get("trial_id"),
         best_resource=best.get("resource"), parent_run_id=result["parent_run_id"], job_id=result["job_id"],
         job_dir=result["job_dir"], summary=result["summary"],
     )
+    if failed:
+        raise EveryTrialFailed(f"{state.message} (each traceback: {os.path.join(result['job_dir'], 'job.log')})", found)
+    return found
 
 
 #: ``tune``'s own parameters stand for these fields (``train`` is ``trainer`` or ``script``; ``metrics``, ``metric``)

@@ -6,11 +6,11 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from prefect_hyperband.app.flags import EXIT_USAGE, build_parser, given, schedule_fields, study_model
+from prefect_hyperband.app.starting import started
 
 #: the job stopped on something outside it that may come back (its Dask scheduler): ``--resume`` later (EX_TEMPFAIL)
 EXIT_TEMPFAIL = 75
@@ -233,9 +233,9 @@ def _run(params, args: argparse.Namespace) -> int:
         progress.attach(live)
     _temporary_server()  # stopped at exit, after Prefect's services have sent what they hold
     try:
-        state = _started(tune, params)
-        if isinstance(state, int):
-            return state
+        state = started(tune, params)
+        if state is None:  # the Prefect API could not start it within --service-wait: said in one line
+            return _exit(EXIT_TEMPFAIL)
     except KeyboardInterrupt:  # Ctrl-C before or after the trials (the driver handles it during them)
         print(f"hyperband: interrupted; resume with {_resume_flags(params)}", file=sys.stderr)
         return 130
@@ -244,50 +244,6 @@ def _run(params, args: argparse.Namespace) -> int:
             live.stop()
             progress.detach(live)
     return _ended(state, params, args)
-
-
-def _started(tune, params):
-    """The job's flow run, its final state; while Prefect's API cannot start it (its server or database restarting:
-    a 5xx or no connection, past the client's own retries), one warning line, then tried again until
-    ``service_wait`` seconds; past that, one line and exit 75. Once the flow's body began, its errors are its own."""
-    from prefect_hyperband.flows.tune import bodies_begun
-
-    deadline, warned = time.monotonic() + params.service_wait, False
-    while True:
-        try:
-            return tune(params, return_state=True)
-        except Exception as exc:  # noqa: BLE001  (sorted below: an unavailable API, or not ours to handle)
-            if params.job_id in bodies_begun or not _unavailable(exc):
-                raise
-            why = _one_line_of(exc)
-            if time.monotonic() >= deadline:
-                print(f"hyperband: error: the Prefect API could not start job {params.job_id} for "
-                      f"{params.service_wait:g} s (--service-wait): {why}; nothing ran, run the same command again",
-                      file=sys.stderr)
-                return _exit(EXIT_TEMPFAIL)
-            if not warned:
-                print(f"hyperband: warning: the Prefect API cannot start the job's flow run ({why}); waiting up to "
-                      f"{params.service_wait:g} s (--service-wait)", file=sys.stderr)
-                warned = True
-            time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
-
-
-def _unavailable(exc: BaseException) -> bool:
-    """A server error (5xx), a timeout or no connection from the API, anywhere in the exception's chain."""
-    import httpx
-
-    from prefect_hyperband.trainers.errors import causes
-
-    return any(isinstance(e, httpx.HTTPStatusError) and e.response.status_code >= 500
-               or isinstance(e, (httpx.TransportError, ConnectionError)) for e in causes(exc))
-
-
-def _one_line_of(exc: BaseException) -> str:
-    import httpx
-
-    if isinstance(exc, httpx.HTTPStatusError):
-        return f"{exc.response.status_code} {exc.response.reason_phrase} for {exc.request.method} {exc.request.url}"
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def _ended(state, params, args: argparse.Namespace) -> int:
@@ -304,7 +260,10 @@ def _ended(state, params, args: argparse.Namespace) -> int:
         print(f"hyperband: job {params.job_id} stopped by {signal.Signals(signum).name}; resume with: "
               f"hyperband tune {_resume_flags(params)}", file=sys.stderr)
         return _exit(128 + signum)
-    if not state.is_completed():
+    from prefect_hyperband.flows.ending import every_trial_failed
+
+    failed = every_trial_failed(state)  # the flow run Failed, its summary written: shown, then one line, exit 2
+    if not state.is_completed() and failed is None:
         from prefect_hyperband.trainers.errors import InputError
 
         error = state.result(raise_on_failure=False)
@@ -312,7 +271,7 @@ def _ended(state, params, args: argparse.Namespace) -> int:
             return _exit(_fail(str(error)))
         print(f"hyperband: job failed: {state.message}", file=sys.stderr)
         return _exit(1)
-    result = state.result()
+    result = failed or state.result()
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "table"}, default=str))
     else:
@@ -321,7 +280,7 @@ def _ended(state, params, args: argparse.Namespace) -> int:
         print(f"MLflow UI: {mlflow_link(params, result['parent_run_id'])}")
         if result.get("champion_version"):
             print(f"champion: models:/{params.experiment}@champion (version {result['champion_version']})")
-    if result.get("every_trial_failed"):  # nothing tuned: the user's code (or data) fails, not a job to build on
+    if failed:  # nothing tuned: the user's code (or data) fails, not a job to build on
         print(f"hyperband: error: every trial failed ({result['summary']['failed_trials']}), the first with "
               f"{result['every_trial_failed']} (each traceback: {Path(result['job_dir']) / 'job.log'}); fix it and run the "
               "job again", file=sys.stderr)
@@ -383,8 +342,19 @@ def _one_line(exc) -> str:
         message = e.get("msg", "").replace("Value error, ", "")
         value = e.get("input")
         got = f", got {value!r}" if loc and not isinstance(value, (dict, list)) and repr(value) not in message else ""
-        parts.append(f"{field}: {message}{got}" if field else message)
+        parts.append(f"{field}: {message}{got}" if field else _flags_in(message))
     return "; ".join(parts)
+
+
+def _flags_in(message: str) -> str:
+    """A check across fields names them as Python and the Prefect form do (``min_resource``); on the command line,
+    each as its flag (``--min-resource``)."""
+    import re
+
+    from prefect_hyperband.flows.params import TuneParams
+
+    named = "|".join(sorted((f for f in TuneParams.model_fields if "_" in f), key=len, reverse=True))
+    return re.sub(rf"\b({named})\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
 if __name__ == "__main__":

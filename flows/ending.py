@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.states import Cancelled, State
+from prefect.states import Cancelled, Failed, State
 
 from prefect_hyperband.executors.loop import Drive, JobStopped
 from prefect_hyperband.flows import objectives, parents
@@ -34,7 +34,7 @@ def finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs: 
     """The job's end (``_finish``); MLflow gone after the last result, or a full disk under it, stops the job in one
     line (exit 75): every result is saved, and ``--resume`` writes the end."""
     try:
-        return _finish(params, job, records, run, runs, max_trials, progress, logger)
+        result = _finish(params, job, records, run, runs, max_trials, progress, logger)
     except Exception as exc:
         if not isinstance(exc, _CutShort) and not ends_the_job(exc):
             raise
@@ -46,6 +46,18 @@ def finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs: 
                    f"is saved: {then}--resume {job.job_id} writes its summary and model")
         logger.warning("%s", message)
         return Cancelled(message=message, data={"job_id": job.job_id})
+    if result["every_trial_failed"]:  # nothing tuned: the flow run Failed (its end written, the result kept on it)
+        return Failed(message=f"every trial failed ({result['summary']['failed_trials']}), the first with "
+                              f"{result['every_trial_failed']}", data=result)
+    return result
+
+
+def every_trial_failed(state: State) -> dict[str, Any] | None:
+    """The result of a job whose every trial failed (its flow run Failed, its end written as any job's), else None."""
+    if not state.is_failed():
+        return None
+    result = state.result(raise_on_failure=False)
+    return result if isinstance(result, dict) and result.get("every_trial_failed") else None
 
 
 class _CutShort(Exception):
@@ -67,6 +79,7 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
         _pause_open_runs(job, records, runs, run.stopped_by)
     end_orphan_runs(job, records, runs, logger)
     points = front.points(records, job.directions) if job.objectives else []  # several objectives: the front, once
+    failed = _every_trial_failed(records)
     summary, best = _summarise(job, records, run, runs, points)
     version = _champion(params, job, best, logger)
     mattered = _importance(job, records, params.importance, logger)
@@ -87,7 +100,7 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
     if overall is not None:
         metrics[f"overall_best_{job.metric_key}"] = overall["score"]
     _written(job, finish_job_run(job, metrics, _best_config(job, best), summary.to_json(), text, len(run.rows),
-                                  return_state=True))
+                                  "FAILED" if failed else "FINISHED", return_state=True))
     logger.info("summary\n%s", text, extra={"hyperband_terminal": False})  # the CLI prints it once
     return {
         "job_id": job.job_id,
@@ -102,7 +115,7 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
         "stopped_by": run.stopped_by,
         "warm_start": {k: job.warm[k] for k in ("parents", "kind", "note")} if job.warm else None,
         "overall_best": overall,
-        "every_trial_failed": _every_trial_failed(records),
+        "every_trial_failed": failed,
     }
 
 

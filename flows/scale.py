@@ -14,7 +14,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Cancelled, State
+from prefect.states import Cancelled, Failed, State
 
 from prefect_hyperband.flows.prepare import new_job_id, prepare
 from prefect_hyperband.flows.params import TuneParams
@@ -42,6 +42,8 @@ def scale(params: TuneParams, workers: list[int], target_score: float | None = N
             return _study(params, sizes, study, uri, target_score, tolerance)
     except _JobStopped as stopped:
         return Cancelled(message=f"scaling study {study} stopped: {stopped}")
+    except _JobFailed as failed:
+        return Failed(message=str(failed))
     except Exception as exc:
         if not ends_the_job(exc):
             raise
@@ -52,6 +54,10 @@ def scale(params: TuneParams, workers: list[int], target_score: float | None = N
 
 class _JobStopped(Exception):
     """A job of the study ended short (its one line)."""
+
+
+class _JobFailed(Exception):
+    """A job of the study failed (every trial did): its one line."""
 
 
 def _study(params: TuneParams, sizes: list[int], study: str, uri: str, target_score: float | None,
@@ -70,6 +76,8 @@ def _study(params: TuneParams, sizes: list[int], study: str, uri: str, target_sc
                                                "resume": False}), return_state=True)
         if state.is_cancelled():
             raise _JobStopped(state.message)
+        if state.is_failed():  # every trial failed (the user's code): no study to make of it
+            raise _JobFailed(f"its job at {n} workers: {state.message}")
         jobs[n] = state.result()
     first = jobs[sizes[0]]
     best = first.get("best")

@@ -31,9 +31,10 @@ _LAZY = {
     "report": ("prefect_hyperband.trainers.function", "report"),
     "StopToken": ("prefect_hyperband.trainers.stopping", "StopToken"),
     "JobCancelled": ("prefect_hyperband.app.api", "JobCancelled"),
+    "EveryTrialFailed": ("prefect_hyperband.app.api", "EveryTrialFailed"),
 }
 
-__all__ = ["JobCancelled", "JobResult", "StopToken", "Trial", "__version__", "report", "tune"]
+__all__ = ["EveryTrialFailed", "JobCancelled", "JobResult", "StopToken", "Trial", "__version__", "report", "tune"]
 
 
 def __getattr__(name: str) -> Any:

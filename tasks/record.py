@@ -220,14 +220,14 @@ def _close_run(job: Job, t: TrialRecord, run_id: str) -> None:
 
 @task(name="finish parent run", **END)
 def finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, Any], summary: dict[str, Any],
-                   table: str, step: int = 0) -> None | State:
-    return write_end(job, _finish_job_run, job, metrics, best_config, summary, table, step)
+                   table: str, step: int = 0, status: str = "FINISHED") -> None | State:
+    return write_end(job, _finish_job_run, job, metrics, best_config, summary, table, step, status)
 
 
 def _finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, Any], summary: dict[str, Any],
-                    table: str, step: int = 0) -> None:
+                    table: str, step: int = 0, status: str = "FINISHED") -> None:
     """The summary's files on the parent run, its ``metrics`` at ``step`` (the job's trial-rungs so far), the run
-    ended. The metrics go in one batch, once per step: written again (MLflow went away before the run's end, and
+    ended with ``status`` (``FAILED`` when every trial failed). The metrics go in one batch, once per step: written again (MLflow went away before the run's end, and
     ``--resume`` writes the end again) they are not logged twice; a job resumed with a looser criterion that trained
     more logs its new figures at its new step."""
     assert job.parent_run_id is not None
@@ -240,7 +240,7 @@ def _finish_job_run(job: Job, metrics: dict[str, float], best_config: dict[str, 
         m.step == step for m in tracking.client(uri).get_metric_history(run_id, sentinel))
     if not logged:  # one batch: all of them or none
         tracking.log_metrics(uri, run_id, metrics, step=step)
-    tracking.end_run(uri, run_id, "FINISHED")
+    tracking.end_run(uri, run_id, status)
 
 
 @task(name="keep best checkpoint", **END)

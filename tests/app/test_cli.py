@@ -48,7 +48,7 @@ def space_file(tmp_path):
         (["tune", "--resume", "nosuch"], "no job 'nosuch' to resume"),
         (["plan", "--eta", "x"], "--eta: Input should be a valid integer"),
         (["scale", "--workers", "0,2"], "--workers: Input should be greater than or equal to 1, got 0"),
-        (["tune", "--min-resource", "9", "--max-resource", "3"], "min_resource must be <= max_resource, got 9 > 3"),
+        (["tune", "--min-resource", "9", "--max-resource", "3"], "error: --min-resource must be <= --max-resource, got 9 > 3"),
         (["tune", "--data", "no-such-file.csv", "--target", "y"], "data file 'no-such-file.csv' not found"),
         (["tune", "--target", "nope"], "target column 'nope' not in the data"),
         (["tune", "--model", "lightgbm"], "unknown model 'lightgbm'; choose xgboost, torch or synthetic"),
@@ -228,85 +228,6 @@ def test_tune_printed_to_a_file_is_short_no_task_run_lines_one_summary(tmp_path)
     assert "bracket s=2 rung 1/3" in logged  # the job's own lines too
 
 
-class _Clock:
-    """``time`` for the CLI's wait: sleeping moves the clock, nothing waits."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def _api_down(status: int = 500):
-    import httpx
-
-    request = httpx.Request("POST", "http://127.0.0.1:4200/api/flow_runs/")
-    response = httpx.Response(status, request=request)
-    return httpx.HTTPStatusError(f"Server error '{status}'", request=request, response=response)
-
-
-def test_a_flow_run_the_api_cannot_start_is_waited_for_with_one_warning_line(monkeypatch, capsys):
-    """PostgreSQL restarting under the Prefect server: the job's flow run is created once it is back."""
-    from prefect_hyperband.app import cli
-    from prefect_hyperband.flows.params import TuneParams
-
-    monkeypatch.setattr(cli, "time", _Clock())
-    answers = [_api_down(), _api_down(503), "the final state"]
-
-    def tune(params, return_state):
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    assert cli._started(tune, TuneParams(job_id="j1", service_wait=60)) == "the final state"
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["hyperband: warning: the Prefect API cannot start the job's flow run (500 Internal Server Error "
-                   "for POST http://127.0.0.1:4200/api/flow_runs/); waiting up to 60 s (--service-wait)"]
-
-
-def test_past_the_service_wait_the_job_stops_in_one_line_exit_75(monkeypatch, capsys):
-    from prefect_hyperband.app import cli
-    from prefect_hyperband.flows.params import TuneParams
-
-    clock = _Clock()
-    monkeypatch.setattr(cli, "time", clock)
-    monkeypatch.setattr(cli, "_exit", lambda code: code)
-
-    def tune(params, return_state):
-        raise _api_down()
-
-    assert cli._started(tune, TuneParams(job_id="j2", service_wait=30)) == 75
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and err[0].startswith("hyperband: warning: ")
-    assert err[1].startswith("hyperband: error: the Prefect API could not start job j2 for 30 s (--service-wait)")
-    assert 30 <= clock.now <= 35
-
-
-def test_an_error_once_the_job_began_or_not_from_the_api_is_not_retried(monkeypatch):
-    from prefect_hyperband.app import cli
-    from prefect_hyperband.flows import tune as tune_module
-    from prefect_hyperband.flows.params import TuneParams
-
-    monkeypatch.setattr(cli, "time", _Clock())
-    calls = []
-
-    def tune(params, return_state):
-        calls.append(params.job_id)
-        raise _api_down() if params.job_id == "began" else ValueError("a bug")
-
-    monkeypatch.setattr(tune_module, "bodies_begun", {"began"})
-    with pytest.raises(Exception, match="Server error"):
-        cli._started(tune, TuneParams(job_id="began"))
-    with pytest.raises(ValueError):
-        cli._started(tune, TuneParams(job_id="other"))
-    assert calls == ["began", "other"]
-
-
 def test_a_prefect_server_restart_is_one_warning_line_on_the_terminal_not_tracebacks():
     """Prefect's event stream dropping (websockets' keepalive error, with a traceback) and its EventsWorker failing
     at exit with nothing pending (on prefect._internal's own handler): one warning line, once."""
@@ -343,19 +264,23 @@ def test_a_job_whose_every_trial_failed_ends_in_one_line_and_exit_2(capsys):
     """Nothing tuned: the user's code fails on every config. The summary (or JSON) is printed, then one line."""
     from types import SimpleNamespace
 
-    from prefect.states import Completed
+    from prefect.states import Completed, Failed
 
     from prefect_hyperband.app import cli
 
     result = {"job_id": "j", "job_dir": "/jobs/j", "summary": {"failed_trials": 5}, "best": None,
               "every_trial_failed": "s1-0000: ValueError: x"}
     params, args = SimpleNamespace(job_id="j"), SimpleNamespace(json=True)
-    assert cli._ended(Completed(data=result), params, args) == 2
+    assert cli._ended(Failed(message="every trial failed (5), the first with s1-0000: ValueError: x", data=result),
+                      params, args) == 2
     out, err = capsys.readouterr()
     assert json.loads(out)["best"] is None
     assert err.strip() == ("hyperband: error: every trial failed (5), the first with s1-0000: ValueError: x (each "
                            "traceback: /jobs/j/job.log); fix it and run the job again")
     assert cli._ended(Completed(data={**result, "every_trial_failed": None}), params, args) == 0
+    capsys.readouterr()
+    assert cli._ended(Failed(message="boom", data=RuntimeError("boom")), params, args) == 1  # the flow's own failure
+    assert capsys.readouterr().err.strip() == "hyperband: job failed: boom"
 
 
 def test_a_failed_trial_rung_is_the_jobs_one_line_on_the_terminal_not_prefects_traceback():

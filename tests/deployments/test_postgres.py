@@ -4,8 +4,8 @@ Starts PostgreSQL itself (Debian's ``postgresql`` package: ``initdb`` and ``post
 a port of its own, trust auth), a Prefect server with ``PREFECT_API_DATABASE_CONNECTION_URL`` on it and
 an MLflow server with a PostgreSQL backend store. Ten jobs run at once, each its own process and experiment
 (eight from the CLI, two as deployment runs through a process worker), while PostgreSQL and then the Prefect
-server restart under them; then three jobs are SIGKILLed at
-once (the controller's machine lost) and resumed. Nothing of one job is in another's runs; no run is lost,
+server restart under them; then a job starts while PostgreSQL is down (it waits in one line), and three jobs are
+SIGKILLed at once (the controller's machine lost) and resumed. Nothing of one job is in another's runs; no run is lost,
 repeated or left open.
 """
 
@@ -123,6 +123,26 @@ def test_ten_jobs_on_postgresql_outlive_its_restart_and_the_prefect_servers_then
             break
         time.sleep(1)
     print(f"task runs recorded: {task_runs} of {expected}")
+
+    # a job started while PostgreSQL is down: the Prefect API's /ready answers 503 (its database unreachable), and
+    # the job says so in one line and waits, its flow run not yet made, until PostgreSQL is back (Prefect's client
+    # alone would retry the flow run's creation silently, up to half an hour). Its MLflow is a local store: only
+    # the Prefect server's database is gone
+    postgres = s.halt("postgres", signal.SIGINT)
+    late = _job(s, tmp_path, "late", f"sqlite:///{tmp_path / 'late-mlflow.db'}", max_resource="9")
+    waiting = "hyperband: warning: the Prefect API cannot start the job's flow run (503 Service Unavailable for GET " \
+              f"http://127.0.0.1:{s.prefect_port}/api/ready); waiting up to 300 s (--service-wait)"
+    deadline = time.monotonic() + 120
+    while waiting not in late[2].read_text(errors="replace"):
+        assert late[1].poll() is None and time.monotonic() < deadline, late[2].read_text(errors="replace")[-3000:]
+        time.sleep(0.5)
+    s.start("postgres", postgres, cwd=s.pg_data)
+    _wait_log(s, "postgres", r"ready to accept connections", 3)
+    result = _ended(late)
+    assert (result["summary"]["configs"], result["summary"]["trial_rungs"], result["summary"]["failed_trials"]) == \
+        (17, 22, 0)
+    said = [line for line in late[2].read_text(errors="replace").splitlines() if "warning" in line.lower()]
+    assert said == [waiting], said
 
     # the controller's machine lost: three jobs SIGKILLed at once, mid-job, then each resumed
     lost = [_job(s, tmp_path, f"lost-{i}", mlflow_url, unit_seconds="0.3", max_resource="9") for i in range(3)]

@@ -361,4 +361,4 @@ def test_a_target_resource_above_r_is_one_line_and_exit_2(capsys):
     assert main(["tune", "--model", "synthetic", "--max-resource", "9", "--target-score", "0.1",
                  "--target-resource", "27"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "hyperband: error: target_resource must be <= max_resource, got 27 > 9"
+    assert err == "hyperband: error: --target-resource must be <= --max-resource, got 27 > 9"

@@ -100,6 +100,32 @@ def test_a_failing_user_trainer_fails_its_trials_only(tracking_uri, tmp_path):
     assert [a.path for a in client.list_artifacts(parent.info.run_id, "best_checkpoint")]
 
 
+def test_a_trainer_that_fails_on_every_config_fails_the_flow_run_and_the_parent_run(tracking_uri, tmp_path):
+    """Nothing tuned: the job's end is written (summary, every trial's run FAILED), then the parent run ends FAILED,
+    the flow run Failed (as the Prefect UI shows it) and ``hb.tune`` raises with the first trial's error."""
+    import prefect_hyperband as hb
+    from prefect import get_client
+
+    def train(trial: hb.Trial) -> dict[str, float]:
+        raise ValueError("bad config handling")
+
+    with pytest.raises(hb.EveryTrialFailed, match=r"every trial failed \(5\), the first with s1-0000: ValueError: "
+                                                  r"bad config handling \(each traceback: .*job\.log\)") as failed:
+        hb.tune(train, space={"x": {"type": "float", "low": 0.0, "high": 1.0}}, metric="loss", direction="minimize",
+                max_resource=3, eta=3, job_dir=str(tmp_path / "jobs"), experiment="all-failing", seed=1)
+    result = failed.value.result
+    assert result.best_score is None and result.summary["failed_trials"] == 5
+    client, parent, children = runs_of(tracking_uri, "all-failing", result.parent_run_id)
+    assert parent.info.status == "FAILED" and [a.path for a in client.list_artifacts(parent.info.run_id)
+                                               if a.path == "summary.json"]
+    assert len(children) == 5 and {c.info.status for c in children} == {"FAILED"}
+    with get_client(sync_client=True) as prefect:
+        jobs = [r for r in prefect.read_flow_runs() if r.parent_task_run_id is None and r.name.endswith(
+            f"{train.__qualname__}:{id(train)}")]  # this job's, of the module's flow runs (one Prefect harness)
+    assert [(r.state.type.value, r.state.message) for r in jobs] == [
+        ("FAILED", "every trial failed (5), the first with s1-0000: ValueError: bad config handling")]
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
