@@ -67,7 +67,8 @@ def tune(
     Several objectives: ``metrics={"val_loss": "min", "latency_ms": "min"}`` (or as ``metric``; the first is the
     job's metric; each value ``max`` or ``min``, no ``direction``); ``train`` returns every one of them.
     """
-    from prefect_hyperband.flows.ending import every_trial_failed
+    from prefect_hyperband.app.starting import started
+    from prefect_hyperband.flows.prepare import new_job_id
     from prefect_hyperband.flows.process import temporary_server
     from prefect_hyperband.flows.tune import tune as tune_flow
     from prefect_hyperband.trainers.function import entry_of
@@ -83,8 +84,20 @@ def tune(
     params = TuneParams(**code, space=dict(space) if isinstance(space, Mapping) else space, metric=entries,
                         direction=direction, max_resource=max_resource, eta=eta, min_resource=min_resource, **options)
     temporary_server()  # without PREFECT_API_URL, as the CLI's (batched writes, flows.server's app)
+    params = params.model_copy(update={"job_id": params.job_id or new_job_id()})  # known before its flow run begins
     with stopping.bind(stop or StopToken()):
-        state = tune_flow(params, return_state=True)
+        state = started(tune_flow, params)  # a Prefect API whose database restarts: one warning line, a wait
+    return _found(state, params)
+
+
+def _found(state, params: TuneParams) -> JobResult:
+    """The job's result from its flow run's final state; the exceptions of a job that did not start, was stopped or
+    tuned nothing."""
+    from prefect_hyperband.flows.ending import every_trial_failed
+
+    if state is None:
+        raise ConnectionError(f"the Prefect API could not start job {params.job_id} within {params.service_wait:g} s "
+                              "(service_wait); nothing ran, call tune again")
     if state.is_cancelled():
         raise JobCancelled(state.message or "the job was stopped")
     failed = every_trial_failed(state)

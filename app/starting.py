@@ -42,8 +42,10 @@ def api_not_ready() -> str | None:
     answers itself, silently, for up to half an hour (``PREFECT_CLIENT_MAX_RETRIES`` 10, backoff 2^n s), past
     ``--service-wait`` and without a word; an API without ``/ready`` (404) is taken as ready."""
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
+    if not PREFECT_API_URL.value():  # no server to wait for: Prefect runs its API in this process
+        return None
     try:
         with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}), get_client(sync_client=True) as client:
             client.request("GET", "/ready")

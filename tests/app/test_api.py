@@ -56,3 +56,34 @@ def test_tune_starts_the_clis_temporary_server_once_its_parameters_are_valid(mon
     with pytest.raises(Started):
         hb.tune(lambda trial: {"loss": 0.0}, space=space, metric="loss", direction="minimize")
     assert calls == ["server", "flow"]
+
+
+def test_a_prefect_api_that_cannot_start_the_job_is_waited_for_then_one_exception(monkeypatch, capsys):
+    """As the CLI: while the API's database is down, one warning line and a wait of ``service_wait``; past it a
+    ``ConnectionError`` in one line, the flow never called."""
+    from prefect_hyperband.app import starting
+    from prefect_hyperband.flows import process
+    from prefect_hyperband.flows import tune as tune_module
+
+    class Clock:
+        now = 0.0
+
+        def monotonic(self):
+            return self.now
+
+        def sleep(self, seconds):
+            self.now += seconds
+
+    called: list[str] = []
+    monkeypatch.setattr(process, "temporary_server", lambda: None)
+    monkeypatch.setattr(tune_module, "tune", lambda params, return_state: called.append(params.job_id))
+    monkeypatch.setattr(starting, "time", Clock())
+    monkeypatch.setattr(starting, "api_not_ready", lambda: "503 Service Unavailable for GET http://h/api/ready")
+    with pytest.raises(ConnectionError, match=r"^the Prefect API could not start job \S+ within 10 s \(service_wait\); "
+                                              r"nothing ran, call tune again$"):
+        hb.tune(lambda trial: {"loss": 0.0}, space={"x": {"type": "float", "low": 0, "high": 1}}, metric="loss",
+                direction="minimize", service_wait=10)
+    assert called == []
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[0].startswith("hyperband: warning: the Prefect API cannot start the job's flow run")
+    assert err[1].startswith("hyperband: error: the Prefect API could not start job")
