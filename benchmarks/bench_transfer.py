@@ -22,12 +22,15 @@ Run from the repository root::
     python benchmarks/bench_transfer.py --max-resource 9 --seeds 0,1   # a quick look
     python benchmarks/bench_transfer.py --parts same --best-at-r       # only models trained to R count
     python benchmarks/bench_transfer.py --parts same --warm-order widest   # the warm job's brackets widest first
+    python benchmarks/bench_transfer.py --parts same --continue-parents 4  # continue the first job's checkpoints
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
+import json
 import statistics
 import sys
 import tempfile
@@ -74,8 +77,11 @@ AT_R = {"on": False}
 
 
 def job(trainer: Any, max_resource: int, seed: int, direction: str, warm: Callable[[Any], Any] | None = None,
-        target: float | None = None, narrow_first: bool = False) -> dict[str, Any]:
-    """One job inline: its results, the worker-seconds when its best-so-far first reached ``target``, its total."""
+        target: float | None = None, narrow_first: bool = False, keep: str | None = None,
+        resumed: dict[str, str] | None = None) -> dict[str, Any]:
+    """One job inline: its results, the worker-seconds when its best-so-far first reached ``target``, its total.
+    ``keep``: a folder the job's checkpoints stay in (its results then carry each one's path); ``resumed``: config
+    key -> a checkpoint its first trial-rung continues from (``--continue-parents``)."""
     from prefect_hyperband.hyperband.sampler import TPESampler
     from prefect_hyperband.hyperband.scheduler import HyperbandScheduler
     from prefect_hyperband.hyperband.space import parse
@@ -87,15 +93,23 @@ def job(trainer: Any, max_resource: int, seed: int, direction: str, warm: Callab
                                sequential=True, narrow_first=narrow_first)
     better = (lambda a, b: a >= b) if direction == "max" else (lambda a, b: a <= b)
     spent, best, reached, results = 0.0, None, None, []
-    with tempfile.TemporaryDirectory(prefix="bench-transfer-") as tmp:
+    from prefect_hyperband.hyperband.warm import config_key
+
+    resumed = dict(resumed or {})
+    with (contextlib.nullcontext(tempfile.mkdtemp(prefix="bench-transfer-", dir=keep)) if keep
+          else tempfile.TemporaryDirectory(prefix="bench-transfer-")) as tmp:
         while not sched.done:
             trial_rung = sched.next_trial_rung()
+            start = trial_rung.checkpoint
+            if start is None:
+                start = resumed.pop(config_key(trial_rung.config), None)
             began = time.perf_counter()
-            trained = trainer.train(trial_rung.config, trial_rung.resource, trial_rung.checkpoint, f"{tmp}/{trial_rung.trial_id}-r{trial_rung.resource}.ubj")
+            trained = trainer.train(trial_rung.config, trial_rung.resource, start,
+                                    f"{tmp}/{trial_rung.trial_id}-r{trial_rung.resource}.ubj")
             value = trainer.evaluate(trained.checkpoint)
             spent += time.perf_counter() - began
             sched.report(trial_rung.trial_id, trial_rung.resource, value, trained.checkpoint)
-            results.append((dict(trial_rung.config), trial_rung.resource, value))
+            results.append((dict(trial_rung.config), trial_rung.resource, value, trained.checkpoint))
             if AT_R["on"] and trial_rung.resource != max_resource:
                 continue
             best = value if best is None or better(value, best) else best
@@ -105,10 +119,29 @@ def job(trainer: Any, max_resource: int, seed: int, direction: str, warm: Callab
     return {"results": results, "best": best, "total": spent, "reached": reached}
 
 
-def identical(results: list[Any], max_resource: int) -> Callable[[Any], Any]:
+def identical(results: list[Any], max_resource: int, first: list[dict[str, Any]] | None = None
+              ) -> Callable[[Any], Any]:
     from prefect_hyperband.hyperband.warm import WarmSampler
 
-    return lambda inner: WarmSampler.start(inner, results, [], max_resource, ["first"], "identical", observe=True)
+    told = [r[:3] for r in results]
+    return lambda inner: WarmSampler.start(inner, told, list(first or []), max_resource, ["first"], "identical",
+                                           observe=True)
+
+
+def continued(results: list[Any], max_resource: int, direction: str, k: int) -> dict[str, str]:
+    """The first job's ``k`` best configs stopped below R (the top of the highest rung below R, then the next rung
+    down), each with its checkpoint there: config key -> checkpoint, best first."""
+    from prefect_hyperband.hyperband.promotion import best_key, failed
+    from prefect_hyperband.hyperband.warm import config_key
+
+    top: dict[str, tuple[int, Any, str]] = {}
+    for config, resource, score, checkpoint in results:
+        key = config_key(config)
+        if key not in top or resource > top[key][0]:
+            top[key] = (resource, score, checkpoint)
+    below = [(key, v) for key, v in top.items() if v[0] < max_resource and not failed(v[1])]
+    below.sort(key=lambda kv: (-kv[1][0], best_key(kv[0], kv[1][0], kv[1][1], direction)))
+    return {key: v[2] for key, v in below[:k]}
 
 
 def transfer(results: list[Any], direction: str, k: int = 3) -> Callable[[Any], Any]:
@@ -116,7 +149,7 @@ def transfer(results: list[Any], direction: str, k: int = 3) -> Callable[[Any], 
     from prefect_hyperband.hyperband.warm import WarmSampler, best_configs, clip
     from prefect_hyperband.trainers.xgboost_trainer import DEFAULT_SPACE
 
-    first = [clip(parse(DEFAULT_SPACE), c) for c in best_configs(results, direction, k)]
+    first = [clip(parse(DEFAULT_SPACE), c) for c in best_configs([r[:3] for r in results], direction, k)]
     return lambda inner: WarmSampler.start(inner, [], first, 0, ["first"], "transfer", observe=False)
 
 
@@ -146,6 +179,9 @@ def main() -> None:
     ap.add_argument("--parts", default="same,other", help="same: warm from the same data; other: from other data")
     ap.add_argument("--best-at-r", action="store_true",
                     help="only results at R count toward the best-so-far and the first job's best (the target)")
+    ap.add_argument("--continue-parents", type=int, default=0, metavar="K",
+                    help="same data: the warm job's first K configs are the first job's K best stopped below R, each "
+                         "continued from its checkpoint there (emulated here; not what --warm-start does yet)")
     ap.add_argument("--warm-order", choices=("narrowest", "widest"), default="narrowest",
                     help="same data: the warm job's brackets narrowest first (as --warm-start runs them) or widest "
                          "first (as a cold job)")
@@ -163,11 +199,13 @@ def main() -> None:
             cold, warm, cold_t, warm_t, gains = [], [], [], [], []
             for seed in seeds:
                 if "same" in parts:
-                    first = job(trainer_for(data, metric, seed, half), big, seed, way)
+                    first = job(trainer_for(data, metric, seed, half), big, seed, way, keep=folder)
                     cold.append(job(trainer_for(data, metric, seed, half), big, seed + 100, way, None, first["best"]))
+                    resumed = continued(first["results"], big, way, args.continue_parents)
+                    firsts = [json.loads(key) for key in resumed]
                     warm.append(job(trainer_for(data, metric, seed, half), big, seed + 100, way,
-                                    identical(first["results"], big), first["best"],
-                                    narrow_first=args.warm_order == "narrowest"))
+                                    identical(first["results"], big, firsts), first["best"],
+                                    narrow_first=args.warm_order == "narrowest", resumed=resumed))
                 if "other" not in parts:
                     continue
                 from bench_priors import reference_values
