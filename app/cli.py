@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             flags = given(args)
         except SettingsError as exc:  # a value the flag's type cannot take (a mapping that is not JSON)
-            return _fail(str(exc).splitlines()[0])
+            return _fail(_flags_in(str(exc).splitlines()[0]))
         if args.command == "plan":
             return _plan(flags, args)
         if args.command == "scale":
@@ -348,11 +348,14 @@ def _one_line(exc) -> str:
 
 def _flags_in(message: str) -> str:
     """A check across fields names them as Python and the Prefect form do (``min_resource``); on the command line,
-    each as its flag (``--min-resource``)."""
+    each as its flag (``--min-resource``), as is a value pydantic-settings could not parse."""
     import re
 
     from prefect_hyperband.flows.params import TuneParams
 
+    parsed = re.match(r"Parsing error encountered for (\w+): (.*)", message)  # pydantic-settings' line for a flag
+    if parsed:
+        return f"--{parsed.group(1).replace('_', '-')}: cannot parse its value: {parsed.group(2)}"
     named = "|".join(sorted((f for f in TuneParams.model_fields if "_" in f), key=len, reverse=True))
     return re.sub(rf"\b({named})\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
 

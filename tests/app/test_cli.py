@@ -50,6 +50,7 @@ def space_file(tmp_path):
         (["scale", "--workers", "0,2"], "--workers: Input should be greater than or equal to 1, got 0"),
         (["tune", "--min-resource", "9", "--max-resource", "3"], "error: --min-resource must be <= --max-resource, got 9 > 3"),
         (["tune", "--data", "no-such-file.csv", "--target", "y"], "data file 'no-such-file.csv' not found"),
+        (["tune", "--space", "{bad"], 'error: --space: cannot parse its value: Missing end delimiter "}"'),
         (["tune", "--target", "nope"], "target column 'nope' not in the data"),
         (["tune", "--model", "lightgbm"], "unknown model 'lightgbm'; choose xgboost, torch or synthetic"),
         (["tune", "--workers", "0"], "--workers: Input should be greater than or equal to 1, got '0'"),
