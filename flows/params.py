@@ -232,6 +232,9 @@ class TuneParams(BaseModel):
                                  "--metric val_loss --direction minimize --space space.yaml)")
         if self.metric and len(self.metric) > 1:
             objectives.check_several(self.metric, bool(code))
+        elif self.select != "first" and not self.resume:  # a job saved with it resumes as it began
+            raise ValueError(f"select {self.select!r} picks the champion among several objectives; give two or more "
+                             "metric entries (e.g. --metric val_auc --metric predict_ms:min), or drop select")
         return self
 
     def trial_concurrency(self, cluster_workers: int | None = None) -> int:

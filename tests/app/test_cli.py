@@ -62,6 +62,8 @@ def space_file(tmp_path):
         (["tune", "--metric", "auc", "--metric", "auc:max"], "metric names must differ, got auc, auc"),
         (["tune", "--metric", "auc:min"], "--metric auc:min: auc is better larger; drop :min"),
         (["tune", "--select", "fastest"], "select must be first, knee or a constraint like predict_ms<=2"),
+        (["tune", "--select", "knee"], "error: select 'knee' picks the champion among several objectives; give two "
+                                       "or more metric entries"),
         (["tune", "--metric", "auc", "--metric", "predict_ms", "--select", "model_bytes<=9"],
          "select constrains 'model_bytes', which is not an objective (val_auc, predict_ms)"),
         (["tune", "--model", "function", "--trainer", "t.py:train", "--metric", "loss:min", "--metric", "ms",
