@@ -101,6 +101,7 @@ class _TerminalFilter:
     def __init__(self, live: bool = False) -> None:
         self.live = live
         self.stream_dropped = False
+        self.events_lost = False
 
     def filter(self, record) -> bool:
         if record.name.startswith("websockets"):  # Prefect's event stream, its server restarting: a traceback
@@ -110,6 +111,9 @@ class _TerminalFilter:
             if " 0 pending" not in record.getMessage():  # events not sent: task runs missing in the UI
                 return True
             self._stream_dropped(record)  # at exit, after the stream dropped: nothing was left to send
+            return False
+        if record.name == "prefect.events.clients" and str(record.msg).startswith("Unable to connect to"):
+            self._events_lost(record)  # its reconnections failed (a line each time it sends): once, in one line
             return False
         if record.name.startswith("prefect.task_runs") and (_stopped(record) or CUT_SHORT in record.getMessage()):
             return False  # the job's stop line says why
@@ -140,6 +144,19 @@ class _TerminalFilter:
         why = f"{type(exc).__name__}: {exc}" if exc is not None else record.getMessage()
         logging.getLogger("prefect_hyperband").warning(
             "the Prefect API's event stream dropped (%s); Prefect's client reconnects and sends its events again", why)
+
+
+    def _events_lost(self, record) -> None:
+        """Prefect's events client gave up reconnecting (its server restarting): one line, once per job process."""
+        import logging
+
+        if self.events_lost or record.levelno < 30:
+            return
+        self.events_lost = True
+        url, reason = (record.args + ("?", "?"))[:2] if isinstance(record.args, tuple) else ("?", "?")
+        logging.getLogger("prefect_hyperband").warning(
+            "the Prefect API's event stream could not reconnect to %s (%s); task runs of that moment may be missing "
+            "in the Prefect UI (every result is in MLflow and the job's state)", url, reason)
 
 
 def _stopped(record) -> bool:

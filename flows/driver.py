@@ -235,8 +235,9 @@ def _log_rung(logger, job: Job, scheduler: Scheduler, closed: Decision, promoted
     top = ranked[0] if ranked else None
     failed = sum(v is None for v in scores.values())
     logger.info(
-        "bracket s=%d rung %d/%d: %d trials at r=%d, best %s %s (%s)%s; %s",
-        closed.bracket, closed.rung + 1, closed.n_rungs, len(scores), closed.resource, job.metric_key,
+        "bracket s=%d rung %d/%d: %d trial%s at r=%d, best %s %s (%s)%s; %s",
+        closed.bracket, closed.rung + 1, closed.n_rungs, len(scores), "" if len(scores) == 1 else "s", closed.resource,
+        job.metric_key,
         "n/a" if top is None or scores[top] is None else f"{scores[top]:.4f}", top,
         f", {failed} failed" if failed else "",
         f"promoted {promoted}" if promoted else "bracket done",

@@ -257,10 +257,20 @@ def test_a_prefect_server_restart_is_one_warning_line_on_the_terminal_not_traceb
         lost = logging.LogRecord("prefect._internal.concurrency", logging.ERROR, "", 0,
                                  "Service 'EventsWorker' failed with 3 pending items.", (), None)
         assert [terminal.filter(r) for r in (dropped, dropped, worker, lost)] == [False, False, False, True]
+        # its reconnections failed: Prefect's long warning each time it sends, one line of ours once
+        unable = logging.LogRecord(
+            "prefect.events.clients", logging.WARNING, "", 0, "Unable to connect to %r. Please check your network "
+            "settings to ensure websocket connections to the API are allowed. Otherwise event data (including task "
+            "run data) may be lost. Reason: %s. Set PREFECT_DEBUG_MODE=1 to see the full error.",
+            ("ws://127.0.0.1:4200/api/events/in", "[Errno 111] Connect call failed ('127.0.0.1', 4200)"), None)
+        assert [terminal.filter(unable), terminal.filter(unable)] == [False, False]
     finally:
         hyperband.removeHandler(catch)
     assert said == ["the Prefect API's event stream dropped (ConnectionError: no close frame received or sent); "
-                    "Prefect's client reconnects and sends its events again"]
+                    "Prefect's client reconnects and sends its events again",
+                    "the Prefect API's event stream could not reconnect to ws://127.0.0.1:4200/api/events/in "
+                    "([Errno 111] Connect call failed ('127.0.0.1', 4200)); task runs of that moment may be missing in "
+                    "the Prefect UI (every result is in MLflow and the job's state)"]
 
 
 def test_a_job_whose_every_trial_failed_ends_in_one_line_and_exit_2(capsys):
