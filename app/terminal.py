@@ -145,7 +145,6 @@ class _TerminalFilter:
         logging.getLogger("prefect_hyperband").warning(
             "the Prefect API's event stream dropped (%s); Prefect's client reconnects and sends its events again", why)
 
-
     def _events_lost(self, record) -> None:
         """Prefect's events client gave up reconnecting (its server restarting): one line, once per job process."""
         import logging
