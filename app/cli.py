@@ -54,7 +54,7 @@ def _plan(flags: dict[str, Any], args: argparse.Namespace) -> int:
     except ValidationError as exc:
         return _fail(_one_line(exc))
     except ValueError as exc:
-        return _fail(str(exc))
+        return _fail(_flags_in(str(exc)))
     if args.json:
         print(json.dumps(plan))
         return 0

@@ -15,6 +15,7 @@ import os
 import secrets
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+from urllib.parse import urlsplit
 
 from prefect_hyperband.trainers.base import write_json_atomic
 from prefect_hyperband.trainers.errors import InputError, first_line
@@ -279,10 +280,13 @@ def check(url: str) -> None:
         except OSError as exc:
             raise InputError(f"--storage {url}: cannot create the folder: {exc}") from exc
         return
+    if not urlsplit(url).netloc:
+        raise InputError(f"--storage {url}: names no bucket (e.g. s3://bucket/jobs)")
     fs = filesystem(url)
     probe = join(url, ".hyperband-probe")
     try:
         fs.pipe_file(probe, b"ok")
         fs.rm_file(probe)
     except Exception as exc:  # botocore's and gcsfs' errors have no common base: any failure is the user's setup
-        raise InputError(f"--storage {url}: cannot write there: {type(exc).__name__}: {exc}") from exc
+        said = " ".join(str(exc).split())  # botocore's messages run over several lines
+        raise InputError(f"--storage {url}: cannot write there: {type(exc).__name__}: {said[:300]}") from exc

@@ -47,6 +47,7 @@ def space_file(tmp_path):
         (["tune", "--resume", "a", "--job-id", "b"], "--resume a with --job-id b: give one"),
         (["tune", "--resume", "nosuch"], "no job 'nosuch' to resume"),
         (["plan", "--eta", "x"], "--eta: Input should be a valid integer"),
+        (["plan", "--min-resource", "5", "--max-resource", "3"], "error: --min-resource must be <= --max-resource"),
         (["scale", "--workers", "0,2"], "--workers: Input should be greater than or equal to 1, got 0"),
         (["tune", "--min-resource", "9", "--max-resource", "3"], "error: --min-resource must be <= --max-resource, got 9 > 3"),
         (["tune", "--data", "no-such-file.csv", "--target", "y"], "data file 'no-such-file.csv' not found"),

@@ -60,6 +60,8 @@ def test_storage_that_cannot_be_used_is_one_line(s3, tmp_path):
         check("s3://no-such-bucket/jobs")
     with pytest.raises(InputError, match="no filesystem for nosuch://"):
         check("nosuch://x/y")
+    with pytest.raises(InputError, match=r"^--storage s3://: names no bucket \(e.g. s3://bucket/jobs\)$"):
+        check("s3://")  # it was botocore's "Invalid bucket name" over several lines
     # a filesystem whose URL names its host (FTP here): that host, and one line when it does not answer (it was a
     # TypeError for the missing host, and fsspec's traceback at exit)
     port = free_port("127.0.0.1")
