@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 from prefect_hyperband.flows.groups import FLOW_NAME as GROUP_FLOW
 from prefect_hyperband.tasks.record import CUT_SHORT
@@ -100,8 +101,7 @@ class _TerminalFilter:
 
     def __init__(self, live: bool = False) -> None:
         self.live = live
-        self.stream_dropped = False
-        self.events_lost = False
+        self.said: set[str] = set()  # the kinds of Prefect's lines already said in one line (``_once``)
 
     def filter(self, record) -> bool:
         if record.name.startswith("websockets"):  # Prefect's event stream, its server restarting: a traceback
@@ -132,30 +132,26 @@ class _TerminalFilter:
             return False
         return getattr(record, "hyperband_terminal", True)  # the summary: printed by the CLI itself
 
-
     def _stream_dropped(self, record) -> None:
-        """One line, once, for the event stream's errors (each with a traceback; job.log keeps them)."""
-        import logging
-
-        if self.stream_dropped or record.levelno < 30:
-            return
-        self.stream_dropped = True
+        """The event stream's errors (each with a traceback; job.log keeps them)."""
         exc = record.exc_info[1] if record.exc_info else None
         why = f"{type(exc).__name__}: {exc}" if exc is not None else record.getMessage()
-        logging.getLogger("prefect_hyperband").warning(
-            "the Prefect API's event stream dropped (%s); Prefect's client reconnects and sends its events again", why)
+        self._once("dropped", record, "the Prefect API's event stream dropped (%s); Prefect's client reconnects and "
+                                      "sends its events again", why)
 
     def _events_lost(self, record) -> None:
-        """Prefect's events client gave up reconnecting (its server restarting): one line, once per job process."""
-        import logging
-
-        if self.events_lost or record.levelno < 30:
-            return
-        self.events_lost = True
+        """Prefect's events client gave up reconnecting (its server restarting)."""
         url, reason = (record.args + ("?", "?"))[:2] if isinstance(record.args, tuple) else ("?", "?")
-        logging.getLogger("prefect_hyperband").warning(
-            "the Prefect API's event stream could not reconnect to %s (%s); task runs of that moment may be missing "
-            "in the Prefect UI (every result is in MLflow and the job's state)", url, reason)
+        self._once("lost", record, "the Prefect API's event stream could not reconnect to %s (%s); task runs of that "
+                                   "moment may be missing in the Prefect UI (every result is in MLflow and the job's "
+                                   "state)", url, reason)
+
+    def _once(self, kind: str, record, message: str, *args: Any) -> None:
+        """One line of the job's for Prefect's own warnings and errors of one ``kind``: once per job process."""
+        if kind in self.said or record.levelno < 30:
+            return
+        self.said.add(kind)
+        logging.getLogger("prefect_hyperband").warning(message, *args)
 
 
 def _stopped(record) -> bool:
