@@ -129,19 +129,14 @@ def identical(results: list[Any], max_resource: int, first: list[dict[str, Any]]
 
 
 def continued(results: list[Any], max_resource: int, direction: str, k: int) -> dict[str, str]:
-    """The first job's ``k`` best configs stopped below R (the top of the highest rung below R, then the next rung
-    down), each with its checkpoint there: config key -> checkpoint, best first."""
-    from prefect_hyperband.hyperband.promotion import best_key, failed
-    from prefect_hyperband.hyperband.warm import config_key
+    """The first job's ``k`` best configs stopped below R (``warm.best_configs`` of those never trained to R), each
+    with its checkpoint at its highest resource: config key -> checkpoint, best first."""
+    from prefect_hyperband.hyperband.warm import best_configs, config_key
 
-    top: dict[str, tuple[int, Any, str]] = {}
-    for config, resource, score, checkpoint in results:
-        key = config_key(config)
-        if key not in top or resource > top[key][0]:
-            top[key] = (resource, score, checkpoint)
-    below = [(key, v) for key, v in top.items() if v[0] < max_resource and not failed(v[1])]
-    below.sort(key=lambda kv: (-kv[1][0], best_key(kv[0], kv[1][0], kv[1][1], direction)))
-    return {key: v[2] for key, v in below[:k]}
+    reached = {config_key(c) for c, r, _, _ in results if r >= max_resource}
+    below = [r for r in results if config_key(r[0]) not in reached]
+    highest = {config_key(c): p for c, _, _, p in sorted(below, key=lambda r: r[1])}  # the last, the highest
+    return {config_key(c): highest[config_key(c)] for c in best_configs([r[:3] for r in below], direction, k)}
 
 
 def transfer(results: list[Any], direction: str, k: int = 3) -> Callable[[Any], Any]:
