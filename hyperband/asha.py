@@ -37,25 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 from prefect_hyperband.hyperband.promotion import (Directions, Score, as_direction, as_score, failed, promote, several,
                                                    sign, sort_key)
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
-from prefect_hyperband.hyperband.trial import Status, TrialRung, trial_id as make_trial_id
-
-
-
-
-
-@dataclass
-class AshaTrial:
-    """One config's life in an ASHA bracket."""
-
-    trial_id: str
-    bracket: int
-    config: dict[str, Any]
-    rung: int = 0  # rung of its latest trial-rung (being trained when in flight, else recorded)
-    resource: int = 0  # units held by ``checkpoint``
-    checkpoint: str | None = None
-    status: Status = "running"
-    in_flight: bool = True
-    error: str | None = None
+from prefect_hyperband.hyperband.trial import Trial, TrialRung, trial_id as make_trial_id
 
 
 @dataclass
@@ -71,7 +53,7 @@ class AshaState:
     rungs: dict[int, list[dict[str, Score]]]
     #: s -> rung k -> trial ids already promoted out of rung k
     promoted: dict[int, list[set[str]]]
-    trials: dict[str, AshaTrial]
+    trials: dict[str, Trial]
     #: s -> configs started in bracket s
     started: dict[int, int]
     _plan: dict[int, Bracket] = field(init=False, repr=False, compare=False)
@@ -215,7 +197,7 @@ class AshaState:
             raise ValueError(f"new_config must return a mapping of parameter -> value, got {config!r}")
         trial_id = make_trial_id(s, self.started[s])
         self.started[s] += 1
-        self.trials[trial_id] = AshaTrial(trial_id, s, dict(config))
+        self.trials[trial_id] = Trial(trial_id, s, dict(config))
         return TrialRung(trial_id, s, 0, self._plan[s].rungs[0].resource, dict(config), None)
 
     def report(
@@ -303,9 +285,9 @@ class AshaState:
             tuple(raw["brackets"]),
             rungs={int(s): [{t: as_score(v) for t, v in r.items()} for r in rungs] for s, rungs in raw["rungs"].items()},
             promoted={int(s): [set(p) for p in rungs] for s, rungs in raw["promoted"].items()},
-            trials={t: AshaTrial(**v) for t, v in raw["trials"].items()},
+            trials={t: Trial(**v) for t, v in raw["trials"].items()},
             started={int(s): n for s, n in raw["started"].items()},
         )
 
 
-__all__ = ["AshaState", "AshaTrial"]
+__all__ = ["AshaState"]

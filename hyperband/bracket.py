@@ -15,23 +15,7 @@ import numpy as np
 from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, failed, promote
 from prefect_hyperband.hyperband.schedule import Bracket, Rung
 from prefect_hyperband.hyperband.space import Space
-from prefect_hyperband.hyperband.trial import Status, trial_id as make_trial_id
-
-
-
-@dataclass
-class Trial:
-    """One config's life in a bracket."""
-
-    trial_id: str
-    bracket: int
-    config: dict[str, Any]
-    resource: int = 0  # units held by ``checkpoint``
-    checkpoint: str | None = None
-    rung: int = -1  # highest rung whose result is recorded
-    scores: dict[int, Score] = field(default_factory=dict)  # resource -> metric, or objectives' values (None: failed)
-    status: Status = "running"
-    error: str | None = None
+from prefect_hyperband.hyperband.trial import Trial, trial_id as make_trial_id
 
 
 @dataclass
@@ -43,6 +27,11 @@ class BracketState:
     trials: dict[str, Trial]
     rung_index: int = 0
     active: list[str] = field(default_factory=list)  # trial ids in the current rung
+    #: rung k -> trial id -> its score there (None: failed), in record order
+    results: list[dict[str, Score]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.results = self.results or [{} for _ in self.rungs]
 
     @classmethod
     def start(
@@ -68,9 +57,7 @@ class BracketState:
 
     def pending(self) -> list[str]:
         """Active trials whose result at the current rung is not yet recorded."""
-        if self.done:
-            return []
-        return [t for t in self.active if self.trials[t].rung < self.rung_index]
+        return [t for t in self.active if self.trials[t].in_flight]
 
     def record(self, trial_id: str, resource: int, score: Score, checkpoint: str | None, error: str | None = None) -> None:
         """A trial's result at the current rung; ``score=None`` marks it failed."""
@@ -78,8 +65,8 @@ class BracketState:
         if trial_id not in self.active or resource != self.current.resource:
             raise ValueError(f"{trial_id} is not training to {resource} in rung {self.rung_index} of bracket {self.s}")
         lost = failed(score)
-        trial.scores[resource] = as_score(score)
-        trial.rung = self.rung_index
+        self.results[self.rung_index][trial_id] = as_score(score)
+        trial.in_flight = False
         if lost:
             trial.status, trial.error = "failed", error or "failed"
         else:
@@ -89,7 +76,7 @@ class BracketState:
         """Close the current rung: promote the top ⌊n_i/η⌋ and stop the rest. Returns the promoted ids."""
         if self.pending():
             raise ValueError(f"rung {self.rung_index} of bracket {self.s} still waits for {self.pending()}")
-        scores = {t: self.trials[t].scores.get(self.current.resource) for t in self.active}
+        scores = {t: self.results[self.rung_index].get(t) for t in self.active}
         last = self.rung_index == len(self.rungs) - 1
         if last:
             for t in self.active:
@@ -104,7 +91,14 @@ class BracketState:
                 self.trials[t].status = "stopped"
         self.rung_index += 1
         self.active = up
+        for t in up:
+            self.trials[t].rung, self.trials[t].in_flight = self.rung_index, True
         return up
+
+    def scores(self, trial_id: str) -> dict[int, Score]:
+        """One trial's results: resource -> score (None: failed), rung by rung."""
+        rung = self.trials[trial_id].rung
+        return {self.rungs[k].resource: self.results[k][trial_id] for k in range(rung + 1) if trial_id in self.results[k]}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -115,17 +109,32 @@ class BracketState:
             "rung_index": self.rung_index,
             "active": list(self.active),
             # a shallow copy of each trial (``asdict`` deep-copies: a tenth of a job's driver time was spent here)
-            "trials": {t: {**vars(v), "scores": {str(k): s for k, s in v.scores.items()}} for t, v in self.trials.items()},
+            "trials": {t: dict(vars(v)) for t, v in self.trials.items()},
+            "results": [dict(r) for r in self.results],
         }
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> "BracketState":
-        trials = {}
-        for t, v in raw["trials"].items():
-            v = dict(v)
-            v["scores"] = {int(k): as_score(s) for k, s in v["scores"].items()}
-            trials[t] = Trial(**v)
+        rungs = tuple(Rung(**r) for r in raw["rungs"])
+        if "results" not in raw:  # saved before a trial was one type in both modes (2026-11-29)
+            raw = _from_trial_scores(raw, rungs)
         return cls(
-            raw["s"], raw["eta"], tuple(Rung(**r) for r in raw["rungs"]), as_direction(raw["direction"]), trials,
-            raw["rung_index"], list(raw["active"]),
+            raw["s"], raw["eta"], rungs, as_direction(raw["direction"]), {t: Trial(**v) for t, v in raw["trials"].items()},
+            raw["rung_index"], list(raw["active"]), [{t: as_score(v) for t, v in r.items()} for r in raw["results"]],
         )
+
+
+def _from_trial_scores(raw: dict[str, Any], rungs: tuple[Rung, ...]) -> dict[str, Any]:
+    """A bracket saved with each trial's scores on the trial (resource -> score) and its ``rung`` the highest
+    recorded (-1: none), as the bracket's results rung by rung and each trial at its latest trial-rung."""
+    k_of = {r.resource: k for k, r in enumerate(rungs)}
+    results: list[dict[str, Any]] = [{} for _ in rungs]
+    trials = {}
+    for t, v in raw["trials"].items():
+        v = dict(v)
+        for resource, score in v.pop("scores").items():
+            results[k_of[int(resource)]][t] = score
+        waiting = t in raw["active"] and v["rung"] < raw["rung_index"]
+        v["rung"], v["in_flight"] = (raw["rung_index"], True) if waiting else (max(v["rung"], 0), False)
+        trials[t] = v
+    return {**raw, "trials": trials, "results": results}

@@ -39,7 +39,7 @@ class TrialRecord:
     bracket: int
     config: dict[str, Any]
     status: Status
-    rung: int  # highest rung reached
+    rung: int  # the rung of its latest trial-rung (its result there may be still to come)
     resource: int  # units its checkpoint holds
     scores: dict[int, Score]  # resource -> metric or objectives' values (None: failed there)
     error: str | None = None
@@ -190,10 +190,10 @@ class HyperbandScheduler:
 
     def records(self, ids: Iterable[str] | None = None) -> list[TrialRecord]:
         """Every trial's record, or those of ``ids`` (in that order)."""
-        trials = ([self.states[_bracket_of(t)].trials[t] for t in ids] if ids is not None else
-                  [t for b in self._plan if b.s in self.states for t in self.states[b.s].trials.values()])
-        return [TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, dict(t.scores), t.error)
-                for t in trials]
+        trials = ([(self.states[_bracket_of(t)], t) for t in ids] if ids is not None else
+                  [(self.states[b.s], t) for b in self._plan if b.s in self.states for t in self.states[b.s].trials])
+        return [TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, st.scores(i), t.error)
+                for st, i in trials for t in (st.trials[i],)]
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,4 +1,4 @@
-"""The message a scheduler hands its driver: train this trial to this resource."""
+"""A trial, in both modes, and the message a scheduler hands its driver: train this trial to this resource."""
 
 from __future__ import annotations
 
@@ -13,6 +13,24 @@ def trial_id(bracket: int, n: int) -> str:
     """The id of bracket ``bracket``'s ``n``-th trial, in both modes: ``s2-0007``. (Ids of jobs saved before the
     format was one, ``s2-007`` in Hyperband's brackets, are kept as they were.)"""
     return f"s{bracket}-{n:04d}"
+
+
+@dataclass
+class Trial:
+    """One config's life in its bracket, in either mode (a synchronous bracket's, ASHA's): the rung of its latest
+    trial-rung, and whether that trial-rung's result is still to come (``in_flight``: handed out, waiting to be, or
+    to be trained again after a resume); what its checkpoint holds; its fate. Its results are its bracket's (rung by
+    rung), not the trial's."""
+
+    trial_id: str
+    bracket: int
+    config: dict[str, Any]
+    rung: int = 0
+    resource: int = 0  # units held by ``checkpoint``
+    checkpoint: str | None = None
+    status: Status = "running"
+    in_flight: bool = True
+    error: str | None = None
 
 
 @dataclass(frozen=True)

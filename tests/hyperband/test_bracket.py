@@ -32,7 +32,7 @@ def test_bracket_promotes_top_third_each_rung_up_to_R():
     assert len(completed) == 1
     best = max(state.trials.values(), key=lambda t: t.config["x"])
     assert completed[0].trial_id == best.trial_id
-    assert completed[0].scores == {1: best.config["x"], 3: best.config["x"], 9: best.config["x"], 27: best.config["x"]}
+    assert state.scores(completed[0].trial_id) == {1: best.config["x"], 3: best.config["x"], 9: best.config["x"], 27: best.config["x"]}
     assert sum(t.status == "stopped" for t in state.trials.values()) == 26
 
 
@@ -49,7 +49,7 @@ def test_failed_trials_are_recorded_and_never_promoted():
     promoted = run_rung(state, fail=failing)
     assert len(promoted) == 7  # only 7 trials succeeded; a failure never fills a slot
     assert not failing & set(promoted)
-    assert all(state.trials[t].status == "failed" and state.trials[t].scores[1] is None for t in failing)
+    assert all(state.trials[t].status == "failed" and state.scores(t)[1] is None for t in failing)
 
 
 def test_same_seed_same_configs_and_promotions():
@@ -65,3 +65,30 @@ def test_state_round_trips_through_json_mid_bracket():
     restored = BracketState.from_json(json.loads(json.dumps(state.to_json())))
     assert restored == state
     assert run_rung(restored) == run_rung(state)
+
+
+def _as_saved_before_one_trial_type(state: BracketState) -> dict:
+    """``state`` as the brackets wrote it before a trial was one type in both modes: each trial's scores on the
+    trial (resource -> score), its ``rung`` the highest recorded (-1: none), no ``in_flight``, no ``results``."""
+    raw = json.loads(json.dumps(state.to_json()))
+    results = raw.pop("results")
+    for t, v in raw["trials"].items():
+        recorded = [k for k, r in enumerate(results) if t in r]
+        v["rung"] = max(recorded, default=-1)
+        v["scores"] = {str(state.rungs[k].resource): results[k][t] for k in recorded}
+        del v["in_flight"]
+    return raw
+
+
+def test_a_bracket_saved_in_the_earlier_format_loads_as_the_same_state():
+    state = start()
+    run_rung(state)  # rung 0 closed: 9 promoted, waiting for their r=3 results
+    half = state.pending()[:4]
+    for t in half:  # mid-rung: some of rung 1 recorded, the rest still to come
+        state.record(t, 3, state.trials[t].config["x"], f"/ckpt/{t}/3")
+    old = _as_saved_before_one_trial_type(state)
+    assert old["trials"][half[0]]["rung"] == 1 and old["trials"][state.pending()[0]]["rung"] == 0
+    loaded = BracketState.from_json(old)
+    assert loaded == state
+    assert loaded.pending() == state.pending() and len(loaded.pending()) == 5
+    assert run_rung(loaded) == run_rung(state)

@@ -114,7 +114,7 @@ def test_a_synchronous_bracket_promotes_by_fronts_and_round_trips_json() -> None
     for letter, t in by_letter.items():
         state.record(t, 1, TWO[letter], f"ck-{t}")
     again = BracketState.from_json(state.to_json())
-    assert again.trials[by_letter["a"]].scores[1] == (0.90, 5.0)  # JSON's list back to a tuple
+    assert again.scores(by_letter["a"])[1] == (0.90, 5.0)  # JSON's list back to a tuple
     assert again.direction == TWO_DIRECTIONS
     assert again.advance() == [by_letter[x] for x in "acb"]
 
