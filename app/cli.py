@@ -231,6 +231,11 @@ def _run(params, args: argparse.Namespace) -> int:
         from prefect_hyperband.flows import progress
 
         progress.attach(live)
+    if not params.resume:  # its writer's imports beside the server's start (a resume's parameters are the saved ones)
+        from prefect_hyperband.tasks.writer import start_ahead, writer_for
+
+        start_ahead(writer_for(params.concurrency or 1, params.mode, params.max_trials, params.time_budget),
+                    params.service_wait)
     _temporary_server()  # stopped at exit, after Prefect's services have sent what they hold
     try:
         state = started(tune, params)

@@ -116,7 +116,7 @@ class BracketState:
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> "BracketState":
         rungs = tuple(Rung(**r) for r in raw["rungs"])
-        if "results" not in raw:  # saved before a trial was one type in both modes (2026-11-29)
+        if "results" not in raw:  # saved before a trial was one type in both modes (3a92ac2)
             raw = _from_trial_scores(raw, rungs)
         return cls(
             raw["s"], raw["eta"], rungs, as_direction(raw["direction"]), {t: Trial(**v) for t, v in raw["trials"].items()},

@@ -28,6 +28,11 @@ from typing import Any, BinaryIO, Union
 from prefect_hyperband.tasks.record import close_trial_runs, log_trial_rung, start_trial_run
 
 _HEADER = struct.Struct("!I")
+#: the writer process: Ctrl-C and SIGTERM ignored from its first line, not only once its imports (about a second of
+#: MLflow's) are done: a terminal's Ctrl-C during a job's start reaches the whole group, and a writer killed in
+#: its imports printed a traceback into the job's lines (the job stops and ends it itself, ``main``)
+_LAUNCH = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+           "import runpy; runpy.run_module('prefect_hyperband.tasks.writer', run_name='__main__', alter_sys=True)")
 
 
 class TrialRuns:
@@ -79,7 +84,7 @@ class ProcessWriter:
 
     def __init__(self) -> None:
         read_end, write_end = os.pipe()  # answers; stdout stays free for whatever a library prints
-        self.proc = subprocess.Popen([sys.executable, "-m", "prefect_hyperband.tasks.writer", str(write_end)],
+        self.proc = subprocess.Popen([sys.executable, "-c", _LAUNCH, str(write_end)],
                                      stdin=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_end,),
                                      env=os.environ.copy())
         os.close(write_end)
@@ -158,9 +163,38 @@ def writer_for(concurrency: int, mode: str, max_trials: int | None, time_budget:
     return "process" if large else "thread"
 
 
+#: a writer process started ahead of the process's one job (``start_ahead``), until the job takes it
+_ahead: list[ProcessWriter] = []
+
+
+def start_ahead(kind: str, service_wait: float) -> None:
+    """The CLI's job's writer process started now, before Prefect's temporary server, when the job will write from
+    a process (``writer_for``): its imports (about 1.1 s of MLflow's) overlap the server's start instead of delaying
+    the job's first trial-rung, which waits for its writer. The job's ``make_writer`` takes it; unused (a job that
+    decided otherwise, or never began), it ends at exit. It inherits ``--service-wait``'s bound on MLflow's retries,
+    as a writer started by the job does."""
+    if kind != "process" or _ahead:
+        return
+    import atexit
+
+    from prefect_hyperband.tasks.service_wait import bound_client_waits
+
+    with bound_client_waits(service_wait):
+        _ahead.append(ProcessWriter())
+    atexit.register(_end_unused)
+
+
+def _end_unused() -> None:
+    while _ahead:
+        _ahead.pop().shutdown()
+
+
 def make_writer(kind: str = "process") -> Writer:
-    """The job's writer: a process (started now: it imports MLflow while the job sets up), or a thread."""
-    return ThreadWriter() if kind == "thread" else ProcessWriter()
+    """The job's writer: a process (the one started ahead, ``start_ahead``, else started now: it imports MLflow
+    while the job sets up), or a thread."""
+    if kind == "thread":
+        return ThreadWriter()
+    return _ahead.pop() if _ahead else ProcessWriter()
 
 
 def _send(stream: BinaryIO, message: Any) -> None:

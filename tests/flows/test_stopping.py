@@ -73,6 +73,8 @@ def test_a_stopped_job_exits_cleanly_and_resumes_to_the_uninterrupted_result(sig
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(MLFLOW_TRACKING_URI=uri, PYTHONUNBUFFERED="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    if signum == signal.SIGINT:  # a big job's writer process (started by the CLI ahead of the job) in the group too
+        env["HYPERBAND_MLFLOW_WRITER"] = "process"
     jobs = tmp_path / "jobs"
     concurrency = 2 if mode == "hyperband" else 1  # ASHA at 1: its promotions do not depend on timing
     common = ["--model", "synthetic", "--mode", mode, "--max-resource", "9", "--unit-seconds", "0.3",
@@ -88,7 +90,9 @@ def test_a_stopped_job_exits_cleanly_and_resumes_to_the_uninterrupted_result(sig
             break
         time.sleep(0.01)
     family = [job.pid] + [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
-    assert len(family) >= 2  # the job and its temporary Prefect server
+    assert len(family) >= 2  # the job and its temporary Prefect server (and its MLflow writer)
+    if signum == signal.SIGINT:
+        assert sum("prefect_hyperband.tasks.writer" in " ".join(psutil.Process(p).cmdline()) for p in family) == 1
     signalled = time.monotonic()
     if signum == signal.SIGINT:
         os.killpg(job.pid, signum)  # a terminal's Ctrl-C: the whole foreground group
@@ -135,7 +139,7 @@ def test_a_ctrl_c_while_the_job_starts_stops_it_cleanly_and_resume_finishes_it(t
     there used to crash the flow run (Prefect's "aborted by an interrupt signal") instead of stopping the job."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", PYTHONUNBUFFERED="1",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false")
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", HYPERBAND_MLFLOW_WRITER="process")  # the writer in the group
     args = ["--model", "synthetic", "--max-resource", "3", "--job-dir", str(tmp_path / "jobs"), "--json"]
     job = start([*args, "--job-id", "early"], tmp_path, env)
     lock, deadline = tmp_path / "jobs" / "early" / "lock", time.time() + 180
@@ -146,6 +150,7 @@ def test_a_ctrl_c_while_the_job_starts_stops_it_cleanly_and_resume_finishes_it(t
     assert job.returncode == 130 and "job early stopped by SIGINT; resume with" in err, err[-2000:]
     log = (tmp_path / "jobs" / "early" / "job.log").read_text()
     assert "Crash detected" not in log and "Finished in state Cancelled" in log, log[-2000:]
+    assert "Traceback" not in err and "MLflow writer:" not in log, log[-2000:]  # the writer ignored the Ctrl-C
     resumed = subprocess.run([sys.executable, "-m", "prefect_hyperband.app.cli", "tune", "--resume", "early",
                               "--job-dir", str(tmp_path / "jobs"), "--json"], cwd=tmp_path, env=on_the_sessions_server(env),
                              capture_output=True, text=True, timeout=300)

@@ -32,3 +32,30 @@ def test_a_thread_writer_answers_in_order():
     assert isinstance(writer, ThreadWriter)
     assert writer.submit("ping").result(timeout=10) == __import__("os").getpid()  # this process: no child
     writer.shutdown()
+
+
+def test_the_clis_writer_started_ahead_is_the_jobs_and_keeps_the_service_wait(monkeypatch):
+    """``start_ahead`` (the CLI, before Prefect's temporary server): the job's ``make_writer("process")`` takes that
+    process, which began with ``--service-wait``'s bound on MLflow's retries in its environment; a thread job's
+    CLI starts nothing."""
+    import os
+
+    from prefect_hyperband.tasks import writer as module
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.setattr(module, "_ahead", [])
+    module.start_ahead("thread", 30.0)
+    assert module._ahead == []
+    module.start_ahead("process", 30.0)
+    ahead = module._ahead[0]
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the bound was the child's only
+    taken = make_writer("process")
+    try:
+        assert taken is ahead and module._ahead == []
+        pid = taken.submit("ping").result(timeout=60)
+        assert pid == taken.proc.pid != os.getpid()
+        environ = dict(line.split("=", 1) for line in open(f"/proc/{pid}/environ").read().split("\0") if "=" in line)
+        assert int(environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]) >= 2  # 30 s of MLflow's backoff: more than one retry
+    finally:
+        taken.shutdown()
+    assert taken.proc.returncode == 0
