@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Callable, TypeVar
 
@@ -69,13 +70,32 @@ def retrying(fn: Callable[..., T], *args: Any, delays: tuple[float, ...] = DELAY
         tried = time.monotonic()
         try:
             return fn(*args, **kwargs)
-        except Exception:
+        except Exception as exc:
+            _say_if_pool_exhausted(exc)
             now, waited = time.monotonic(), service_wait.client_waits()
             if (delay is None or (within is not None and now - began + delay > within)
                     or (waited > 0 and now - tried >= waited)):
                 raise
             time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+#: what an MLflow server whose database pool ran out answers (SQLAlchemy's QueuePool timeout, as a 400)
+POOL_EXHAUSTED = "QueuePool limit of size"
+_pool_said = threading.Event()
+
+
+def _say_if_pool_exhausted(exc: BaseException) -> None:
+    """The MLflow server's pool of database connections ran out: its ``log_batch`` holds one connection while it
+    takes a second (MLflow 3's SQLAlchemy store), so a server process with more requests at once than its pool (5 +
+    10 by default) stalls them all for SQLAlchemy's 30 s pool timeout. The write is tried again as any; the process
+    says once what the server needs (docs/reliability.md, "Many jobs, one server pair")."""
+    if POOL_EXHAUSTED in str(exc) and not _pool_said.is_set():
+        _pool_said.set()
+        logging.getLogger(__name__).warning(
+            "the MLflow server's database pool is exhausted (%s); its writes wait 30 s each until it is set "
+            "larger: start it with MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW=40 (then 45 connections a server process)",
+            first_line(exc)[:160])
 
 
 def write_end(job: Job, fn: Callable[..., T], *args: Any) -> T | State:

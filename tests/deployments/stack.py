@@ -36,10 +36,11 @@ class Stack:
         self.tmp, self.env = tmp, env
         self.procs: list[tuple[str, subprocess.Popen, Path]] = []
 
-    def start(self, name: str, argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
+    def start(self, name: str, argv: list[str], cwd: Path | None = None, **extra: str) -> subprocess.Popen:
+        """``argv`` in the background; ``extra``: environment variables of this process only."""
         log = self.tmp / f"{name}.log"
         out = log.open("ab")  # a restarted server's log goes on
-        proc = subprocess.Popen(argv, cwd=cwd or self.tmp, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(argv, cwd=cwd or self.tmp, env={**self.env, **extra}, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         out.close()
         self.procs.append((name, proc, log))

@@ -185,7 +185,7 @@ def _servers(s: Stack, tmp_path: Path) -> str:
         _exe("mlflow"), "server", "--host", "127.0.0.1", "--port", str(s.mlflow_port), "--workers", "1",
         "--backend-store-uri", f"postgresql://hyperband@127.0.0.1:{s.pg_port}/mlflow",
         "--artifacts-destination", str(tmp_path / "mlartifacts"),
-    ])
+    ], MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW="40")  # as docs/operations.md starts it: a pool its 40 threads never exhaust
     _wait_http(f"http://127.0.0.1:{s.prefect_port}/api/health", s, "prefect server")
     _wait_http(f"{mlflow_url}/health", s, "mlflow server")
     # the Prefect server really is on PostgreSQL

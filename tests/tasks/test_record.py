@@ -233,3 +233,34 @@ def test_the_jobs_metrics_written_again_at_its_end_are_logged_once_per_step(tmp_
     assert [(m.step, m.value) for m in c.get_metric_history(job.parent_run_id, "wall_seconds")] == [(22, 12.0), (40, 50.0)]
     assert len(c.get_metric_history(job.parent_run_id, "best_val_auc")) == 2
     assert c.get_run(job.parent_run_id).info.status == "FINISHED"
+
+
+def test_a_tracking_server_out_of_database_connections_is_named_once_with_its_setting(monkeypatch):
+    """MLflow's server answers a write it could not get a pooled connection for with SQLAlchemy's QueuePool timeout
+    (as a 400, after 30 s): the write is tried again as any, and the process says once what the server needs."""
+    import logging
+
+    monkeypatch.setattr(record, "_pool_said", threading.Event())
+    answers = iter([RuntimeError("BAD_REQUEST: QueuePool limit of size 5 overflow 10 reached, connection timed out, "
+                                 "timeout 30.00 (Background on this error at: https://sqlalche.me/e/21/3o7r)"), "ok",
+                    RuntimeError("BAD_REQUEST: QueuePool limit of size 5 overflow 10 reached"), "ok again"])
+
+    def write():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    heard: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = heard.append  # type: ignore[method-assign]
+    logger = logging.getLogger("prefect_hyperband.tasks.record")
+    logger.addHandler(handler)
+    try:
+        assert record.retrying(write, delays=(0.0,)) == "ok"
+        assert record.retrying(write, delays=(0.0,)) == "ok again"
+    finally:
+        logger.removeHandler(handler)
+    said = [r.getMessage() for r in heard if "database pool is exhausted" in r.getMessage()]
+    assert len(said) == 1 and "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW=40" in said[0] and "QueuePool limit" in said[0]
+    assert "\n" not in said[0]
