@@ -235,6 +235,14 @@ def run_size(servers: Servers, n: int, tmp: Path, tag: str, asha: int | None = N
         time.sleep(0.5)
     probe.done.set()
     probe.join()
+    said = [line for i in range(n) for line in (tmp / f"{tag}-{i}.out").read_text(errors="replace").splitlines()
+            if "event stream" in line or "EventsWorker" in line or "task runs of that moment" in line]
+    if said:  # where the missing task runs went, as the jobs said it
+        print(f"  {len(said)} lines of {n} jobs on Prefect's events, e.g.: {said[0][:300]}", flush=True)
+    dropped = (tmp / "prefect.log").read_text(errors="replace").count("Subscription queue is full")
+    if dropped:  # the server's in-memory broker: a subscriber's queue holds 10,000 messages, then drops (cumulative)
+        print(f"  the Prefect server dropped {dropped} event messages so far (its in-memory broker's "
+              "\"Subscription queue is full\")", flush=True)
     return {"jobs": n, "failed": failed, "wall": wall, "per_minute": n / wall * 60, "mean_job": statistics.mean(walls),
             "prefect_p50": _pct(probe.prefect, 0.5), "prefect_p99": _pct(probe.prefect, 0.99),
             "mlflow_p50": _pct(probe.mlflow, 0.5), "mlflow_p99": _pct(probe.mlflow, 0.99), "lag": lag,
