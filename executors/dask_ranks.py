@@ -223,10 +223,11 @@ class DaskRanks:
         try:
             self._wait(futures, ends, group)
         except BaseException as exc:
+            ended = [f.done() for f in futures]  # before the cancel: a cancelled rank is done, and says nothing
             self._ports.pop(group, None)  # the ranks left their process group (or are stuck in it): meet afresh
             self._give_up(job["cancel"], futures)
             if isinstance(exc, Exception) and not isinstance(exc, GroupLost):
-                gone = self._lost(group, futures)
+                gone = self._lost(group, ended)
                 if gone:
                     raise GroupLost(group, gone, exc) from exc
             raise
@@ -249,13 +250,16 @@ class DaskRanks:
         alive = self.client.scheduler_info()["workers"] if alive is None else alive
         return [a for a in group if a not in alive]
 
-    def _lost(self, group: tuple[str, ...], futures: list, grace: float = LOST_GRACE) -> list[str]:
-        """The group's workers that left, given a rank's error: a peer's error often comes before the scheduler
-        sees the worker go, so look until the scheduler says so, every rank has ended, or ``grace`` seconds."""
+    def _lost(self, group: tuple[str, ...], ended: list[bool], grace: float = LOST_GRACE) -> list[str]:
+        """The group's workers that left, given a rank's error: a peer's error (gloo's "Connection reset by peer")
+        often comes before the scheduler sees the worker go, so look until the scheduler says so or ``grace``
+        seconds, unless every rank had ended by itself when the error came (``ended``, taken before the ranks were
+        cancelled: counted after, the cancel ended the look at once and a killed worker's trial failed, not ran
+        again on another group)."""
         ends = time.monotonic() + grace
         while True:
             gone = self._gone(group)
-            if gone or all(f.done() for f in futures) or time.monotonic() > ends:
+            if gone or all(ended) or time.monotonic() > ends:
                 return gone
             time.sleep(0.2)
 

@@ -21,6 +21,23 @@ def weights(checkpoint: str) -> dict[str, torch.Tensor]:
     return torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
 
 
+def test_a_ranks_error_before_the_scheduler_sees_its_worker_gone_is_a_lost_group_not_a_failed_trial(monkeypatch):
+    """A killed worker's peer fails first (gloo's "Connection reset by peer"), the scheduler learns of the death
+    later: the look for a lost worker goes on until it does, though the ranks were cancelled meanwhile (a cancelled
+    rank is done); it ends at once only when every rank had ended by itself (a trial's own error). Seen in CI: the
+    cancel ended the look, and the trial failed instead of running again on another group."""
+    from prefect_hyperband.executors import dask_ranks
+
+    ranks = object.__new__(dask_ranks.DaskRanks)
+    answers = iter([[], [], [], ["tcp://127.0.0.2:1"]])  # the scheduler's word on the group's workers, in turn
+    monkeypatch.setattr(ranks, "_gone", lambda group: next(answers))
+    monkeypatch.setattr(dask_ranks.time, "sleep", lambda seconds: None)
+    group = ("tcp://127.0.0.1:1", "tcp://127.0.0.2:1")
+    assert ranks._lost(group, ended=[True, False], grace=60) == ["tcp://127.0.0.2:1"]
+    monkeypatch.setattr(ranks, "_gone", lambda group: [])
+    assert ranks._lost(group, ended=[True, True], grace=60) == []  # both ranks failed by themselves: no look
+
+
 @pytest.mark.slow  # real scheduler and worker processes, one killed
 def test_a_worker_killed_mid_trial_rung_runs_it_again_on_another_group_and_its_place_is_taken(tmp_path):
     import os
