@@ -39,7 +39,7 @@ DIRECTIONS = ("max", "min")
 
 def run_ours(seed: int, max_r: int, tmp: Path) -> dict[str, Any]:
     from prefect_hyperband.hyperband import front
-    from prefect_hyperband.hyperband.promotion import as_score
+    from prefect_hyperband.hyperband.bracket import BracketState
     from prefect_hyperband.hyperband.scheduler import TrialRecord
 
     result, wall = common.run_tune(
@@ -47,9 +47,9 @@ def run_ours(seed: int, max_r: int, tmp: Path) -> dict[str, Any]:
         register_model=False, job_dir=str(tmp / "jobs"), job_id=f"mo-{seed}", experiment=f"mo-{seed}",
         tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
     raw = json.loads(Path(result["job_dir"], "state.json").read_text())["scheduler"]
-    records = [TrialRecord(t, v["bracket"], v["config"], v["status"], v["rung"], v["resource"],
-                           {int(r): as_score(s) for r, s in v["scores"].items()})
-               for b in raw["brackets"].values() for t, v in b["trials"].items()]
+    states = [BracketState.from_json(b) for b in raw["brackets"].values()]
+    records = [TrialRecord(t, v.bracket, v.config, v.status, v.rung, v.resource, st.scores(t))
+               for st in states for t, v in st.trials.items()]
     points = front.points(records, DIRECTIONS)
     summary = result["summary"]
     return {"points": [p.values for p in points], "front": [p.values for p in points if p.front == 0],

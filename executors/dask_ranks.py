@@ -224,10 +224,11 @@ class DaskRanks:
             self._wait(futures, ends, group)
         except BaseException as exc:
             ended = [f.done() for f in futures]  # before the cancel: a cancelled rank is done, and says nothing
+            erred = any(f.status in ("error", "lost") for f in futures)  # a rank's error: not a stop, a deadline, the scheduler
             self._ports.pop(group, None)  # the ranks left their process group (or are stuck in it): meet afresh
             self._give_up(job["cancel"], futures)
             if isinstance(exc, Exception) and not isinstance(exc, GroupLost):
-                gone = self._lost(group, ended)
+                gone = self._lost(group, ended) if erred else self._gone(group)
                 if gone:
                     raise GroupLost(group, gone, exc) from exc
             raise
