@@ -180,18 +180,11 @@ def _pct(values: list[float], q: float) -> float:
 
 def open_runs(servers: Servers, experiment: str) -> int:
     """Runs of ``experiment`` left RUNNING on the MLflow server (a job's end closes every one)."""
-    body = json.dumps({"experiment_ids": [_experiment_id(servers, experiment)], "filter": "attributes.status = 'RUNNING'",
-                       "max_results": 1000}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{servers.mlflow}/api/2.0/mlflow/runs/search", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as answer:
-        return len(json.loads(answer.read()).get("runs", []))
-
-
-def _experiment_id(servers: Servers, name: str) -> str:
-    url = f"http://127.0.0.1:{servers.mlflow}/api/2.0/mlflow/experiments/get-by-name?experiment_name={name}"
-    with urllib.request.urlopen(url, timeout=60) as answer:
-        return json.loads(answer.read())["experiment"]["experiment_id"]
+    api = f"http://127.0.0.1:{servers.mlflow}/api/2.0/mlflow"
+    found = _http("GET", f"{api}/experiments/get-by-name?experiment_name={experiment}", timeout=60)
+    body = {"experiment_ids": [found["experiment"]["experiment_id"]], "filter": "attributes.status = 'RUNNING'",
+            "max_results": 1000}
+    return len(_http("POST", f"{api}/runs/search", body, timeout=60).get("runs", []))
 
 
 def _trial_rungs(out: Path) -> int:

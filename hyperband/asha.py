@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 from prefect_hyperband.hyperband.promotion import (Directions, Score, as_direction, as_score, failed, promote, several,
                                                    sign, sort_key)
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
-from prefect_hyperband.hyperband.trial import Trial, TrialRung, trial_id as make_trial_id
+from prefect_hyperband.hyperband.trial import Trial, TrialRung, rung_scores, trial_id as make_trial_id
 
 
 @dataclass
@@ -255,11 +255,7 @@ class AshaState:
     def scores(self, trial_id: str) -> dict[int, Score]:
         """One trial's results: resource -> score (None: failed), rung by rung."""
         t = self.trials[trial_id]
-        rungs, found = self._plan[t.bracket].rungs, {}
-        for k, results in enumerate(self.rungs[t.bracket][: t.rung + 1]):
-            if trial_id in results:
-                found[rungs[k].resource] = results[trial_id]
-        return found
+        return rung_scores(t, self.rungs[t.bracket], self._plan[t.bracket].rungs)
 
     # -- persistence --------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:

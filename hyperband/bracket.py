@@ -15,7 +15,7 @@ import numpy as np
 from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, failed, promote
 from prefect_hyperband.hyperband.schedule import Bracket, Rung
 from prefect_hyperband.hyperband.space import Space
-from prefect_hyperband.hyperband.trial import Trial, trial_id as make_trial_id
+from prefect_hyperband.hyperband.trial import Trial, rung_scores, trial_id as make_trial_id
 
 
 @dataclass
@@ -97,8 +97,7 @@ class BracketState:
 
     def scores(self, trial_id: str) -> dict[int, Score]:
         """One trial's results: resource -> score (None: failed), rung by rung."""
-        rung = self.trials[trial_id].rung
-        return {self.rungs[k].resource: self.results[k][trial_id] for k in range(rung + 1) if trial_id in self.results[k]}
+        return rung_scores(self.trials[trial_id], self.results, self.rungs)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Mapping, Sequence
 
 #: where a trial stands: training on, stopped at a rung (not promoted), failed, or completed (reached R)
 Status = Literal["running", "stopped", "failed", "completed"]
@@ -31,6 +31,13 @@ class Trial:
     status: Status = "running"
     in_flight: bool = True
     error: str | None = None
+
+
+def rung_scores(trial: Trial, results: Sequence[Mapping[str, Any]], rungs: Sequence[Any]) -> dict[int, Any]:
+    """``trial``'s results in its bracket's ``results`` (rung k -> trial id -> score, ``rungs[k].resource`` each):
+    resource -> score (None: failed), rung by rung. Both modes keep a bracket's results so."""
+    t = trial.trial_id
+    return {rungs[k].resource: results[k][t] for k in range(trial.rung + 1) if t in results[k]}
 
 
 @dataclass(frozen=True)
