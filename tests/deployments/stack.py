@@ -55,12 +55,23 @@ class Stack:
             raise AssertionError(f"{name} failed (exit {proc.returncode}):\n{_tail(proc.stdout + proc.stderr, 60)}")
         return proc.stdout
 
-    def halt(self, name: str, sig: int = signal.SIGTERM, timeout: float = 60) -> list[str]:
-        """Stop one background process (its group) with ``sig`` and forget it; its argv and cwd, to start it again."""
+    def halt(self, name: str, sig: int = signal.SIGTERM, grace: float = 20) -> list[str]:
+        """Stop one background process (its group) with ``sig`` and forget it; its argv, to start it again.
+
+        As a service manager does (systemd's stop timeout, Kubernetes' grace period): a group still there
+        ``grace`` seconds after ``sig`` is killed. A Prefect server under ten jobs once took over 60 s to
+        finish its graceful shutdown (uvicorn waits for open requests and its lifespan)."""
         for i, (n, proc, _) in enumerate(self.procs):
             if n == name:
                 os.killpg(proc.pid, sig)
-                proc.wait(timeout=timeout)
+                try:
+                    proc.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    print(f"{name}: still running {grace:.0f} s after signal {sig}, killed", file=sys.stderr)
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=10)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # what the group leader left behind
                 del self.procs[i]
                 return proc.args
         raise KeyError(name)
