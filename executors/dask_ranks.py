@@ -182,7 +182,7 @@ class DaskRanks:
         lost, reasons = 0.0, []
         while True:
             with self._groups.take() as (group, data):
-                alive = self.client.scheduler_info()["workers"]  # one look: the check and the hosts agree
+                alive = dask_groups.workers_of(self.client)  # one look: the check and the hosts agree
                 if self._gone(group, alive):  # lost while free: no work lost, no attempt spent
                     self._groups.retire(group)
                     continue
@@ -223,14 +223,16 @@ class DaskRanks:
         try:
             self._wait(futures, ends, group)
         except BaseException as exc:
-            ended = [f.done() for f in futures]  # before the cancel: a cancelled rank is done, and says nothing
-            erred = any(f.status in ("error", "lost") for f in futures)  # a rank's error: not a stop, a deadline, the scheduler
-            self._ports.pop(group, None)  # the ranks left their process group (or are stuck in it): meet afresh
-            self._give_up(job["cancel"], futures)
-            if isinstance(exc, Exception) and not isinstance(exc, GroupLost):
-                gone = self._lost(group, ended) if erred else self._gone(group)
-                if gone:
-                    raise GroupLost(group, gone, exc) from exc
+            gone: list[str] = []
+            try:
+                if isinstance(exc, Exception) and not isinstance(exc, GroupLost):
+                    erred = any(f.status in ("error", "lost") for f in futures)  # not a stop, a deadline, the scheduler
+                    gone = self._lost(group, futures) if erred else self._gone(group)  # before the cancel (below)
+            finally:
+                self._ports.pop(group, None)  # the ranks left their process group (or are stuck in it): meet afresh
+                self._give_up(job["cancel"], futures)
+            if gone:
+                raise GroupLost(group, gone, exc) from exc
             raise
         if self.keep_world:
             self._ports[group] = port
@@ -248,21 +250,22 @@ class DaskRanks:
 
     def _gone(self, group: tuple[str, ...], alive: Mapping[str, Any] | None = None) -> list[str]:
         """The group's workers not among ``alive`` (the scheduler's workers, asked now if not given)."""
-        alive = self.client.scheduler_info()["workers"] if alive is None else alive
+        alive = dask_groups.workers_of(self.client) if alive is None else alive
         return [a for a in group if a not in alive]
 
-    def _lost(self, group: tuple[str, ...], ended: list[bool], grace: float = LOST_GRACE) -> list[str]:
-        """The group's workers that left, given a rank's error: a peer's error (gloo's "Connection reset by peer")
-        often comes before the scheduler sees the worker go, so look until the scheduler says so or ``grace``
-        seconds, unless every rank had ended by itself when the error came (``ended``, taken before the ranks were
-        cancelled: counted after, the cancel ended the look at once and a killed worker's trial failed, not ran
-        again on another group)."""
+    def _lost(self, group: tuple[str, ...], ranks: list, grace: float = LOST_GRACE) -> list[str]:
+        """The group's workers that left, given a rank's error, asked before the ranks are cancelled: a peer's error
+        (gloo's "Connection reset by peer") often comes before the scheduler sees the worker go, so look until the
+        scheduler says so, or every rank has ended by itself (a trial's own error, raised by each rank: a dead
+        worker's rank never ends), or ``grace`` seconds (one rank's error, its peers held in a collective). Looked
+        at after the cancel, a cancelled rank is done: the look ended at once and a killed worker's trial failed
+        (CI, 374f946); with a snapshot of the ranks at the first error, a trial's own error waited the whole grace."""
         ends = time.monotonic() + grace
         while True:
             gone = self._gone(group)
-            if gone or all(ended) or time.monotonic() > ends:
+            if gone or all(f.done() for f in ranks) or time.monotonic() > ends:
                 return gone
-            time.sleep(0.2)
+            time.sleep(0.1)
 
     def _wait(self, futures: list, deadline: float, group: tuple[str, ...]) -> None:
         """Until every rank is done; the first rank's error raised at once (its peers are then cancelled, and a

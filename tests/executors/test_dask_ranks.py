@@ -21,11 +21,22 @@ def weights(checkpoint: str) -> dict[str, torch.Tensor]:
     return torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
 
 
+class _Rank:
+    """A rank's future: done from its ``done_at``-th look on (never, for None)."""
+
+    def __init__(self, done_at: int | None):
+        self.done_at, self.looks = done_at, 0
+
+    def done(self) -> bool:
+        self.looks += 1
+        return self.done_at is not None and self.looks >= self.done_at
+
+
 def test_a_ranks_error_before_the_scheduler_sees_its_worker_gone_is_a_lost_group_not_a_failed_trial(monkeypatch):
     """A killed worker's peer fails first (gloo's "Connection reset by peer"), the scheduler learns of the death
-    later: the look for a lost worker goes on until it does, though the ranks were cancelled meanwhile (a cancelled
-    rank is done); it ends at once only when every rank had ended by itself (a trial's own error). Seen in CI: the
-    cancel ended the look, and the trial failed instead of running again on another group."""
+    later: the look for a lost worker goes on until it does (the dead worker's rank never ends). Seen in CI: looked
+    at after the cancel (a cancelled rank is done), the look ended at once and the trial failed instead of running
+    again on another group."""
     from prefect_hyperband.executors import dask_ranks
 
     ranks = object.__new__(dask_ranks.DaskRanks)
@@ -33,9 +44,27 @@ def test_a_ranks_error_before_the_scheduler_sees_its_worker_gone_is_a_lost_group
     monkeypatch.setattr(ranks, "_gone", lambda group: next(answers))
     monkeypatch.setattr(dask_ranks.time, "sleep", lambda seconds: None)
     group = ("tcp://127.0.0.1:1", "tcp://127.0.0.2:1")
-    assert ranks._lost(group, ended=[True, False], grace=60) == ["tcp://127.0.0.2:1"]
-    monkeypatch.setattr(ranks, "_gone", lambda group: [])
-    assert ranks._lost(group, ended=[True, True], grace=60) == []  # both ranks failed by themselves: no look
+    assert ranks._lost(group, [_Rank(1), _Rank(None)], grace=60) == ["tcp://127.0.0.2:1"]
+
+
+def test_a_trials_own_error_in_every_rank_fails_it_as_soon_as_the_last_rank_raises(monkeypatch):
+    """The user's code raises in each rank, a few milliseconds apart: the look ends when the last rank has ended by
+    itself, not after the grace (it waited the whole 10 s when it went by which ranks had ended at the first
+    error); one rank's error with its peers held in a collective waits the grace, then fails the trial."""
+    from prefect_hyperband.executors import dask_ranks
+
+    ranks = object.__new__(dask_ranks.DaskRanks)
+    looks = []
+    monkeypatch.setattr(ranks, "_gone", lambda group: looks.append(1) or [])
+    clock = iter(range(1000))
+    monkeypatch.setattr(dask_ranks.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(dask_ranks.time, "sleep", lambda seconds: None)
+    group = ("tcp://127.0.0.1:1", "tcp://127.0.0.2:1")
+    assert ranks._lost(group, [_Rank(1), _Rank(3)], grace=60) == []
+    assert len(looks) == 3  # the second rank raised on the third look
+    looks.clear()
+    assert ranks._lost(group, [_Rank(1), _Rank(None)], grace=60) == []
+    assert 55 <= len(looks) <= 65  # the grace, on the fake clock
 
 
 @pytest.mark.slow  # real scheduler and worker processes, one killed
@@ -54,12 +83,12 @@ def test_a_worker_killed_mid_trial_rung_runs_it_again_on_another_group_and_its_p
             retried = trainer.train(DEFAULT_CONFIG, 20, None, str(tmp_path / "retried.pt"))
             assert retried.info["attempts"] == 2 and retried.info["lost_worker_seconds"] > 0
             assert group not in trainer.worker_groups.groups and group in trainer.worker_groups.retired
-            from prefect_hyperband.executors.dask_groups import executing
+            from prefect_hyperband.executors.dask_groups import executing, workers_of
 
             client = trainer._dask.ranks.client
             deadline = time.monotonic() + 180  # Dask's nanny restarts the worker, under a new address
             while time.monotonic() < deadline:  # the killed one gone, four again, and the survivor's rank ended
-                workers = client.scheduler_info()["workers"]  # (at its collective's error: seconds when loaded)
+                workers = workers_of(client)  # (at its collective's error: seconds when loaded)
                 if group[1] not in workers and len(workers) >= 4 and \
                         not client.run(executing, workers=[group[0]]).get(group[0], 1):
                     break

@@ -4,6 +4,8 @@ again on another group, twice, then fails naming each loss."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from prefect_hyperband.executors import dask_groups, dask_ranks
@@ -17,8 +19,15 @@ class FakeClient:
         self.workers = list(workers)
         self.busy: set[str] = set()
 
-    def scheduler_info(self) -> dict:
+    def scheduler_info(self) -> dict:  # the scheduler's identity, as ``dask_groups.workers_of`` asks for it
         return {"workers": {a: {"host": dask_groups.host_of(a)} for a in self.workers}}
+
+    @property
+    def scheduler(self):
+        return types.SimpleNamespace(identity=lambda n_workers: self.scheduler_info())
+
+    def sync(self, fn, *args, **kwargs):
+        return fn(*args, **kwargs)
 
     def run(self, fn, workers: list[str]) -> dict:
         assert fn is dask_groups.executing
@@ -161,3 +170,33 @@ def test_a_taken_group_is_checked_and_its_hosts_read_from_one_look_at_the_schedu
     assert tried == [(A, B)] and ran.attempts == 1  # the hosts of that same look: no KeyError
     ran = r.run(print, {}, None, deadline=60)  # B is gone now: its group is retired before any attempt
     assert tried == [(A, B), (C, D)] and ran.group == (C, D) and ran.attempts == 1
+
+
+@pytest.mark.slow  # a real scheduler (in this process), its client refreshing its cache every 5 ms
+def test_the_workers_are_asked_for_each_look_not_read_from_the_clients_cache():
+    """``client.scheduler_info()`` returns the client's cached identity, which the client's periodic refresh
+    overwrites with totals and no workers: a look between the two saw every worker of a group gone, and in CI a
+    healthy group was retired mid-job. ``workers_of`` asks the scheduler for each look: four threads looking for
+    3 s while the cache is refreshed every 5 ms never see fewer than the two workers."""
+    import threading
+    import time
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    with dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        seen: list[int] = []
+
+        def look() -> None:
+            ends = time.monotonic() + 3
+            while time.monotonic() < ends:
+                seen.append(len(dask_groups.workers_of(client)))
+
+        threads = [threading.Thread(target=look) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(seen) > 100 and set(seen) == {2}
