@@ -232,10 +232,9 @@ def _run(params, args: argparse.Namespace) -> int:
 
         progress.attach(live)
     if not params.resume:  # its writer's imports beside the server's start (a resume's parameters are the saved ones)
-        from prefect_hyperband.tasks.writer import start_ahead, writer_for
+        from prefect_hyperband.tasks.writer import start_ahead
 
-        start_ahead(writer_for(params.concurrency or 1, params.mode, params.max_trials, params.time_budget),
-                    params.service_wait)
+        start_ahead(_writer_ahead(params), params.service_wait)
     _temporary_server()  # stopped at exit, after Prefect's services have sent what they hold
     try:
         state = started(tune, params)
@@ -249,6 +248,16 @@ def _run(params, args: argparse.Namespace) -> int:
             live.stop()
             progress.detach(live)
     return _ended(state, params, args)
+
+
+def _writer_ahead(params) -> str:
+    """The kind of MLflow writer the job will choose (``writer_for``), decided before its flow: with the slots it will
+    resolve (given, or from the cores), except on a work pool or a Dask cluster, whose size the flow asks for."""
+    from prefect_hyperband.tasks.writer import writer_for
+
+    remote = params.trial_pool or params.dask_address
+    slots = (params.concurrency or 1) if remote else params.trial_concurrency()
+    return writer_for(slots, params.mode, params.max_trials, params.time_budget)
 
 
 def _ended(state, params, args: argparse.Namespace) -> int:

@@ -318,3 +318,21 @@ def test_a_failed_trial_rung_is_the_jobs_one_line_on_the_terminal_not_prefects_t
                              "trained it again", (), None)
     said.task_name = "train"
     assert terminal.filter(said)  # a train task's own warning is the user's to see
+
+
+def test_the_writer_started_ahead_is_of_the_kind_the_job_resolves(monkeypatch):
+    """The CLI decides before the flow whether to start the job's MLflow writer process ahead: with the slots the job
+    will have, given or from the cores (a 64-core machine's default job writes from a process), and, on a work pool
+    or a Dask cluster, whose size only the flow asks for, the slots given or one."""
+    from prefect_hyperband.app.cli import _writer_ahead
+    from prefect_hyperband.flows.params import TuneParams
+
+    monkeypatch.delenv("HYPERBAND_MLFLOW_WRITER", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert _writer_ahead(TuneParams(model="synthetic")) == "process"
+    assert _writer_ahead(TuneParams(model="synthetic", concurrency=2)) == "thread"
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert _writer_ahead(TuneParams(model="synthetic")) == "thread"
+    assert _writer_ahead(TuneParams(model="synthetic", concurrency=32)) == "process"
+    assert _writer_ahead(TuneParams(model="synthetic", dask_address="tcp://127.0.0.1:1")) == "thread"
+    assert _writer_ahead(TuneParams(model="synthetic", trial_pool="pool", concurrency=16)) == "process"
