@@ -185,7 +185,7 @@ def test_the_workers_are_asked_for_each_look_not_read_from_the_clients_cache():
     from distributed import Client, LocalCluster
 
     with dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}), \
-            LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         seen: list[int] = []
 
