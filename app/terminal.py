@@ -95,6 +95,11 @@ class _JobLogFile(logging.FileHandler):
 TRIAL_TASKS = frozenset({train_trial.name, evaluate_trial.name})
 
 
+#: what events Prefect's client could not send cost (said once per job process, whichever way they were lost)
+LOST_TASK_RUNS = ("task runs of that moment may be missing in the Prefect UI (every result is in MLflow and the job's "
+                  "state)")
+
+
 class _TerminalFilter:
     """The terminal shows the job's own lines; each task run's lines stay in the Prefect UI (``--verbose``: both).
     Under the live display, only warnings and errors: the display shows the progress the info lines tell."""
@@ -108,6 +113,10 @@ class _TerminalFilter:
             self._stream_dropped(record)
             return False
         if record.name == "prefect._internal.concurrency" and "'EventsWorker' failed" in record.getMessage():
+            if "failed to process item" in record.getMessage():  # one event, its server away: the whole event each
+                self._once("lost", record, "the Prefect API's event stream could not send an event (its server "
+                                           "away); " + LOST_TASK_RUNS)
+                return False
             if " 0 pending" not in record.getMessage():  # events not sent: task runs missing in the UI
                 return True
             self._stream_dropped(record)  # at exit, after the stream dropped: nothing was left to send
@@ -142,9 +151,8 @@ class _TerminalFilter:
     def _events_lost(self, record) -> None:
         """Prefect's events client gave up reconnecting (its server restarting)."""
         url, reason = (record.args + ("?", "?"))[:2] if isinstance(record.args, tuple) else ("?", "?")
-        self._once("lost", record, "the Prefect API's event stream could not reconnect to %s (%s); task runs of that "
-                                   "moment may be missing in the Prefect UI (every result is in MLflow and the job's "
-                                   "state)", url, reason)
+        self._once("lost", record, "the Prefect API's event stream could not reconnect to %s (%s); " + LOST_TASK_RUNS,
+                   url, reason)
 
     def _once(self, kind: str, record, message: str, *args: Any) -> None:
         """One line of the job's for Prefect's own warnings and errors of one ``kind``: once per job process."""
@@ -169,8 +177,9 @@ def quiet_terminal(live: bool = False) -> None:
     setup_logging()  # idempotent: Prefect's handlers exist before the filter goes on them
     # the root's console handler, and prefect._internal's own (it does not propagate: its services' errors at exit)
     handlers = [*logging.getLogger().handlers, *logging.getLogger("prefect._internal").handlers]
+    terminal = _TerminalFilter(live)  # one for both: a kind of Prefect's lines said once, whichever handler it took
     for handler in handlers:
         if isinstance(handler, (PrefectConsoleHandler, logging.StreamHandler)) and not isinstance(handler, logging.FileHandler):
             for old in [f for f in handler.filters if isinstance(f, _TerminalFilter)]:
                 handler.removeFilter(old)
-            handler.addFilter(_TerminalFilter(live))
+            handler.addFilter(terminal)

@@ -265,13 +265,21 @@ def test_a_prefect_server_restart_is_one_warning_line_on_the_terminal_not_traceb
             "run data) may be lost. Reason: %s. Set PREFECT_DEBUG_MODE=1 to see the full error.",
             ("ws://127.0.0.1:4200/api/events/in", "[Errno 111] Connect call failed ('127.0.0.1', 4200)"), None)
         assert [terminal.filter(unable), terminal.filter(unable)] == [False, False]
+        # each event its server was away for: Prefect's error line with the whole event, none of ours (said above)
+        item = logging.LogRecord("prefect._internal.concurrency", logging.ERROR, "", 0,
+                                 "Service %r failed to process item %r", ("EventsWorker", "Event(event='x')"), None)
+        assert [terminal.filter(item), terminal.filter(item)] == [False, False]
+        alone = _TerminalFilter()  # the same, its first sign: one line of ours
+        assert [alone.filter(item), alone.filter(item), alone.filter(unable)] == [False, False, False]
     finally:
         hyperband.removeHandler(catch)
     assert said == ["the Prefect API's event stream dropped (ConnectionError: no close frame received or sent); "
                     "Prefect's client reconnects and sends its events again",
                     "the Prefect API's event stream could not reconnect to ws://127.0.0.1:4200/api/events/in "
                     "([Errno 111] Connect call failed ('127.0.0.1', 4200)); task runs of that moment may be missing in "
-                    "the Prefect UI (every result is in MLflow and the job's state)"]
+                    "the Prefect UI (every result is in MLflow and the job's state)",
+                    "the Prefect API's event stream could not send an event (its server away); task runs of that "
+                    "moment may be missing in the Prefect UI (every result is in MLflow and the job's state)"]
 
 
 def test_a_job_whose_every_trial_failed_ends_in_one_line_and_exit_2(capsys):
@@ -336,3 +344,18 @@ def test_the_writer_started_ahead_is_of_the_kind_the_job_resolves(monkeypatch):
     assert _writer_ahead(TuneParams(model="synthetic", concurrency=32)) == "process"
     assert _writer_ahead(TuneParams(model="synthetic", dask_address="tcp://127.0.0.1:1")) == "thread"
     assert _writer_ahead(TuneParams(model="synthetic", trial_pool="pool", concurrency=16)) == "process"
+
+
+def test_prefects_two_console_handlers_share_one_terminal_filter():
+    """Prefect's events client warns through the root's console handler and its services' errors go through
+    ``prefect._internal``'s own: one filter on both, so a kind of Prefect's lines is said once a job (with a filter
+    each, a Prefect server away printed "could not reconnect" and then "could not send an event")."""
+    import logging
+
+    from prefect_hyperband.app.terminal import _TerminalFilter, quiet_terminal
+
+    quiet_terminal()
+    filtered = [[f for f in h.filters if isinstance(f, _TerminalFilter)]
+                for h in [*logging.getLogger().handlers, *logging.getLogger("prefect._internal").handlers]]
+    filtered = [fs for fs in filtered if fs]
+    assert len(filtered) >= 2 and len({id(f) for fs in filtered for f in fs}) == 1
