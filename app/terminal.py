@@ -112,12 +112,13 @@ class _TerminalFilter:
         if record.name.startswith("websockets"):  # Prefect's event stream, its server restarting: a traceback
             self._stream_dropped(record)
             return False
-        if record.name == "prefect._internal.concurrency" and "'EventsWorker' failed" in record.getMessage():
-            if "failed to process item" in record.getMessage():  # one event, its server away: the whole event each
+        message = record.getMessage() if record.name == "prefect._internal.concurrency" else ""
+        if "'EventsWorker' failed" in message:  # (formatted once: an item's line holds the whole event)
+            if "failed to process item" in message:  # one event, its server away: the whole event each
                 self._once("lost", record, "the Prefect API's event stream could not send an event (its server "
                                            "away); " + LOST_TASK_RUNS)
                 return False
-            if " 0 pending" not in record.getMessage():  # events not sent: task runs missing in the UI
+            if " 0 pending" not in message:  # events not sent: task runs missing in the UI
                 return True
             self._stream_dropped(record)  # at exit, after the stream dropped: nothing was left to send
             return False
