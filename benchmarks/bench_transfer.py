@@ -23,6 +23,9 @@ Run from the repository root::
     python benchmarks/bench_transfer.py --parts same --best-at-r       # only models trained to R count
     python benchmarks/bench_transfer.py --parts same --warm-order widest   # the warm job's brackets widest first
     python benchmarks/bench_transfer.py --parts same --continue-parents 4  # continue the first job's checkpoints
+    python benchmarks/bench_transfer.py --parts same --reseed 10      # the first job's best config under 10 model seeds
+    python benchmarks/bench_transfer.py --parts same --reseed 10 --target config   # that config's median as target
+    python benchmarks/bench_transfer.py --rush        # RUSH's hurdles (Zappella et al. 2021), emulated, both parts
 """
 
 from __future__ import annotations
@@ -78,27 +81,38 @@ AT_R = {"on": False}
 
 def job(trainer: Any, max_resource: int, seed: int, direction: str, warm: Callable[[Any], Any] | None = None,
         target: float | None = None, narrow_first: bool = False, keep: str | None = None,
-        resumed: dict[str, str] | None = None) -> dict[str, Any]:
+        resumed: dict[str, str] | None = None, hurdles: dict[int, float] | None = None,
+        budget: float | None = None, hints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One job inline: its results, the worker-seconds when its best-so-far first reached ``target``, its total.
     ``keep``: a folder the job's checkpoints stay in (its results then carry each one's path); ``resumed``: config
     key -> a checkpoint its first trial-rung continues from (``--continue-parents``)."""
     from prefect_hyperband.hyperband.sampler import TPESampler
     from prefect_hyperband.hyperband.scheduler import HyperbandScheduler
     from prefect_hyperband.hyperband.space import parse
+    from prefect_hyperband.hyperband.warm import config_key
     from prefect_hyperband.trainers.xgboost_trainer import DEFAULT_SPACE
 
     space = parse(DEFAULT_SPACE)
     sampler = TPESampler(space, seed, direction)
-    sched = HyperbandScheduler(1, max_resource, 3, direction, space, seed, warm(sampler) if warm else sampler,
+    sampler = warm(sampler) if warm else sampler
+    sched = HyperbandScheduler(1, max_resource, 3, direction, space, seed, sampler,
                                sequential=True, narrow_first=narrow_first)
+    HURDLES["now"] = dict(hurdles or {}) if hurdles is not None or hints else None
+    hint_keys = {config_key(c) for c in hints or []}
+    sign = 1 if direction == "max" else -1
+    iteration = 0
     better = (lambda a, b: a >= b) if direction == "max" else (lambda a, b: a <= b)
     spent, best, reached, results = 0.0, None, None, []
-    from prefect_hyperband.hyperband.warm import config_key
-
     resumed = dict(resumed or {})
     with (contextlib.nullcontext(tempfile.mkdtemp(prefix="bench-transfer-", dir=keep)) if keep
           else tempfile.TemporaryDirectory(prefix="bench-transfer-")) as tmp:
-        while not sched.done:
+        while True:
+            if sched.done:
+                if budget is None or spent >= budget or reached is not None:
+                    break
+                iteration += 1
+                sched = HyperbandScheduler(1, max_resource, 3, direction, space, seed + 1000 * iteration, sampler,
+                                           sequential=True, narrow_first=narrow_first)
             trial_rung = sched.next_trial_rung()
             start = trial_rung.checkpoint
             if start is None:
@@ -108,6 +122,10 @@ def job(trainer: Any, max_resource: int, seed: int, direction: str, warm: Callab
                                     f"{tmp}/{trial_rung.trial_id}-r{trial_rung.resource}.ubj")
             value = trainer.evaluate(trained.checkpoint)
             spent += time.perf_counter() - began
+            if config_key(trial_rung.config) in hint_keys:  # RUSH: a hint's score sets the bar at its resource
+                bars = HURDLES["now"]
+                old = bars.get(trial_rung.resource)
+                bars[trial_rung.resource] = value if old is None or sign * value > sign * old else old
             sched.report(trial_rung.trial_id, trial_rung.resource, value, trained.checkpoint)
             results.append((dict(trial_rung.config), trial_rung.resource, value, trained.checkpoint))
             if AT_R["on"] and trial_rung.resource != max_resource:
@@ -116,7 +134,47 @@ def job(trainer: Any, max_resource: int, seed: int, direction: str, warm: Callab
             if reached is None and target is not None and better(best, target):
                 reached = spent
     trainer.close()
+    HURDLES["now"] = None
     return {"results": results, "best": best, "total": spent, "reached": reached}
+
+
+#: RUSH's hurdles for the job running now (resource -> the parents' best config's score there), or None
+HURDLES: dict[str, Any] = {"now": None}
+
+
+def _patch_advance() -> None:
+    """Emulate RUSH (Zappella et al. 2021) in the synchronous bracket: a promoted trial must also be at least as
+    good as the hurdle at its rung's resource; a rung that promotes nobody ends its bracket."""
+    from prefect_hyperband.hyperband.bracket import BracketState
+
+    original = BracketState.advance
+
+    def advance(self):
+        resource = self.current.resource
+        up = original(self)
+        hurdles = HURDLES["now"]
+        if not hurdles or resource not in hurdles:
+            return up
+        bar, sign = hurdles[resource], (1 if self.direction == "max" else -1)
+        kept = [t for t in up if sign * self.results[self.rung_index - 1][t] >= sign * bar]
+        for t in up:
+            if t not in kept:
+                self.trials[t].status, self.trials[t].in_flight = "stopped", False
+                self.trials[t].rung = self.rung_index - 1
+        self.active = kept
+        if not kept:
+            self.rung_index = len(self.rungs)
+        return kept
+
+    BracketState.advance = advance
+
+
+def hurdles_of(results: list[Any], direction: str) -> dict[int, float]:
+    """The first job's best config's score at each resource it was trained to (RUSH's hint, known here)."""
+    from prefect_hyperband.hyperband.warm import best_configs, config_key
+
+    best = config_key(best_configs([r[:3] for r in results], direction, 1)[0])
+    return {r: v for c, r, v, _ in results if config_key(c) == best and v is not None}
 
 
 def identical(results: list[Any], max_resource: int, first: list[dict[str, Any]] | None = None
@@ -139,13 +197,41 @@ def continued(results: list[Any], max_resource: int, direction: str, k: int) -> 
     return {config_key(c): highest[config_key(c)] for c in best_configs([r[:3] for r in below], direction, k)}
 
 
-def transfer(results: list[Any], direction: str, k: int = 3) -> Callable[[Any], Any]:
+def hints_of(results: list[Any], direction: str, k: int = 3) -> list[dict[str, Any]]:
+    """The other-data job's ``k`` best configs clipped to the space: what ``--warm-start`` draws first (and, with
+    ``--rush``, RUSH's hints, whose scores in the new job set the hurdles)."""
     from prefect_hyperband.hyperband.space import parse
-    from prefect_hyperband.hyperband.warm import WarmSampler, best_configs, clip
+    from prefect_hyperband.hyperband.warm import best_configs, clip
     from prefect_hyperband.trainers.xgboost_trainer import DEFAULT_SPACE
 
-    first = [clip(parse(DEFAULT_SPACE), c) for c in best_configs([r[:3] for r in results], direction, k)]
+    return [clip(parse(DEFAULT_SPACE), c) for c in best_configs([r[:3] for r in results], direction, k)]
+
+
+def transfer(results: list[Any], direction: str, k: int = 3) -> Callable[[Any], Any]:
+    from prefect_hyperband.hyperband.warm import WarmSampler
+
+    first = hints_of(results, direction, k)
     return lambda inner: WarmSampler.start(inner, [], first, 0, ["first"], "transfer", observe=False)
+
+
+def reseeded(data: str, metric: str, way: str, seed: int, half: str, first: dict[str, Any], n: int
+             ) -> tuple[list[Any], float]:
+    """The first job's best result trained again, the same config to the same resource on the same split, under
+    ``n`` other model seeds (XGBoost's column sampling): how far the target is the config and how far its draw."""
+    better = (lambda a, b: a > b) if way == "max" else (lambda a, b: a < b)
+    config, resource = next((c, r) for c, r, v, _ in first["results"] if v == first["best"])
+    with tempfile.TemporaryDirectory(prefix="bench-transfer-reseed-") as tmp:
+        scores = []
+        for k in range(1, n + 1):
+            trainer = trainer_for(data, metric, seed, half)
+            trainer.seed = seed + 7919 * k  # the split stays the seed's (the data's own seed)
+            trained = trainer.train(config, resource, None, f"{tmp}/{k}.ubj")
+            scores.append(trainer.evaluate(trained.checkpoint))
+            trainer.close()
+    worse = sum(not better(v, first["best"]) and v != first["best"] for v in scores)
+    median = statistics.median(scores)
+    return [seed, f"{first['best']:.4f}", resource, f"{min(scores):.4f}", f"{median:.4f}", f"{max(scores):.4f}",
+            f"{worse} of {n}"], median
 
 
 def compare(label: str, cold: list[dict[str, Any]], warm: list[dict[str, Any]], goal: float) -> None:
@@ -180,7 +266,22 @@ def main() -> None:
     ap.add_argument("--warm-order", choices=("narrowest", "widest"), default="narrowest",
                     help="same data: the warm job's brackets narrowest first (as --warm-start runs them) or widest "
                          "first (as a cold job)")
+    ap.add_argument("--reseed", type=int, default=0, metavar="N",
+                    help="same data: also train each first job's best config again under N other model seeds and "
+                         "print the spread of its score around the target")
+    ap.add_argument("--target", choices=("draw", "config"), default="draw",
+                    help="same data: the first job's best score (draw), or the median of its best config under the "
+                         "--reseed seeds (config: that config's quality, not its luckiest draw)")
+    ap.add_argument("--rush", action="store_true",
+                    help="RUSH's hurdles (emulated; not what --warm-start does): a promotion must also match the best "
+                         "hint at its resource (same data: the first job's best config, its scores known; other data: "
+                         "the configs drawn first, as scored in the new job); the warm job goes on for the cold job's "
+                         "worker-seconds")
     args = ap.parse_args()
+    if args.target == "config" and not args.reseed:
+        ap.error("--target config needs --reseed N")
+    if args.rush:
+        _patch_advance()
     AT_R["on"] = args.best_at_r
     parts = args.parts.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -191,16 +292,24 @@ def main() -> None:
         for name in args.problems.split(","):
             (data, metric, way), (other, other_metric, other_way) = PROBLEMS[name]
             print(f"\nXGBoost val_{metric} on {data}, Hyperband (1, {big}, 3) with TPE", flush=True)
-            cold, warm, cold_t, warm_t, gains = [], [], [], [], []
+            cold, warm, cold_t, warm_t, gains, spread, targets = [], [], [], [], [], [], []
             for seed in seeds:
                 if "same" in parts:
                     first = job(trainer_for(data, metric, seed, half), big, seed, way, keep=folder)
+                    if args.reseed:
+                        row, median = reseeded(data, metric, way, seed, half, first, args.reseed)
+                        spread.append(row)
+                        if args.target == "config":
+                            first["best"] = median
+                    targets.append(first["best"])
                     cold.append(job(trainer_for(data, metric, seed, half), big, seed + 100, way, None, first["best"]))
                     resumed = continued(first["results"], big, way, args.continue_parents)
                     firsts = [json.loads(key) for key in resumed]
                     warm.append(job(trainer_for(data, metric, seed, half), big, seed + 100, way,
                                     identical(first["results"], big, firsts), first["best"],
-                                    narrow_first=args.warm_order == "narrowest", resumed=resumed))
+                                    narrow_first=args.warm_order == "narrowest", resumed=resumed,
+                                    hurdles=hurdles_of(first["results"], way) if args.rush else None,
+                                    budget=cold[-1]["total"] if args.rush else None))
                 if "other" not in parts:
                     continue
                 from bench_priors import reference_values
@@ -211,12 +320,18 @@ def main() -> None:
                 elsewhere = job(trainer_for(other, other_metric, seed, half), big, seed, other_way)
                 cold_t.append(job(trainer_for(data, metric, seed, half), big, seed + 100, way, None, target))
                 warm_t.append(job(trainer_for(data, metric, seed, half), big, seed + 100, way,
-                                  transfer(elsewhere["results"], other_way), target))
+                                  transfer(elsewhere["results"], other_way), target,
+                                  hints=hints_of(elsewhere["results"], other_way) if args.rush else None,
+                                  budget=cold_t[-1]["total"] if args.rush else None))
                 gains.append((cold_t[-1]["best"], warm_t[-1]["best"]))
             if "same" in parts:
-                bests = ", ".join(f"{r['best']:.4f}" for r in cold)
-                print(f"same data: the target is the first job's best{' at R' if args.best_at_r else ''} (the cold "
-                      f"jobs' own bests: {bests})")
+                what = ("the median of the first job's best config under other model seeds" if args.target == "config"
+                        else f"the first job's best{' at R' if args.best_at_r else ''}")
+                print(f"same data: the target is {what}: " + ", ".join(f"{t:.4f}" for t in targets))
+                if spread:
+                    print(f"the first job's best config trained again under {args.reseed} other model seeds:")
+                    print(common.table(spread,
+                                       ["seed", "its best", "at r", "min", "median", "max", "worse than its best"]))
                 compare(f"{data}, warm-started from a job on the same data (brackets {args.warm_order} first)",
                         cold, warm, 0.5)
             if "other" not in parts:
