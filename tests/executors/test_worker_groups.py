@@ -18,6 +18,7 @@ class FakeClient:
     def __init__(self, workers: list[str]) -> None:
         self.workers = list(workers)
         self.busy: set[str] = set()
+        self.gone: set[str] = set()  # listed by the scheduler, gone before it is asked (Dask's run errs for it)
 
     def scheduler_info(self) -> dict:  # the scheduler's identity, as ``dask_groups.workers_of`` asks for it
         return {"workers": {a: {"host": dask_groups.host_of(a)} for a in self.workers}}
@@ -29,9 +30,11 @@ class FakeClient:
     def sync(self, fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
-    def run(self, fn, workers: list[str]) -> dict:
+    def run(self, fn, workers: list[str], on_error: str = "raise") -> dict:
         assert fn is dask_groups.executing
-        return {a: int(a in self.busy) for a in workers}
+        if self.gone & set(workers) and on_error == "raise":
+            raise OSError(f"Timed out trying to connect to {sorted(self.gone & set(workers))[0]}")
+        return {a: int(a in self.busy) for a in workers if on_error != "ignore" or a not in self.gone}
 
 
 A, B, C, D, E = (f"tcp://127.0.0.1:{p}" for p in (1, 2, 3, 4, 5))
@@ -66,6 +69,20 @@ def test_a_retired_group_regroups_its_other_worker_with_a_newcomer():
         taken = {g1, g2}
         assert d2 == f"data of {g2}"
     assert taken == {(C, D), (A, E)}
+
+
+def test_a_worker_gone_between_the_schedulers_list_and_the_question_is_left_out_of_the_new_groups():
+    client = FakeClient([A, B, C, D])
+    groups = dask_groups.WorkerGroups(client, 2, lambda g: None)
+    client.workers.remove(B)
+    client.workers.append(E)
+    client.gone = {D}  # still on the scheduler's list, no longer answering
+    groups.retire((A, B))  # (C, D) is a group: its loss is its trial-rung's to find
+    assert groups.groups == [(C, D), (A, E)]
+    groups.retire((C, D))
+    assert groups.groups == [(A, E)]  # C alone, D gone: no group, and no error
+    client.gone, client.workers = set(), [A, C, E, B]  # D's machine back under B's address
+    assert groups.regroup() == [(B, C)]
 
 
 def test_with_no_group_left_a_trial_rung_waits_for_workers_then_says_so_in_one_line():
