@@ -6,7 +6,7 @@ job was given:
 
 * ``same data``: a first job (sampler seed s) on the data; then a second job (sampler seed s + 100, the same
   split) cold, and warm-started from the first as ``--warm-start`` does on the same data, model and space (the
-  first job's results told to TPE, ``hyperband.warm.WarmSampler``; the brackets narrowest first). Target: the
+  first job's results told to TPE, ``hyperband.warm.WarmSampler``; the brackets widest first). Target: the
   first job's best. Goal: warm at most 0.5x cold.
 * ``other data``: a first job on other data of the same model (breast-cancer for digits; a resampled half of
   bank-marketing for bank-marketing); the second job warm-started from it as ``--warm-start`` does across data:
@@ -21,7 +21,7 @@ Run from the repository root::
     python benchmarks/bench_transfer.py                       # both data sets, 5 seeds, R=27 (~20 min on 2 cores)
     python benchmarks/bench_transfer.py --max-resource 9 --seeds 0,1   # a quick look
     python benchmarks/bench_transfer.py --parts same --best-at-r       # only models trained to R count
-    python benchmarks/bench_transfer.py --parts same --warm-order widest   # the warm job's brackets widest first
+    python benchmarks/bench_transfer.py --parts same --warm-order narrowest   # as --warm-start did before 2026-11-28
     python benchmarks/bench_transfer.py --parts same --continue-parents 4  # continue the first job's checkpoints
     python benchmarks/bench_transfer.py --parts same --reseed 10      # the first job's best config under 10 model seeds
     python benchmarks/bench_transfer.py --parts same --reseed 10 --target config   # that config's median as target
@@ -263,9 +263,9 @@ def main() -> None:
     ap.add_argument("--continue-parents", type=int, default=0, metavar="K",
                     help="same data: the warm job's first K configs are the first job's K best stopped below R, each "
                          "continued from its checkpoint there (emulated here; not what --warm-start does yet)")
-    ap.add_argument("--warm-order", choices=("narrowest", "widest"), default="narrowest",
-                    help="same data: the warm job's brackets narrowest first (as --warm-start runs them) or widest "
-                         "first (as a cold job)")
+    ap.add_argument("--warm-order", choices=("narrowest", "widest"), default="widest",
+                    help="same data: the warm job's brackets widest first (as a cold job's, and --warm-start's since "
+                         "2026-11-28) or narrowest first (as --warm-start's before)")
     ap.add_argument("--reseed", type=int, default=0, metavar="N",
                     help="same data: also train each first job's best config again under N other model seeds and "
                          "print the spread of its score around the target")

@@ -74,9 +74,8 @@ def plan(job: Job, params: Any, record: dict[str, Any] | None) -> Job:
         said = f"their best {job.metric_key} {theirs['score']:.4f} at r={theirs['resource']}"  # type: ignore[index]
         told = {"tpe": "TPE", "priorband": "PriorBand"}.get(job.sampler)
         first = [] if told else warm.best_configs(results, job.directions, k)
-        order = "; the brackets run narrowest first" if job.mode == "hyperband" else ""
         note = (f"same data, model, metric and space: their {len(results)} results are told to {told}; a config "
-                f"they trained to R is not drawn again{order}; {said}" if told else "same data, model, metric and "
+                f"they trained to R is not drawn again; {said}" if told else "same data, model, metric and "
                 f"space; the random sampler learns nothing from results, so {_best(first)} drawn first; {said}")
     else:
         first = _interleave([[warm.clip(space, c) for c in warm.best_configs(rs, _directions(pf), k)]

@@ -342,6 +342,7 @@ def _schedule(job: Job, space: Space, max_trials: int, time_budget: float | None
     if saved:
         sampler = make_sampler(job, saved["sampler"]) if saved.get("sampler") else None
         return HyperbandScheduler.from_json(saved, space, sampler, requeue=False)
-    narrow_first = tpe and bool(job.warm) and job.warm["kind"] == "identical"  # the model knows the cheap rungs
+    # a warm start's brackets run as a cold job's, widest first: narrowest first (its sampler having learnt the cheap
+    # rungs from the parents) took more worker-seconds to the parents' best, not fewer (docs/benchmarks.md)
     return HyperbandScheduler(job.min_resource, job.max_resource, job.eta, job.directions, space, job.seed,
-                              make_sampler(job) if tpe or job.warm else None, sequential=tpe, narrow_first=narrow_first)
+                              make_sampler(job) if tpe or job.warm else None, sequential=tpe)

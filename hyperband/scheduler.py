@@ -113,8 +113,8 @@ class HyperbandScheduler:
     sequential: bool = False
     states: dict[int, BracketState] = field(default_factory=dict)
     in_flight: set[str] = field(default_factory=set)
-    #: in turn, the narrowest bracket first (s = 0: configs straight to R): a warm start's, whose sampler learnt
-    #: the cheap rungs from the jobs it started from
+    #: in turn, the narrowest bracket first (s = 0: configs straight to R): what a warm start did before 2026-11-28
+    #: (its states resume so) and ``benchmarks/bench_transfer.py --warm-order narrowest`` compares
     narrow_first: bool = False
     _plan: list[Bracket] = field(init=False, repr=False)
 

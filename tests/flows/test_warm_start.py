@@ -36,6 +36,7 @@ def test_same_data_and_space_the_parents_results_teach_tpe_and_a_resume_keeps_th
         in child["table"]
     sampler = _state(child)["sampler"]
     assert sampler["kind"] == "warm" and sampler["parents"] == ["A"]
+    assert list(_state(child)["brackets"])[0] == "2"  # widest first, as a cold job (the bracket of r=1 configs)
     told = sum(len(v) for v in sampler["inner"]["observations"].values())
     assert told == 22 + child["summary"]["trial_rungs"]  # the parent's 22 results, then the job's own
     # its draws are its own: not the parent's configs again, though both have seed 1
