@@ -97,9 +97,8 @@ def job(trainer: Any, max_resource: int, seed: int, direction: str, warm: Callab
     sampler = warm(sampler) if warm else sampler
     sched = HyperbandScheduler(1, max_resource, 3, direction, space, seed, sampler,
                                sequential=True, narrow_first=narrow_first)
-    HURDLES["now"] = dict(hurdles or {}) if hurdles is not None or hints else None
+    HURDLES["now"] = dict(hurdles or {})  # read only where --rush patched the bracket
     hint_keys = {config_key(c) for c in hints or []}
-    sign = 1 if direction == "max" else -1
     iteration = 0
     better = (lambda a, b: a >= b) if direction == "max" else (lambda a, b: a <= b)
     spent, best, reached, results = 0.0, None, None, []
@@ -125,7 +124,7 @@ def job(trainer: Any, max_resource: int, seed: int, direction: str, warm: Callab
             if config_key(trial_rung.config) in hint_keys:  # RUSH: a hint's score sets the bar at its resource
                 bars = HURDLES["now"]
                 old = bars.get(trial_rung.resource)
-                bars[trial_rung.resource] = value if old is None or sign * value > sign * old else old
+                bars[trial_rung.resource] = value if old is None or better(value, old) else old
             sched.report(trial_rung.trial_id, trial_rung.resource, value, trained.checkpoint)
             results.append((dict(trial_rung.config), trial_rung.resource, value, trained.checkpoint))
             if AT_R["on"] and trial_rung.resource != max_resource:
@@ -134,18 +133,19 @@ def job(trainer: Any, max_resource: int, seed: int, direction: str, warm: Callab
             if reached is None and target is not None and better(best, target):
                 reached = spent
     trainer.close()
-    HURDLES["now"] = None
+    HURDLES["now"] = {}
     return {"results": results, "best": best, "total": spent, "reached": reached}
 
 
-#: RUSH's hurdles for the job running now (resource -> the parents' best config's score there), or None
-HURDLES: dict[str, Any] = {"now": None}
+#: RUSH's hurdles for the job running now (resource -> the best hint's score there; none: no hurdle)
+HURDLES: dict[str, dict[int, float]] = {"now": {}}
 
 
 def _patch_advance() -> None:
     """Emulate RUSH (Zappella et al. 2021) in the synchronous bracket: a promoted trial must also be at least as
     good as the hurdle at its rung's resource; a rung that promotes nobody ends its bracket."""
     from prefect_hyperband.hyperband.bracket import BracketState
+    from prefect_hyperband.hyperband.promotion import sign
 
     original = BracketState.advance
 
@@ -153,10 +153,10 @@ def _patch_advance() -> None:
         resource = self.current.resource
         up = original(self)
         hurdles = HURDLES["now"]
-        if not hurdles or resource not in hurdles:
+        if resource not in hurdles:
             return up
-        bar, sign = hurdles[resource], (1 if self.direction == "max" else -1)
-        kept = [t for t in up if sign * self.results[self.rung_index - 1][t] >= sign * bar]
+        way = sign(self.direction)
+        kept = [t for t in up if way * self.results[self.rung_index - 1][t] >= way * hurdles[resource]]
         for t in up:
             if t not in kept:
                 self.trials[t].status, self.trials[t].in_flight = "stopped", False
@@ -218,7 +218,8 @@ def reseeded(data: str, metric: str, way: str, seed: int, half: str, first: dict
              ) -> tuple[list[Any], float]:
     """The first job's best result trained again, the same config to the same resource on the same split, under
     ``n`` other model seeds (XGBoost's column sampling): how far the target is the config and how far its draw."""
-    better = (lambda a, b: a > b) if way == "max" else (lambda a, b: a < b)
+    from prefect_hyperband.hyperband.promotion import sign
+
     config, resource = next((c, r) for c, r, v, _ in first["results"] if v == first["best"])
     with tempfile.TemporaryDirectory(prefix="bench-transfer-reseed-") as tmp:
         scores = []
@@ -228,7 +229,7 @@ def reseeded(data: str, metric: str, way: str, seed: int, half: str, first: dict
             trained = trainer.train(config, resource, None, f"{tmp}/{k}.ubj")
             scores.append(trainer.evaluate(trained.checkpoint))
             trainer.close()
-    worse = sum(not better(v, first["best"]) and v != first["best"] for v in scores)
+    worse = sum(sign(way) * (v - first["best"]) < 0 for v in scores)
     median = statistics.median(scores)
     return [seed, f"{first['best']:.4f}", resource, f"{min(scores):.4f}", f"{median:.4f}", f"{max(scores):.4f}",
             f"{worse} of {n}"], median
