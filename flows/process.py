@@ -9,7 +9,11 @@ import os
 import signal
 import sys
 import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
+from unittest import mock
 
 from prefect_hyperband.executors.loop import signal_name
 from prefect_hyperband.trainers.stopping import StopToken
@@ -56,48 +60,124 @@ def stop_temporary_servers(kill: bool = False) -> None:
         pass
 
 
-def temporary_server():
-    """Without ``PREFECT_API_URL``, the temporary Prefect server the job talks to, started here in its own
-    session: a terminal's Ctrl-C reaches the job's process group only, so the server outlives the signal
-    long enough for the job to save its state and end its runs, and is stopped at exit by Prefect's own hook,
-    after its event and log workers have drained (Prefect starts it in the job's group, where the same Ctrl-C
-    killed it first and left those workers retrying forever)."""
+@dataclass(eq=False)
+class Launched:
+    """A temporary server's process started ahead (``launch_temporary_server``), booting while the job prepares; the
+    start-up lock is held until ``temporary_server`` has seen it answer, or ``cancel``."""
+
+    port: int
+    process: Any
+    held: contextlib.ExitStack
+
+    def cancel(self) -> None:
+        """The job will not run (bad input found by the preflight): the server killed, not waited for (Prefect's
+        migrations are one transaction each, so one cut short is taken up by the next start), the lock released."""
+        try:
+            self.process.kill()
+            self.process.wait()
+        finally:
+            self.held.close()
+
+
+def launch_temporary_server() -> Launched | None:
+    """Without ``PREFECT_API_URL``, the temporary server's process started now, as Prefect would start it (command
+    and environment: ``_uvicorn``), with ``flows.server``'s app, in its own session: it boots (3.4 s here) while the
+    job imports and checks its input instead of after; ``temporary_server(launched)`` then waits for it."""
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():
         return None
-    import subprocess
-    from pathlib import Path
-    from unittest import mock
-
-    from prefect.server.api import server as prefect_server
-    from prefect.settings import PREFECT_HOME
-
-    from prefect_hyperband.flows.server import batch_server_writes, with_our_app
+    from prefect_hyperband.flows.server import batch_server_writes
     from prefect_hyperband.trainers.base import file_lock
 
     batch_server_writes()  # the server inherits them: its event consumers write in batches
-    instance = prefect_server.SubprocessASGIServer()  # the process's singleton: Prefect's clients find it running
-    real = with_our_app(subprocess.Popen)  # Prefect's app, its new runs begun IMMEDIATE on SQLite (flows.server)
-    # its own errors (a shutdown's CancelledError traceback, SQLite's "database is locked" it retries) go to a
-    # log file, not into the job's output
-    log_path = Path(PREFECT_HOME.value()) / "temporary-server.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-
-    def in_own_session(*args: Any, **kwargs: Any):
-        kwargs.setdefault("start_new_session", True)
-        kwargs.setdefault("preexec_fn", _die_with_parent)
-        with log_path.open("ab") as log:
-            kwargs.setdefault("stdout", log)
-            kwargs.setdefault("stderr", subprocess.STDOUT)
-            return real(*args, **kwargs)
-
+    held = contextlib.ExitStack()
     # one start at a time per PREFECT_HOME: two jobs started together would both migrate its new database (one
     # server then fails its start-up and Prefect retries it on another port); the second waits for the first's
-    with file_lock(log_path.with_name("temporary-server.lock")), \
-            mock.patch.object(prefect_server.subprocess, "Popen", in_own_session):
+    held.enter_context(file_lock(_server_log().with_name("temporary-server.lock")))
+    try:
+        port = _free_port()
+        return Launched(port, _uvicorn(port), held)
+    except BaseException:
+        held.close()
+        raise
+
+
+def temporary_server(launched: Launched | None = None):
+    """Without ``PREFECT_API_URL``, the temporary Prefect server the job talks to (``launched`` ahead, or started
+    now), started in its own session: a terminal's Ctrl-C reaches the job's process group only, so the server
+    outlives the signal long enough for the job to save its state and end its runs, and is stopped at exit by
+    Prefect's own hook, after its event and log workers have drained (Prefect starts it in the job's group, where
+    the same Ctrl-C killed it first and left those workers retrying forever). It is Prefect's
+    ``SubprocessASGIServer``, the process's singleton, so that Prefect's clients find it running."""
+    if launched is None:
+        from prefect.settings import PREFECT_API_URL
+
+        if PREFECT_API_URL.value():
+            return None
+    from prefect.server.api import server as prefect_server
+
+    instance = prefect_server.SubprocessASGIServer()
+    if instance.running:  # started by an earlier job of this process
+        if launched is not None:
+            launched.cancel()
+        return instance
+    launched = launched or launch_temporary_server()
+    ahead = [launched.process]
+
+    def run_uvicorn() -> Any:  # Prefect's start: the process launched ahead; after an exit 3 (its port was taken) anew
+        return ahead.pop() if ahead else _uvicorn(instance.port)
+
+    instance.port = launched.port
+    with launched.held, mock.patch.object(instance, "_run_uvicorn_command", run_uvicorn):
         instance.start()
     return instance
+
+
+def _uvicorn(port: int) -> Any:
+    """Prefect's temporary server process (the command and environment of ``SubprocessASGIServer``'s
+    ``_run_uvicorn_command``, kept equal by a test) with ``flows.server``'s app, in a session of its own, dying
+    with the job, its output in a log file."""
+    import subprocess
+
+    import prefect
+    from prefect.settings import get_current_settings
+
+    from prefect_hyperband.flows.server import OUR_APP
+
+    argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory", OUR_APP,
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
+    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+           **get_current_settings().to_environment_variables(exclude_unset=True)}
+    # its own errors (a shutdown's CancelledError traceback, SQLite's "database is locked" it retries) go to a
+    # log file, not into the job's output
+    with _server_log().open("ab") as log:
+        return subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent, stdout=log,
+                                stderr=subprocess.STDOUT)
+
+
+def _server_log() -> Path:
+    from prefect.settings import PREFECT_HOME
+
+    path = Path(PREFECT_HOME.value()) / "temporary-server.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _free_port() -> int:
+    """A free port in Prefect's range for its temporary servers, chosen as Prefect chooses it."""
+    import random
+    import socket
+
+    for _ in range(10):
+        port = random.choice(range(8000, 9000))
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                time.sleep(random.uniform(0.1, 0.5))
+    raise RuntimeError("Unable to find an available port after multiple attempts")
 
 
 def _die_with_parent() -> None:

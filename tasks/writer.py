@@ -244,6 +244,9 @@ def main(answer_fd: int) -> None:
             answer = (seq, False, _picklable(exc))
         _send(answers, answer)
     answers.close()
+    import gc
+
+    gc.freeze()  # the job waits for this process's exit: no last collection over MLflow's objects (as app.cli.run)
 
 
 if __name__ == "__main__":

@@ -359,3 +359,21 @@ def test_prefects_two_console_handlers_share_one_terminal_filter():
                 for h in [*logging.getLogger().handlers, *logging.getLogger("prefect._internal").handlers]]
     filtered = [fs for fs in filtered if fs]
     assert len(filtered) >= 2 and len({id(f) for fs in filtered for f in fs}) == 1
+
+
+def test_bad_input_found_by_the_preflight_kills_the_prefect_server_launched_ahead(capsys, tmp_path, monkeypatch):
+    """The job's temporary server starts booting before the preflight reads the data (``flows.process``); input the
+    preflight refuses ends the job in one line, exit 2, and the server started for it is killed, not left to boot."""
+    from prefect_hyperband.flows import process
+
+    launched: list[str] = []
+
+    class Launched:
+        def cancel(self):
+            launched.append("cancelled")
+
+    monkeypatch.setattr(process, "launch_temporary_server", lambda: launched.append("launched") or Launched())
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", "--target", "nope"]) == 2
+    assert "target column 'nope' not in the data" in capsys.readouterr().err
+    assert launched == ["launched", "cancelled"]

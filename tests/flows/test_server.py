@@ -24,24 +24,97 @@ def test_prefect_reads_the_batched_writes_as_its_server_settings(monkeypatch):
     assert services.event_persister.batch_size == 200 and services.event_persister.flush_interval == 1
 
 
-def test_the_clis_temporary_server_starts_with_the_batched_writes(monkeypatch):
-    from prefect.server.api import server as prefect_server
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+def test_the_server_launched_ahead_is_prefects_own_command_with_our_app_and_the_batched_writes(monkeypatch, tmp_path):
+    """The CLI starts Prefect's temporary server before the job's preflight: the command and environment Prefect's
+    ``SubprocessASGIServer`` would use (compared with its own, so that a new Prefect changing them fails here), our
+    app in Prefect's place, the batched writes inherited, in a session of its own with its output in a log file."""
+    import subprocess
 
-    from prefect_hyperband.app import cli
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-    seen: dict[str, str | None] = {}
+    from prefect_hyperband.flows import process
 
-    class Server:  # stands in for Prefect's: what the server process would inherit when it starts
-        def start(self):
-            seen.update({name: os.environ.get(name) for name in server.BATCHED_WRITES})
-
+    seen: list[tuple[tuple, dict]] = []
     for name in server.BATCHED_WRITES:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(prefect_server, "SubprocessASGIServer", Server)
-    with temporary_settings(restore_defaults={PREFECT_API_URL}):
-        assert isinstance(cli._temporary_server(), Server)
-    assert seen == server.BATCHED_WRITES
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: seen.append((a, k)) or "process")
+    with temporary_settings({PREFECT_HOME: tmp_path}, restore_defaults={PREFECT_API_URL}):
+        launched = process.launch_temporary_server()
+        launched.held.close()
+        prefects = SubprocessASGIServer(port=launched.port)
+        try:
+            prefects._run_uvicorn_command()
+        finally:
+            SubprocessASGIServer._instances.pop(launched.port, None)
+    (ours, ours_kw), (theirs, theirs_kw) = seen
+    assert ours[0] == [server.OUR_APP if a == server.PREFECTS_APP else a for a in theirs_kw["args"]]
+    assert server.OUR_APP in ours[0] and f"{launched.port}" in ours[0]
+    assert ours_kw["env"] == theirs_kw["env"]
+    assert {k: float(ours_kw["env"][k]) for k in server.BATCHED_WRITES} == {
+        k: float(v) for k, v in server.BATCHED_WRITES.items()}  # as Prefect's settings write them back ("1.0")
+    assert ours_kw["start_new_session"] and ours_kw["stdout"].name == str(tmp_path / "temporary-server.log")
+
+
+def test_the_job_takes_the_server_launched_ahead_and_a_port_taken_meanwhile_starts_another(monkeypatch, tmp_path):
+    """``temporary_server(launched)``: Prefect's start (its health checks, its retry on another port when the
+    server exits 3, port taken) runs on the process launched ahead instead of starting one; the start-up lock is
+    held until then. A launch that will not be used (bad input) is killed and lets the lock go at once."""
+    import fcntl
+
+    from prefect.server.api import server as prefect_server
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    from prefect_hyperband.flows import process
+
+    started: list[int] = []
+    lock = tmp_path / "temporary-server.lock"
+
+    def locked() -> bool:
+        with open(lock) as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return False
+
+    class Process:
+        def __init__(self, port):
+            started.append(port)
+            self.port, self.killed = port, False
+
+        def kill(self):
+            self.killed = True
+
+        def wait(self):
+            return -9
+
+    class Server:  # Prefect's, as its start uses it
+        running, port = False, None
+
+        def start(self):
+            assert locked()
+            self.ran = [self._run_uvicorn_command()]
+            self.port = 8999  # the first exited 3: Prefect picks another port and runs the command again
+            self.ran.append(self._run_uvicorn_command())
+            self.running = True
+
+        def _run_uvicorn_command(self):
+            raise AssertionError("Prefect's own command: a second server")
+
+    instance = Server()
+    monkeypatch.setattr(process, "_uvicorn", Process)
+    monkeypatch.setattr(prefect_server, "SubprocessASGIServer", lambda: instance)
+    with temporary_settings({PREFECT_HOME: tmp_path}, restore_defaults={PREFECT_API_URL}):
+        launched = process.launch_temporary_server()
+        assert locked() and started == [launched.port]
+        assert process.temporary_server(launched) is instance
+        assert [p.port for p in instance.ran] == [launched.port, 8999] and not locked()
+        assert process.temporary_server() is instance and len(started) == 2  # running: nothing more started
+        unused = process.launch_temporary_server()
+        unused.cancel()
+    assert unused.process.killed and not locked()
 
 
 def test_our_app_replaces_prefects_in_the_servers_command_and_nothing_else():
