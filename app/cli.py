@@ -183,15 +183,20 @@ def _scale(flags: dict[str, Any], args: argparse.Namespace) -> int:
         return _fail(_one_line(exc))
     sizes = sorted(set(study.workers))
     params = params.model_copy(update={"job_id": params.job_id or new_job_id()})
+    from prefect_hyperband.flows.process import launch_temporary_server
+
+    launched = launch_temporary_server()  # booting while every size is checked, as a tune's
     for n in sorted(sizes, reverse=True):  # a size the machine cannot hold, a bad space: now, one line
         message = preflight(params.model_copy(update={"workers": n, "job_id": f"{params.job_id}-w{n}"}))
         if message:
+            if launched is not None:
+                launched.cancel()
             return _fail(message if f"--workers {n}" in message else f"--workers {n}: {message}")
     from prefect_hyperband.flows.scale import scale
     from prefect_hyperband.app.terminal import quiet_terminal
 
     quiet_terminal()
-    _temporary_server()
+    _temporary_server(launched)
     state = scale(params, sizes, study.target_score, study.tolerance, return_state=True)
     if state.is_cancelled():  # MLflow did not answer within --service-wait, or a job of the study stopped short
         print(f"hyperband: {state.message}", file=sys.stderr)

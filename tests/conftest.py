@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
@@ -25,6 +26,33 @@ def _mlflow_writer_in_a_thread(request, monkeypatch):
     the process in the fast tier."""
     if request.node.get_closest_marker("slow") is None:
         monkeypatch.setenv("HYPERBAND_MLFLOW_WRITER", "thread")
+
+
+class _CurrentStderr:
+    """``sys.stderr`` as it is when written to: pytest gives each test a stream of its own and closes it after."""
+
+    def __getattr__(self, name):
+        return getattr(sys.stderr, name)
+
+
+@pytest.fixture(autouse=True)
+def _log_handlers_follow_the_tests_stderr():
+    """A console log handler made during a test (Prefect's, set up by an in-process CLI job's ``JobLog``; MLflow's)
+    holds that test's captured stderr; a later test's job logging through it printed "--- Logging error ---" and a
+    traceback (a closed file) into its own output. After each test such a handler writes to the stderr of the moment."""
+    yield
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger(), *(l for l in logging.Logger.manager.loggerDict.values() if isinstance(l, logging.Logger))]
+    for handler in {h for logger in loggers for h in logger.handlers}:
+        if isinstance(handler, logging.FileHandler) or not isinstance(handler, logging.StreamHandler):
+            continue
+        if type(handler.stream).__module__.startswith("_pytest"):
+            handler.stream = _CurrentStderr()  # not setStream: it flushes the old one, closed by now
+        if isinstance(handler, PrefectConsoleHandler) and type(handler.console.file).__module__.startswith("_pytest"):
+            handler.console.file = _CurrentStderr()
 
 
 @pytest.fixture(scope="session")
