@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_json_atomic
 from prefect_hyperband.trainers.errors import InputError
-from prefect_hyperband.trainers.launch import contract, free_port
+from prefect_hyperband.trainers.launch import contract, free_port, torch_launcher
 
 #: lines of the script's output kept on a failed trial's run
 TAIL_LINES = 30
@@ -85,7 +85,7 @@ class ScriptTrainer(Placed):
         torch: 3.6 s of CPU here) is paid by every trial-rung and buys nothing for a single process."""
         if self.workers == 1:
             return [sys.executable, "-u", self.script, *self.args(config)]
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        return [*torch_launcher(), "--standalone", "--nnodes", "1",
                 "--nproc-per-node", str(self.workers), self.script, *self.args(config)]
 
     def train(self, config: Mapping[str, Any], resource: int, checkpoint: str | None, out: str) -> TrainResult:

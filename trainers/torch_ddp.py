@@ -23,7 +23,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -35,7 +34,7 @@ import torch
 
 from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, checkpoint_resource, write_json_atomic, write_sidecar
 from prefect_hyperband.trainers.data import DataSpec, Dataset, load, metric_direction, score
-from prefect_hyperband.trainers.launch import failure_message, terminate
+from prefect_hyperband.trainers.launch import failure_message, terminate, torch_launcher
 from prefect_hyperband.trainers.torch_config import _as_float, _as_int, _check, check_metric, effective_lr, resolve_config
 from prefect_hyperband.trainers.torch_models import Predictor, build_model
 
@@ -239,7 +238,7 @@ class TorchTrainer(Placed):
     def _launcher(self, worker_args: list[str]) -> list[str]:
         """torch's launcher on this machine, with a rendezvous of its own (ranks across machines: ``dask_address``)."""
         return [
-            sys.executable, "-m", "torch.distributed.run",
+            *torch_launcher(),
             "--nnodes", "1",
             "--nproc-per-node", str(self.workers),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", uuid.uuid4().hex,
