@@ -16,8 +16,9 @@ TERMINATE_GRACE = 5.0
 #: lines of a rank's stderr a failure message quotes
 TAIL_LINES = 20
 #: torch's launcher run as ``python -m torch.distributed.run`` runs it, then an exit that leaves its heap to the OS:
-#: the interpreter's last garbage collection over torch's objects took 0.5 s of each launch here (a launcher of two
-#: ranks that exit at once: 2.21 s and 2.63 s, against 1.56 s and 2.12 s), paid by every cold trial-rung
+#: the interpreter's last garbage collection over torch's objects took 0.34 s of each launch here (a launcher of two
+#: ranks that exit at once, six launches each way, alternating: median 1.82 s, now 1.48 s), paid by every cold
+#: trial-rung
 LAUNCHER = ("import gc, runpy\n"
             "try:\n"
             "    runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)\n"
