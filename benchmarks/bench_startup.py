@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import header, table  # noqa: E402
 
 FLOOR = """
-import sys
 from mlflow import MlflowClient
 from prefect import flow
 

@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -89,6 +88,7 @@ def launch_temporary_server() -> Launched | None:
         return None
     from prefect_hyperband.flows.server import batch_server_writes
     from prefect_hyperband.trainers.base import file_lock
+    from prefect_hyperband.trainers.launch import free_port
 
     batch_server_writes()  # the server inherits them: its event consumers write in batches
     held = contextlib.ExitStack()
@@ -96,7 +96,7 @@ def launch_temporary_server() -> Launched | None:
     # server then fails its start-up and Prefect retries it on another port); the second waits for the first's
     held.enter_context(file_lock(_server_log().with_name("temporary-server.lock")))
     try:
-        port = _free_port()
+        port = free_port()  # the OS's pick (a port taken meanwhile: Prefect's start retries on another, below)
         return Launched(port, _uvicorn(port), held)
     except BaseException:
         held.close()
@@ -162,22 +162,6 @@ def _server_log() -> Path:
     path = Path(PREFECT_HOME.value()) / "temporary-server.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def _free_port() -> int:
-    """A free port in Prefect's range for its temporary servers, chosen as Prefect chooses it."""
-    import random
-    import socket
-
-    for _ in range(10):
-        port = random.choice(range(8000, 9000))
-        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                time.sleep(random.uniform(0.1, 0.5))
-    raise RuntimeError("Unable to find an available port after multiple attempts")
 
 
 def _die_with_parent() -> None:
