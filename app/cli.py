@@ -186,12 +186,13 @@ def _scale(flags: dict[str, Any], args: argparse.Namespace) -> int:
     from prefect_hyperband.flows.process import launch_temporary_server
 
     launched = launch_temporary_server()  # booting while every size is checked, as a tune's
-    for n in sorted(sizes, reverse=True):  # a size the machine cannot hold, a bad space: now, one line
+    # a bad space or data, at the smallest size: one line of its own; then a size the machine cannot hold, named
+    for n in [sizes[0], *sorted(sizes[1:], reverse=True)]:
         message = preflight(params.model_copy(update={"workers": n, "job_id": f"{params.job_id}-w{n}"}))
         if message:
             if launched is not None:
                 launched.cancel()
-            return _fail(message if f"--workers {n}" in message else f"--workers {n}: {message}")
+            return _fail(message if n == sizes[0] or f"--workers {n}" in message else f"--workers {n}: {message}")
     from prefect_hyperband.flows.scale import scale
     from prefect_hyperband.app.terminal import quiet_terminal
 

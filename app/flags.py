@@ -30,9 +30,11 @@ def study_model() -> type:
     """``hyperband scale``'s own parameters (its ``workers`` is a list of sizes)."""
     from typing import Annotated, Optional
 
-    from pydantic import BaseModel, Field
+    from pydantic import BaseModel, ConfigDict, Field
 
     class Study(BaseModel):
+        model_config = ConfigDict(allow_inf_nan=False)  # as the job's own parameters
+
         workers: list[Annotated[int, Field(ge=1)]] = Field(
             [1, 2], min_length=1, description="Cluster sizes to compare, e.g. 1,2,4 (workers per trial).")
         target_score: Optional[float] = Field(None, description="Time to target: when a job's best-so-far reaches it "

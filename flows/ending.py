@@ -184,9 +184,10 @@ def _champion(params: TuneParams, job: Job, best: dict[str, Any] | None, logger)
     """The best model registered with the ``champion`` alias (its version), or its checkpoint on the parent run."""
     if best is None:
         return None
-    version = None
+    version, why = None, "registration off" if not params.register_model else "the model has no MLflow flavour"
     best_file = job.store().fetch(best["checkpoint"])  # local, wherever it was trained
     if params.register_model and registry.get(job.settings.model).log_model is not None:
+        why = "its registration failed"
         registered = register_champion(job, best["run_id"], best_file, _champion_metrics(job, best), best["resource"],
                                        return_state=True)
         if registered.is_completed():
@@ -197,8 +198,7 @@ def _champion(params: TuneParams, job: Job, best: dict[str, Any] | None, logger)
             logger.error("could not register the champion model: %s", registered.message)
     if version is None:  # no flavour to log it in: its files, on the parent run
         _written(job, keep_best_checkpoint(job, best_file, return_state=True))
-        logger.info("no model registered (%s); the best checkpoint is on the parent run under best_checkpoint/",
-                    "registration off" if not params.register_model else "the model has no MLflow flavour")
+        logger.info("no model registered (%s); the best checkpoint is on the parent run under best_checkpoint/", why)
     return version
 
 

@@ -41,7 +41,7 @@ def mlflow_params() -> tuple[str, ...]:
 class TuneParams(BaseModel):
     """A Hyperband tuning job (Li et al., JMLR 2018): r = min_resource, R = max_resource, η = eta."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # a NaN or an infinite number: refused
 
     model: Literal[registry.names()] = Field(  # type: ignore[valid-type]  (the registered models: a UI dropdown)
         "xgboost", description="Model family to tune; function: your own training function (set trainer); "
@@ -211,6 +211,9 @@ class TuneParams(BaseModel):
             raise ValueError(f"min_resource must be <= max_resource, got {self.min_resource} > {self.max_resource}")
         if self.resume and not self.job_id:
             raise ValueError("resume needs the job_id of the job to continue")
+        if self.max_trials is not None and self.mode != "asha" and not self.resume:  # a saved job resumes as it began
+            raise ValueError(f"max_trials ({self.max_trials}) is ASHA's; Hyperband's brackets set their own configs: "
+                             "add mode asha, or drop max_trials")
         if self.target_resource is not None and self.target_resource > self.max_resource:
             raise ValueError(f"target_resource must be <= max_resource, got {self.target_resource} > {self.max_resource}")
         given = {f: m for f, m in registry.user_code_fields().items() if getattr(self, f, None)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -17,7 +18,7 @@ from prefect_hyperband.hyperband import priors, schedule, space as spaces
 from prefect_hyperband.hyperband.promotion import Direction
 from prefect_hyperband.tasks import storage as storages
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.tracking import check_reachable, tracking_uri
+from prefect_hyperband.tasks.tracking import check_model_name, check_reachable, check_run, tracking_uri
 from prefect_hyperband.executors import dask_groups
 from prefect_hyperband.executors.loop import stop_grace
 from prefect_hyperband.trainers import registry
@@ -110,6 +111,10 @@ def prepare(params: TuneParams) -> Job:
         model.build(dataclasses.replace(settings, dask_address=None)).close()  # the code, not the cluster (above)
     uri = tracking_uri(params.tracking_uri)
     check_reachable(uri)
+    if params.register_model and model.log_model is not None:
+        check_model_name(params.experiment)
+    if params.nest_under and not params.resume:
+        check_run(uri, params.nest_under)
     job_id = params.job_id or new_job_id()
     job_dir, store, record = _place(params, job_id)
     job = Job(
@@ -138,7 +143,12 @@ def prepare(params: TuneParams) -> Job:
         storage=None if store.local else store.root,
         trial_pool=params.trial_pool,
     )
-    return parents.plan(job, params, record)  # --warm-start: the earlier jobs checked, what they give decided
+    try:
+        return parents.plan(job, params, record)  # --warm-start: the earlier jobs checked, what they give decided
+    except InputError:
+        with contextlib.suppress(OSError):  # refused: the folder made for it goes (an empty one only)
+            job_dir.rmdir()
+        raise
 
 
 def _settings(params: TuneParams, model, spec: datasets.DataSpec, metric: str, threads: int) -> TrainerSettings:
@@ -169,10 +179,22 @@ def _space(params: TuneParams, model) -> tuple[Any, dict[str, Any]]:
         space = spaces.load(params.space, known, params.model)
     else:
         space = spaces.parse(default_space, known, params.model)
+    if model.check_config is not None:
+        _check_bounds(space, default_config, model.check_config)
     if params.prior_first and not priors.has_priors(space):
         raise InputError("--prior-first trains the space's priors first, but no parameter of the space has one; "
                          "give it a prior: value (docs/search-spaces.md)")
     return space, default_config
+
+
+def _check_bounds(space: Any, default_config: dict[str, Any], check: Any) -> None:
+    """Each parameter at its bounds and choices (the others at the model's defaults), by the model's own check."""
+    for param in space.params:
+        for value in param.choices or (param.low, param.high):
+            try:
+                check({**default_config, param.name: value})
+            except InputError as why:
+                raise InputError(f"search space: {param.name}={value!r}: {why}") from None
 
 
 def _objectives(params: TuneParams, model, spec: datasets.DataSpec) -> tuple[str, Direction, Any]:
@@ -188,9 +210,11 @@ def _objectives(params: TuneParams, model, spec: datasets.DataSpec) -> tuple[str
     else:
         metric = model.metric(spec, first[4:] if first and first.startswith("val_") else first)
         direction = datasets.metric_direction(metric)
+        better = 'larger' if direction == 'max' else 'smaller'
         if stated and stated != direction:
-            raise InputError(f"--metric {entries[0]}: {metric} is better {'larger' if direction == 'max' else 'smaller'}; "
-                             f"drop :{stated}")
+            raise InputError(f"--metric {entries[0]}: {metric} is better {better}; drop :{stated}")
+        if params.direction and params.direction != ("minimize" if direction == "min" else "maximize"):
+            raise InputError(f"--direction {params.direction}: {metric} is better {better}; drop --direction")
     try:
         chosen = objectives.objectives(entries, metric if model.metric is None else f"val_{metric}", direction,
                                        model.metric is None)
@@ -215,6 +239,8 @@ def _place(params: TuneParams, job_id: str) -> tuple[Path, Any, dict[str, Any] |
     if params.storage:
         storages.check(params.storage)
     job_dir = Path(_job_root(params.job_dir, params.storage)).resolve() / job_id
+    if any(folder.exists() and not folder.is_dir() for folder in (job_dir, *job_dir.parents)):
+        raise InputError(f"--job-dir {params.job_dir}: {job_dir} cannot be a folder: a file is in its path")
     store = job_store(job_dir, job_id, params.storage)
     record = None
     if params.resume:

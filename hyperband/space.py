@@ -91,10 +91,49 @@ def load(path: str | Path, known: Iterable[str] | None = None, model: str = "the
     if not path.is_file():
         raise SpaceError(f"search space file {str(path)!r} not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_keys_loader())
+    except UnicodeDecodeError as exc:
+        raise SpaceError(f"search space {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     except yaml.YAMLError as exc:
         raise SpaceError(f"search space {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
     return parse(raw, known, model)
+
+
+def _unique_keys_loader():
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one silently: a
+    parameter written twice would be the second one without a word)."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: its keys may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    line = key_node.start_mark.line + 1
+                    raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice (line {line})",
+                                                            key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeys
+
+
+#: the largest magnitude of an int parameter's bounds: a float holds every integer up to it (the samplers draw ints
+#: through floats), and numpy's int64 draws fit
+INT_LIMIT = 2**53
+
+
+def _number(value: Any) -> Any:
+    """``value``, or the number a string spells: YAML 1.1 (PyYAML) reads ``1e-5`` (no dot) as a string."""
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return value
+    return value
 
 
 def _param(name: str, spec: Any, allowed: set[str] | None, model: str) -> Param:
@@ -113,18 +152,22 @@ def _param(name: str, spec: Any, allowed: set[str] | None, model: str) -> Param:
         if not isinstance(choices, list) or not choices:
             raise SpaceError(f"{name}: categorical needs a non-empty list of choices, got {choices!r}")
         return _belief(Param(name, kind, choices=tuple(choices)), spec)
-    low, high, log = spec.get("low"), spec.get("high"), spec.get("log", False)
+    low, high, log = _number(spec.get("low")), _number(spec.get("high")), spec.get("log", False)
     for bound, value in (("low", low), ("high", high)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise SpaceError(f"{name}: {bound} must be a finite number, got {value!r}")
+            raise SpaceError(f"{name}: {bound} must be a finite number, got {spec.get(bound)!r}")
         if kind == "int" and int(value) != value:
             raise SpaceError(f"{name}: {bound} of an int parameter must be a whole number, got {value!r}")
+        if kind == "int" and abs(value) > INT_LIMIT:
+            raise SpaceError(f"{name}: {bound} of an int parameter must be within ±2**53, got {value!r}")
     if not isinstance(log, bool):
         raise SpaceError(f"{name}: log must be true or false, got {log!r}")
     if not low < high:
         raise SpaceError(f"{name}: low must be < high, got low={low}, high={high}")
     if log and low <= 0:
         raise SpaceError(f"{name}: log scale needs low > 0, got low={low}")
+    if not math.isfinite(float(high) - float(low)):
+        raise SpaceError(f"{name}: high - low must be a finite number, got low={low}, high={high}")
     if kind == "int":
         return _belief(Param(name, kind, int(low), int(high), log), spec)
     return _belief(Param(name, kind, float(low), float(high), log), spec)
@@ -135,6 +178,8 @@ def _belief(param: Param, spec: Mapping[str, Any]) -> Param:
     from dataclasses import replace
 
     prior, confidence = spec.get("prior"), spec.get("confidence")
+    if param.type != "categorical":
+        prior = _number(prior)
     if prior is None:
         if confidence is not None:
             raise SpaceError(f"{param.name}: confidence {confidence!r} without a prior; add prior: <value>")

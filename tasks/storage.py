@@ -282,6 +282,9 @@ def check(url: str) -> None:
         return
     if not urlsplit(url).netloc:
         raise InputError(f"--storage {url}: names no bucket (e.g. s3://bucket/jobs)")
+    if urlsplit(url).scheme == "memory":
+        raise InputError(f"--storage {url}: fsspec's memory:// lives in this process only, and --resume could not find "
+                         "the job there; give a folder or an object store (s3://bucket/jobs)")
     fs = filesystem(url)
     probe = join(url, ".hyperband-probe")
     try:

@@ -130,7 +130,14 @@ def _tune_sqlite(uri: str, c: Any) -> None:
 def check_reachable(uri: str, timeout: float = 10.0) -> None:
     """Fail fast, before any training, when the tracking server cannot be reached."""
     if not uri.startswith(("http://", "https://")):
-        client(uri).search_experiments(max_results=1)
+        try:
+            client(uri).search_experiments(max_results=1)
+        except InputError:
+            raise
+        except Exception as exc:
+            if "://" in uri and not uri.startswith("file:"):  # a database: it may be restarting (--service-wait)
+                raise
+            raise InputError(f"--tracking-uri {uri}: {first_line(exc)}") from None  # a folder: MLflow's file store
         return
     import urllib.error
     import urllib.request
@@ -139,6 +146,30 @@ def check_reachable(uri: str, timeout: float = 10.0) -> None:
         urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout).read()
     except (urllib.error.URLError, OSError) as exc:
         raise ConnectionError(f"MLflow tracking server {uri} is not reachable ({exc}); start it or pass --tracking-uri") from exc
+
+
+def check_model_name(name: str) -> None:
+    """The experiment's name is the registered model's too: one MLflow would refuse only after the whole job."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import _validate_model_name  # MLflow's own rule (pinned)
+
+    try:
+        _validate_model_name(name)
+    except MlflowException as exc:
+        raise InputError(f"--experiment {name!r} also names the registered model: {exc.message.rstrip('.')}; "
+                         "choose another --experiment, or --no-register-model") from None
+
+
+def check_run(uri: str, run_id: str) -> None:
+    """The run a job's parent run nests under (``--nest-under``) exists."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client(uri).get_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise InputError(f"--nest-under {run_id}: no such MLflow run in {uri}") from None
 
 
 #: MLflow's experiment kinds (its UI opens ``custom_model_development`` in the Model training view)

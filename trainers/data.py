@@ -19,21 +19,22 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.errors import InputError, first_line
 
 #: the bundled UCI bank-marketing file, package data of ``prefect_hyperband.data`` (see its PROVENANCE.md)
 BANK_MARKETING = ("bank-marketing", "bank-additional-full.csv.gz")
 BUILTIN = ("bank-marketing", "digits", "breast-cancer")
 
 Task = Literal["binary", "multiclass", "regression"]
-#: metric name -> direction; "max" metrics are better when larger.
-METRICS: dict[str, Literal["max", "min"]] = {
+#: the metrics a model scores on a data set: name -> direction; "max" metrics are better when larger.
+DATA_METRICS: dict[str, Literal["max", "min"]] = {
     "auc": "max",
     "accuracy": "max",
     "rmse": "min",
     "logloss": "min",
-    "loss": "min",  # the synthetic objective's
 }
+#: every built-in metric, the synthetic objective's too
+METRICS: dict[str, Literal["max", "min"]] = {**DATA_METRICS, "loss": "min"}
 #: integer targets with at most this many distinct values are classes, not numbers.
 MAX_CLASSES = 20
 
@@ -80,7 +81,8 @@ def metric_direction(metric: str) -> Literal["max", "min"]:
 
 def check_metric(ds: Dataset, metric: str) -> None:
     """A metric that fits the target: AUC for binary, accuracy/logloss for classes, RMSE for numbers."""
-    metric_direction(metric)
+    if metric not in DATA_METRICS:
+        raise InputError(f"unknown metric {metric!r}; choose one of {', '.join(DATA_METRICS)}")
     if ds.task == "regression" and metric != "rmse":
         raise InputError(f"metric {metric!r} needs a classification target; {ds.target!r} is numeric (use rmse)")
     if ds.task != "regression" and metric == "rmse":
@@ -103,7 +105,7 @@ def score(metric: str, y_true: np.ndarray, prediction: np.ndarray) -> float:
         return float(math.sqrt(skm.mean_squared_error(y_true, prediction)))
     if metric == "logloss":
         return float(skm.log_loss(y_true, prediction, labels=np.unique(y_true)))
-    raise InputError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    raise InputError(f"unknown metric {metric!r}; choose one of {', '.join(DATA_METRICS)}")
 
 
 def _binary01(y: np.ndarray) -> bool:
@@ -135,6 +137,8 @@ def load(spec: DataSpec) -> Dataset:
 def _load_cached(spec: DataSpec) -> Dataset:
     if not 0.0 < spec.validation_fraction < 1.0:
         raise InputError(f"validation fraction must be in (0, 1), got {spec.validation_fraction}")
+    if spec.data in ("digits", "breast-cancer") and spec.target not in (None, "target"):
+        raise InputError(f"--target {spec.target}: {spec.data} has its own target; drop --target")
     if spec.data == "digits":
         return _from_sklearn("digits", spec, image_shape=(1, 8, 8))
     if spec.data == "breast-cancer":
@@ -145,6 +149,8 @@ def _load_cached(spec: DataSpec) -> Dataset:
         drop = ("duration",) if spec.drop is None else spec.drop
     else:
         path = Path(spec.data)
+        if path.is_dir():
+            raise InputError(f"data file {spec.data!r} is a folder; give a CSV file or one of {', '.join(BUILTIN)}")
         if not path.is_file():
             raise InputError(
                 f"data file {spec.data!r} not found; give a CSV path or one of {', '.join(BUILTIN)}"
@@ -190,12 +196,21 @@ def _from_frame(frame: pd.DataFrame, target: str, drop: tuple[str, ...], spec: D
     task = _infer_task(y_raw)
     if task == "regression":
         y, classes = y_raw.to_numpy(dtype=np.float32), []
+        if not np.isfinite(y).all():
+            raise InputError(f"target column {target!r} has {int((~np.isfinite(y)).sum())} infinite value(s) (or "
+                             "values too large for float32); fix or drop those rows")
+        if np.unique(y).size < 2:
+            raise InputError(f"target column {target!r} has a single value; nothing to learn")
     else:
         codes, uniques = pd.factorize(y_raw.astype(str), sort=True)
         if len(uniques) < 2:
             raise InputError(f"target column {target!r} has a single value; nothing to learn")
         y, classes = codes.astype(np.int64), [str(u) for u in uniques]
     X, names = _encode(features)
+    infinite = np.isinf(X).any(axis=0)
+    if infinite.any():
+        raise InputError(f"column {names[int(np.argmax(infinite))]!r} has infinite values (or values too large for "
+                         "float32); fix them, or leave them empty (missing)")
     return _split(X, y, names, task, classes, target, spec)
 
 
@@ -223,9 +238,14 @@ def _split(X, y, names, task: Task, classes, target: str, spec: DataSpec, image_
     from sklearn.model_selection import train_test_split
 
     stratify = y if task != "regression" else None
-    X_train, X_val, y_train, y_val = train_test_split(
-        X, y, test_size=spec.validation_fraction, random_state=spec.seed, stratify=stratify
-    )
+    try:
+        X_train, X_val, y_train, y_val = train_test_split(
+            X, y, test_size=spec.validation_fraction, random_state=spec.seed, stratify=stratify
+        )
+    except ValueError as exc:  # too few rows of a class for a split keeping every class on both sides
+        raise InputError(f"cannot split target {target!r} into training and validation rows with every class on both "
+                         f"sides ({len(y)} rows, {len(classes)} classes, validation fraction "
+                         f"{spec.validation_fraction:g}): {first_line(exc)}") from None
     return Dataset(X_train, y_train, X_val, y_val, names, task, classes, target, image_shape)
 
 

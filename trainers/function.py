@@ -12,6 +12,7 @@ units it holds and the metrics returned), which is what the scheduler passes aro
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -126,21 +127,47 @@ def load(entry: str) -> Callable[[Trial], Mapping[str, Any]]:
             sys.path.insert(0, str(path.resolve().parent))  # its own sibling modules import
             try:
                 sys.modules[module_name] = module
-                spec.loader.exec_module(module)
+                with _imported_as_a_library(target):
+                    spec.loader.exec_module(module)
             except Exception as exc:
                 sys.modules.pop(module_name, None)
-                raise InputError(f"trainer file {target!r} does not import: {type(exc).__name__}: {exc}") from None
+                raise InputError(f"trainer file {target!r} does not import: {_why(exc)}") from None
             finally:
                 sys.path.remove(str(path.resolve().parent))
     else:
         try:
-            module = importlib.import_module(target)
+            with _imported_as_a_library(target):
+                module = importlib.import_module(target)
         except Exception as exc:
-            raise InputError(f"trainer module {target!r} does not import: {type(exc).__name__}: {exc}") from None
+            raise InputError(f"trainer module {target!r} does not import: {_why(exc)}") from None
     fn = getattr(module, name, None)
     if fn is None:
         raise InputError(f"trainer {entry!r}: {target} has no function {name!r}")
     return _check_signature(fn, entry)
+
+
+class _ExitedOnImport(Exception):
+    """The module's top-level code called ``sys.exit`` (an ``argparse`` parser that refused its arguments, say)."""
+
+
+@contextlib.contextmanager
+def _imported_as_a_library(target: str):
+    """The user's module imported as a library is: ``sys.argv`` holds its own name only while its top-level code runs
+    (a parser at module level then reads no flags of hyperband's as its own), and its ``sys.exit`` is an error of
+    the import, not the job's exit."""
+    argv = sys.argv
+    sys.argv = [target]
+    try:
+        yield
+    except SystemExit as exc:
+        raise _ExitedOnImport(f"its top-level code exited (sys.exit({exc.code!r})); put what runs as a script under "
+                              "if __name__ == '__main__':") from None
+    finally:
+        sys.argv = argv
+
+
+def _why(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, _ExitedOnImport) else f"{type(exc).__name__}: {exc}"
 
 
 def _check_signature(fn: Any, entry: str) -> Callable[[Trial], Mapping[str, Any]]:

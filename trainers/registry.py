@@ -65,6 +65,9 @@ class Model:
     reads_data: bool = True
     #: the TuneParams fields only this model reads (the parent run logs them for it, "" for the others)
     fields: tuple[str, ...] = ()
+    #: the model's own check of one config (``InputError`` naming the parameter); the preflight runs it on each
+    #: parameter's bounds and choices, so a space the model cannot take is one line before any training
+    check_config: Callable[[dict[str, Any]], None] | None = None
 
 
 _models: dict[str, Model] = {}

@@ -81,6 +81,51 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monke
     assert len(err.splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["tune", "--direction", "minimize"], "--direction minimize: auc is better larger; drop --direction"),
+        (["tune", "--metric", "loss"], "unknown metric 'loss'; choose one of auc, accuracy, rmse, logloss"),
+        (["tune", "--model", "synthetic", "--metric", "auc"], "--metric auc: the synthetic model reports loss only"),
+        (["tune", "--max-trials", "5"], "--max-trials (5) is ASHA's; Hyperband's brackets set their own configs"),
+        (["tune", "--target-score", "nan"], "--target-score: Input should be a finite number, got 'nan'"),
+        (["tune", "--model", "synthetic", "--unit-seconds", "1e309"], "--unit-seconds: Input should be a finite number"),
+        (["tune", "--storage", "memory://jobs"], "--storage memory://jobs: fsspec's memory:// lives in this process only"),
+        (["tune", "--experiment", "team/churn"], "--experiment 'team/churn' also names the registered model: Invalid "
+                                                 "model name 'team/churn'. Names cannot contain '/' or ':'; choose"),
+        (["tune", "--data", "digits", "--target", "label"], "--target label: digits has its own target; drop --target"),
+        (["tune", "--nest-under", "0123abcd"], "--nest-under 0123abcd: no such MLflow run in sqlite:///mlflow.db"),
+        (["tune", "--data", "folder"], "data file 'folder' is a folder"),
+        (["tune", "--data", "inf.csv", "--target", "y"], "target column 'y' has 1 infinite value(s)"),
+        (["tune", "--data", "flat.csv", "--target", "y"], "target column 'y' has a single value; nothing to learn"),
+        (["tune", "--space", "wide.yaml"], "search space: colsample_bytree=1.5: XGBoost refuses it: value 1.5 for "
+                                           "Parameter colsample_bytree exceed bound [0,1]"),
+        (["tune", "--model", "synthetic", "--space", "wide.yaml"], "unknown parameter 'colsample_bytree' for synthetic"),
+        (["tune", "--model", "synthetic", "--space", "far.yaml"], "search space: x=5.0: x must be a number in [0, 1]"),
+        (["scale", "--model", "synthetic", "--space", "far.yaml"], "error: search space: x=5.0"),  # no size blamed
+        (["tune", "--job-dir", "afile"], "--job-dir afile: "),
+        (["tune", "--warm-start", "nosuch"], "--warm-start nosuch: no job 'nosuch'"),
+    ],
+)
+def test_input_a_fuzz_of_the_cli_found_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
+    """Each was taken before (some failed every trial, some tracebacked at the end, some were silently ignored)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder").mkdir()
+    rows = "".join(f"{i % 7},{i * 0.37:.2f}\n" for i in range(30))
+    (tmp_path / "inf.csv").write_text("x,y\n" + rows + "1,inf\n")
+    (tmp_path / "flat.csv").write_text("x,y\n" + "".join(f"{i},0.5\n" for i in range(30)))
+    (tmp_path / "wide.yaml").write_text("colsample_bytree: {type: float, low: 1.5, high: 2.0}\n")
+    (tmp_path / "far.yaml").write_text("x: {type: float, low: 5, high: 6}\n")
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(argv))
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2, err
+    assert message in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not list(tmp_path.glob("hyperband-jobs/*"))  # no job folder left by a refused job
+
+
 def _help(command: str) -> str:
     from prefect_hyperband.app.flags import build_parser
 

@@ -60,3 +60,34 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("eta: {type: float, low: [\n")
     with pytest.raises(SpaceError, match="not valid YAML"):
         load(bad)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("x: {type: int, low: 0, high: 100000000000000000000}\n", r"x: high of an int parameter must be within ±2\*\*53"),
+        ("x: {type: float, low: -1.0e+308, high: 1.0e+308}\n", "x: high - low must be a finite number"),
+        ("x: {type: float, low: 0, high: 1}\nx: {type: float, low: 5, high: 6}\n", r"'x' is given twice \(line 2\)"),
+        ("x: {type: float, low: abc, high: 1}\n", "x: low must be a finite number, got 'abc'"),
+    ],
+)
+def test_spaces_a_sampler_could_not_draw_from_are_refused_when_read(tmp_path, text, message):
+    """Found by a fuzz of the CLI: an int range past numpy's int64 and a float range whose width overflows passed the
+    checks and failed the job with a traceback at its first draw; a parameter written twice was the second one."""
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    with pytest.raises(SpaceError, match=message):
+        load(path)
+
+
+def test_numbers_yaml_reads_as_strings_are_numbers_and_a_file_not_utf8_is_named(tmp_path):
+    """PyYAML (YAML 1.1) reads ``1e-5`` as a string: it is the number it spells, as a user means it."""
+    path = tmp_path / "space.yaml"
+    path.write_text("lr: {type: float, low: 1e-5, high: 1e-1, log: true, prior: 1e-3}\nn: {type: int, low: 1e1, high: 1e2}\n")
+    space = load(path)
+    assert space.to_dict()["lr"] == {"type": "float", "low": 1e-5, "high": 0.1, "log": True, "prior": 1e-3,
+                                     "confidence": "medium"}
+    assert (space.params[1].low, space.params[1].high) == (10, 100)
+    path.write_bytes(b"lr: {type: float, low: 0, high: 1} # \xff\n")
+    with pytest.raises(SpaceError, match=r"space.yaml is not UTF-8 text"):
+        load(path)

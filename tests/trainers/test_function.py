@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import math
 
 import pytest
@@ -79,6 +80,22 @@ def test_bad_trainers_are_one_clear_error(tmp_path, entry, message):
     entry = entry.format(**{k: str(v) for k, v in files.items()})
     with pytest.raises(InputError, match=message):
         load(entry)
+
+
+def test_a_module_that_exits_or_parses_flags_on_import_is_imported_as_a_library(tmp_path):
+    """Found by a fuzz of the CLI: ``sys.exit`` at a module's top level ended the job with exit 1 and no line of
+    ours; an ``argparse`` parser there read hyperband's own flags and refused them as if hyperband had."""
+    exits = write(tmp_path, "import sys\nsys.exit('bye')\ndef train(trial):\n    return {}\n", "exits.py")
+    with pytest.raises(InputError, match=r"exits.py' does not import: its top-level code exited \(sys.exit\('bye'\)\); "
+                                         r"put what runs as a script under if __name__ == '__main__':"):
+        load(f"{exits}:train")
+    parses = write(tmp_path, "import argparse, sys\nARGV = list(sys.argv)\np = argparse.ArgumentParser()\n"
+                             "p.add_argument('--lr', type=float, default=0.1)\nARGS = p.parse_args()\n"
+                             "def train(trial):\n    return {'lr': ARGS.lr}\n", "parses.py")
+    argv = list(sys.argv)
+    fn = load(f"{parses}:train")
+    assert fn(None) == {"lr": 0.1} and fn.__globals__["ARGV"] == [str(parses)]
+    assert sys.argv == argv  # given back
 
 
 def test_module_entries_and_local_functions_load():

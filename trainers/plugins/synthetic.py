@@ -20,8 +20,11 @@ def space():
 
 
 def metric(spec: Any, given: str | None) -> str:
+    from prefect_hyperband.trainers.errors import InputError
     from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
 
+    if given not in (None, SyntheticTrainer.metric):
+        raise InputError(f"--metric {given}: the synthetic model reports {SyntheticTrainer.metric} only")
     return SyntheticTrainer.metric
 
 
@@ -29,5 +32,12 @@ def extra(params: Any) -> tuple[tuple[str, Any], ...]:
     return (("seconds_per_unit", params.unit_seconds),)
 
 
+def check_config(config: dict[str, Any]) -> None:
+    from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
+
+    SyntheticTrainer().resolve(config)
+
+
 MODEL = Model("synthetic", build, "an instant closed-form learning curve (--unit-seconds emulates cost)",
-              space=space, metric=metric, extra=extra, order=2, reads_data=False, fields=("unit_seconds",))
+              space=space, metric=metric, extra=extra, order=2, reads_data=False, fields=("unit_seconds",),
+              check_config=check_config)

@@ -71,7 +71,13 @@ def _model_code(tmp: str) -> str:
     return package
 
 
+def check_config(config: dict[str, Any]) -> None:
+    from prefect_hyperband.trainers.torch_config import resolve_config
+
+    resolve_config(config)
+
+
 MODEL = Model(
     "torch", build, "PyTorch CNN/MLP with DDP (one unit = one epoch)", space=space, metric=metric,
-    checkpoint_suffix=".pt", local_workers=True, log_model=log_model, order=1,
+    checkpoint_suffix=".pt", local_workers=True, log_model=log_model, order=1, check_config=check_config,
 )

@@ -54,7 +54,24 @@ def log_model(trainer: Any, checkpoint: str, tags: dict[str, str] | None = None)
     )
 
 
+def check_config(config: dict[str, Any]) -> None:
+    """XGBoost's own parameter checks: one boosting round on four rows (milliseconds)."""
+    import numpy as np
+    import xgboost as xgb
+
+    from prefect_hyperband.trainers.errors import InputError
+
+    tiny = xgb.DMatrix(np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]]), label=[0, 1, 0, 1])
+    try:
+        xgb.train({**config, "objective": "binary:logistic", "tree_method": "hist", "nthread": 1, "verbosity": 0},
+                  tiny, 1)
+    except xgb.core.XGBoostError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        raise InputError(f"XGBoost refuses it: {lines[0] if lines else type(exc).__name__}") from None
+
+
 MODEL = Model(
     "xgboost", build, "XGBoost (one unit = --rounds-per-unit boosting rounds)", space=space, metric=metric,
     checkpoint_suffix=".ubj", local_workers=True, log_model=log_model, order=0, fields=("rounds_per_unit",),
+    check_config=check_config,
 )
