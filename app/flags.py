@@ -4,12 +4,18 @@ pydantic-settings: a field added to a model is a flag, its description the help,
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 EXIT_USAGE = 2
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # a negative number is a value, in exponent form too (--target-score -1e-3): argparse 3.11 took it for a flag
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$", re.IGNORECASE)
+
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
         self.exit(EXIT_USAGE, f"hyperband: error: {message}\n")
 

@@ -136,7 +136,9 @@ def _distribution(p: Param):
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     if p.type == "categorical":
-        return CategoricalDistribution(list(p.choices))
+        with warnings.catch_warnings():  # a choice that is a list, say: fine in memory, where the studies live; Optuna
+            warnings.filterwarnings("ignore", message="Choices for a categorical distribution")  # warns for its RDB
+            return CategoricalDistribution(list(p.choices))
     if p.low is None or p.high is None:
         raise ValueError(f"{p.name}: a {p.type} parameter needs low and high")
     if p.type == "int":

@@ -187,6 +187,8 @@ def test_only_the_flags_given_are_fields_set_so_a_resume_can_tell_them_apart():
     assert given(build_parser().parse_args(["scale", "--workers", "1,2,4"])) == {"workers": [1, 2, 4]}
     several = build_parser().parse_args(["tune", "--metric", "val_auc:max", "--metric", "predict_ms:min"])
     assert given(several) == {"metric": ["val_auc:max", "predict_ms:min"]}
+    for negative in ("-1e-3", "-2E+1", "-.5", "-3"):  # argparse took a negative in exponent form for a flag
+        assert given(build_parser().parse_args(["tune", "--target-score", negative])) == {"target_score": negative}
 
 
 @pytest.mark.parametrize(

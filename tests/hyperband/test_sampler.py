@@ -74,6 +74,18 @@ def test_tpe_same_seed_same_sequence_and_resume() -> None:
     assert drive(resumed, 4, mixed_objective) == drive(sampler, 4, mixed_objective)
 
 
+def test_tpe_over_choices_that_are_lists_warns_nothing() -> None:
+    """Optuna warns that a list is no choice its RDB storage can hold; the studies here live in memory, and the
+    warning went to the job's terminal as a raw line (found by a fuzz of the CLI)."""
+    import warnings
+
+    space = parse({"x": {"type": "float", "low": 0, "high": 1}, "c": {"type": "categorical", "choices": [[1, 2], [3]]}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        configs = drive(TPESampler(space, 0, "min"), 12, lambda c: c["x"] + len(c["c"]))
+    assert {tuple(c["c"]) for c in configs} <= {(1, 2), (3,)}
+
+
 # -- fallback and the choice of resource -------------------------------------------------------------------
 
 
