@@ -68,7 +68,7 @@ def tune(
     job's metric; each value ``max`` or ``min``, no ``direction``); ``train`` returns every one of them.
     """
     from prefect_hyperband.app.starting import started
-    from prefect_hyperband.flows.prepare import new_job_id
+    from prefect_hyperband.flows.prepare import new_job_id, prepare, resolve
     from prefect_hyperband.flows.process import temporary_server
     from prefect_hyperband.flows.tune import tune as tune_flow
     from prefect_hyperband.trainers.function import entry_of
@@ -83,8 +83,9 @@ def tune(
     entries = [f"{name}:{way}" for name, way in named.items()] if isinstance(named, Mapping) else named
     params = TuneParams(**code, space=dict(space) if isinstance(space, Mapping) else space, metric=entries,
                         direction=direction, max_resource=max_resource, eta=eta, min_resource=min_resource, **options)
-    temporary_server()  # without PREFECT_API_URL, as the CLI's (batched writes, flows.server's app)
     params = params.model_copy(update={"job_id": params.job_id or new_job_id()})  # known before its flow run begins
+    prepare(resolve(params))  # bad input raises here, as the CLI's preflight: no server, no failed flow run
+    temporary_server()  # without PREFECT_API_URL, as the CLI's (batched writes, flows.server's app)
     with stopping.bind(stop or StopToken()):
         state = started(tune_flow, params)  # a Prefect API whose database restarts: one warning line, a wait
     return _found(state, params)

@@ -32,7 +32,7 @@ def test_an_option_that_is_no_field_is_refused_before_anything_runs():
                 direction="minimize", concurency=2)
 
 
-def test_tune_starts_the_clis_temporary_server_once_its_parameters_are_valid(monkeypatch):
+def test_tune_starts_the_clis_temporary_server_once_its_parameters_are_valid(monkeypatch, tracking_uri):
     """Without ``PREFECT_API_URL``, ``hb.tune`` starts the server the CLI starts (batched writes, ``flows.server``'s
     app), not the one Prefect would start on its own; after the parameters are checked, before the flow."""
     from prefect_hyperband.flows import process
@@ -58,7 +58,26 @@ def test_tune_starts_the_clis_temporary_server_once_its_parameters_are_valid(mon
     assert calls == ["server", "flow"]
 
 
-def test_a_prefect_api_that_cannot_start_the_job_is_waited_for_then_one_exception(monkeypatch, capsys):
+def test_input_the_job_would_refuse_raises_before_a_server_or_a_flow_run(monkeypatch, tracking_uri):
+    """As the CLI's preflight: the job's checks run before its server and its flow run, so bad input is the
+    exception itself (it was raised after a flow run had begun and failed, its traceback in Prefect's log)."""
+    from prefect_hyperband.flows import process
+    from prefect_hyperband.flows import tune as tune_module
+    from prefect_hyperband.hyperband.space import SpaceError
+    from prefect_hyperband.trainers.errors import InputError
+
+    calls: list[str] = []
+    monkeypatch.setattr(process, "temporary_server", lambda: calls.append("server"))
+    monkeypatch.setattr(tune_module, "tune", lambda params, return_state: calls.append("flow"))
+    with pytest.raises(SpaceError, match="search space file 'nope.yaml' not found"):
+        hb.tune(lambda trial: {"loss": 0.0}, space="nope.yaml", metric="loss", direction="minimize")
+    with pytest.raises(InputError, match="must take one argument, the trial"):
+        hb.tune(lambda a, b: {"loss": 0.0}, space={"x": {"type": "float", "low": 0, "high": 1}}, metric="loss",
+                direction="minimize")
+    assert calls == []
+
+
+def test_a_prefect_api_that_cannot_start_the_job_is_waited_for_then_one_exception(monkeypatch, capsys, tracking_uri):
     """As the CLI: while the API's database is down, one warning line and a wait of ``service_wait``; past it a
     ``ConnectionError`` in one line, the flow never called."""
     from prefect_hyperband.app import starting
