@@ -179,6 +179,10 @@ def _check_signature(fn: Any, entry: str) -> Callable[[Trial], Mapping[str, Any]
         raise InputError(f"trainer {entry!r} must take one argument, the trial: def train(trial) -> dict") from None
     except ValueError:  # builtins without a signature: let the call tell
         pass
+    kind = ("an async def" if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+            else "a generator" if inspect.isgeneratorfunction(fn) else None)
+    if kind:
+        raise InputError(f"trainer {entry!r} is {kind} function; it must return its metrics: def train(trial) -> dict")
     return fn
 
 

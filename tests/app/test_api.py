@@ -106,3 +106,13 @@ def test_a_prefect_api_that_cannot_start_the_job_is_waited_for_then_one_exceptio
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and err[0].startswith("hyperband: warning: the Prefect API cannot start the job's flow run")
     assert err[1].startswith("hyperband: error: the Prefect API could not start job")
+
+
+def test_the_code_given_twice_or_a_stop_that_is_no_token_is_one_clear_type_error():
+    """Found by a fuzz of the API: ``trainer=`` beside ``train`` said "TuneParams() got multiple values for keyword
+    argument 'trainer'"; a ``stop`` that is no ``StopToken`` failed deep in the loop, with an ``AttributeError``."""
+    space = {"x": {"type": "float", "low": 0, "high": 1}}
+    with pytest.raises(TypeError, match=r"tune\(\) takes the code as its first argument, train .*; drop trainer="):
+        hb.tune(lambda trial: {"loss": 0.0}, space=space, metric="loss", direction="minimize", trainer="m:f")
+    with pytest.raises(TypeError, match="stop must be a prefect_hyperband StopToken, got str"):
+        hb.tune(lambda trial: {"loss": 0.0}, space=space, metric="loss", direction="minimize", stop="now")

@@ -98,6 +98,18 @@ def test_a_module_that_exits_or_parses_flags_on_import_is_imported_as_a_library(
     assert sys.argv == argv  # given back
 
 
+def test_an_async_or_generator_training_function_is_refused_before_it_fails_every_trial():
+    async def coroutine(trial):
+        return {"loss": 0.0}
+
+    def generator(trial):
+        yield {"loss": 0.0}
+
+    for fn, kind in ((coroutine, "an async def"), (generator, "a generator")):
+        with pytest.raises(InputError, match=f"is {kind} function; it must return its metrics"):
+            load(entry_of(fn))
+
+
 def test_module_entries_and_local_functions_load():
     assert load("json:dumps") is json.dumps
 
