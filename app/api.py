@@ -74,9 +74,10 @@ def tune(
     from prefect_hyperband.trainers.function import entry_of
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    if _TAKEN_BY_TUNE & set(options):
+    taken = sorted(_TAKEN_BY_TUNE & set(options))
+    if taken:
         raise TypeError(f"tune() takes the code as its first argument, train (a function, 'module:function', "
-                        f"'file.py:function' or a script 'train.py'); drop {', '.join(sorted(_TAKEN_BY_TUNE & set(options)))}=")
+                        f"'file.py:function' or a script 'train.py'); drop {'=, '.join(taken)}=")
     if stop is not None and not isinstance(stop, StopToken):
         raise TypeError(f"stop must be a prefect_hyperband StopToken, got {type(stop).__name__}")
     code: dict[str, str]
