@@ -78,6 +78,9 @@ def tune(
     if taken:
         raise TypeError(f"tune() takes the code as its first argument, train (a function, 'module:function', "
                         f"'file.py:function' or a script 'train.py'); drop {'=, '.join(taken)}=")
+    if not (isinstance(train, str) or callable(train)):
+        raise TypeError(f"train must be a function or its entry ('module:function', 'file.py:function', a script "
+                        f"'train.py'), got {type(train).__name__}")
     if stop is not None and not isinstance(stop, StopToken):
         raise TypeError(f"stop must be a prefect_hyperband StopToken, got {type(stop).__name__}")
     code: dict[str, str]
@@ -87,8 +90,11 @@ def tune(
         code = {"trainer": train if isinstance(train, str) else entry_of(train)}
     named = metrics if metrics is not None else metric
     entries = [f"{name}:{way}" for name, way in named.items()] if isinstance(named, Mapping) else named
+    # the schedule's defaults are not given: a resume takes the saved job's schedule unless the caller changes it
+    schedule = {name: value for name, value in (("max_resource", max_resource), ("eta", eta),
+                                                ("min_resource", min_resource)) if value != _DEFAULT[name]}
     params = TuneParams(**code, space=dict(space) if isinstance(space, Mapping) else space, metric=entries,
-                        direction=direction, max_resource=max_resource, eta=eta, min_resource=min_resource, **options)
+                        direction=direction, **schedule, **options)
     params = params.model_copy(update={"job_id": params.job_id or new_job_id()})  # known before its flow run begins
     prepare(resolve(params))  # bad input raises here, as the CLI's preflight: no server, no failed flow run
     temporary_server()  # without PREFECT_API_URL, as the CLI's (batched writes, flows.server's app)

@@ -187,14 +187,14 @@ def _champion(params: TuneParams, job: Job, best: dict[str, Any] | None, logger)
     version, why = None, "registration off" if not params.register_model else "the model has no MLflow flavour"
     best_file = job.store().fetch(best["checkpoint"])  # local, wherever it was trained
     if params.register_model and registry.get(job.settings.model).log_model is not None:
-        why = "its registration failed"
         registered = register_champion(job, best["run_id"], best_file, _champion_metrics(job, best), best["resource"],
                                        return_state=True)
         if registered.is_completed():
-            version = registered.result()
+            version = registered.result()  # None: the model logged nothing (a user's code without log_model)
         elif cut_short(job, registered) is not None:
             raise _CutShort(*cut_short(job, registered))
         else:  # the results stand without a registered model: say so, keep the job
+            why = "its registration failed"
             logger.error("could not register the champion model: %s", registered.message)
     if version is None:  # no flavour to log it in: its files, on the parent run
         _written(job, keep_best_checkpoint(job, best_file, return_state=True))

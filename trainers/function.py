@@ -57,11 +57,27 @@ class Trial:
             stopping.check()
         row: dict[str, float] = {"step": int(step)}
         for name, value in metrics.items():
+            _check_metric_name(name)
             try:
                 row[name] = float(value)
             except (TypeError, ValueError):
                 raise TypeError(f"trial.report: metric {name!r} must be a number, got {value!r}") from None
         self.history.append(row)
+
+
+def _check_metric_name(name: str) -> None:
+    """A name MLflow takes (its own rule and length limit): one it refuses answers 400, which a write takes for a
+    server in trouble, retried for minutes while the trial is trained again (found by a fuzz)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, _validate_metric_name
+
+    try:
+        _validate_metric_name(name)
+    except MlflowException as exc:
+        raise ValueError(f"trial.report: metric {name!r}: {exc.message}") from None
+    if len(name) > MAX_ENTITY_KEY_LENGTH:
+        raise ValueError(f"trial.report: metric {name[:40]!r}...: {len(name)} characters, MLflow takes at most "
+                         f"{MAX_ENTITY_KEY_LENGTH}")
 
 
 def report(step: int, **metrics: float) -> None:
@@ -239,6 +255,12 @@ def call(fn: Callable[[Trial], Any], trial: Trial) -> tuple[Any, float]:
     _REPORTS.trial = trial
     try:
         returned = fn(trial)
+    except Exception:
+        raise
+    except BaseException as exc:  # sys.exit, KeyboardInterrupt raised by the code itself (a real Ctrl-C reaches the
+        # main thread, not this one): the trial's failure, not the end of the job with its runs left RUNNING
+        raise RuntimeError(f"the training function raised {type(exc).__name__}({', '.join(map(repr, exc.args))}); "
+                           "it ends this trial only") from None
     finally:
         _REPORTS.trial = None
     return returned, time.perf_counter() - began

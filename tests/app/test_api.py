@@ -116,3 +116,27 @@ def test_the_code_given_twice_or_a_stop_that_is_no_token_is_one_clear_type_error
         hb.tune(lambda trial: {"loss": 0.0}, space=space, metric="loss", direction="minimize", trainer="m:f")
     with pytest.raises(TypeError, match="stop must be a prefect_hyperband StopToken, got str"):
         hb.tune(lambda trial: {"loss": 0.0}, space=space, metric="loss", direction="minimize", stop="now")
+
+
+def test_a_resume_from_python_takes_the_saved_schedule_unless_it_is_given(monkeypatch):
+    """``hb.tune(..., resume=True, job_id=J)`` was refused for "max_resource=81" the caller never gave: the schedule's
+    defaults went in as given values (found by a fuzz of the API)."""
+    from prefect_hyperband.flows import prepare as prepare_module
+
+    seen = []
+
+    class Checked(Exception):
+        pass
+
+    def resolve(params):
+        seen.append(params.model_fields_set)
+        raise Checked
+
+    monkeypatch.setattr(prepare_module, "resolve", resolve)
+    space = {"x": {"type": "float", "low": 0, "high": 1}}
+    for schedule in ({}, {"max_resource": 9}):
+        with pytest.raises(Checked):
+            hb.tune("m:train", space, metric="loss", direction="minimize", resume=True, job_id="j", **schedule)
+    assert not {"max_resource", "eta", "min_resource"} & seen[0] and "max_resource" in seen[1]
+    with pytest.raises(TypeError, match="train must be a function or its entry .*, got NoneType"):
+        hb.tune(None, space, metric="loss", direction="minimize")

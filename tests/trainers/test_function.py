@@ -110,6 +110,31 @@ def test_an_async_or_generator_training_function_is_refused_before_it_fails_ever
             load(entry_of(fn))
 
 
+@pytest.mark.parametrize("raised", [SystemExit(0), SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
+def test_sys_exit_or_a_keyboard_interrupt_raised_by_the_code_fails_its_trial_not_the_job(raised):
+    """Found by a fuzz: ``sys.exit(0)`` in ``train`` ended the CLI with exit 0 and no summary, ``KeyboardInterrupt``
+    with "interrupted" though no signal came, each with the job's runs left RUNNING."""
+    from prefect_hyperband.trainers.function import Trial, call
+
+    def train(trial):
+        raise raised
+
+    with pytest.raises(RuntimeError, match=rf"the training function raised {type(raised).__name__}\(.*\); it ends "
+                                           "this trial only"):
+        call(train, Trial({}, 1, 0, None, "."))
+
+
+@pytest.mark.parametrize("name, message", [("bad name!/..", "Names may only contain alphanumerics"),
+                                           ("m" * 300, "300 characters, MLflow takes at most 250")])
+def test_a_metric_name_mlflow_refuses_fails_the_report_not_minutes_of_retried_writes(name, message):
+    """Found by a fuzz: MLflow's 400 for such a name was taken for a server in trouble; the (1, 3, 3) job took 328 s,
+    each trial trained three times."""
+    from prefect_hyperband.trainers.function import Trial
+
+    with pytest.raises(ValueError, match=rf"trial.report: metric .*{message}"):
+        Trial({}, 1, 0, None, None).report(1, **{name: 1.0})
+
+
 def test_module_entries_and_local_functions_load():
     assert load("json:dumps") is json.dumps
 
