@@ -87,22 +87,26 @@ def test_bank_marketing_1_27_3_end_to_end(tracking_uri, tmp_path):
 
 @pytest.mark.slow
 def test_two_dask_workers_and_failed_trials_do_not_lose_the_job(tracking_uri, tmp_path):
-    """--workers 2 over a LocalCluster; configs XGBoost rejects fail their trial only."""
+    """--workers 2 over a LocalCluster; a config XGBoost rejects is refused before any training (its own check, on
+    four rows), and a trial that fails in training (a worker's error) fails that trial only."""
     from prefect_hyperband.flows.tune import tune
+    from prefect_hyperband.trainers.errors import InputError
 
     space = tmp_path / "space.yaml"
     space.write_text("max_depth: {type: categorical, choices: [-1, 3]}\neta: {type: float, low: 0.05, high: 0.3}\n")
-    result = tune(
-        TuneParams(max_resource=3, eta=3, seed=1, workers=2, space=str(space), rounds_per_unit=2,
-                   job_dir=str(tmp_path / "jobs"), experiment="dask", baseline=False)
-    )
+    params = dict(max_resource=3, eta=3, seed=1, workers=2, space=str(space), rounds_per_unit=2,
+                  job_dir=str(tmp_path / "jobs"), experiment="dask", baseline=False)
+    with pytest.raises(InputError, match="search space: max_depth=-1: XGBoost refuses it"):
+        tune(TuneParams(**params))
+    # a huge max_bin passes XGBoost's check on four rows and fails on the workers' data (its histogram cuts)
+    space.write_text("max_bin: {type: categorical, choices: [1000000000, 256]}\neta: {type: float, low: 0.05, high: 0.3}\n")
+    result = tune(TuneParams(**params))
     client, parent, children = mlflow_runs(tracking_uri, "dask")
     assert len(children) == 5  # (1, 3, 3): 3 configs at 1, 2 at 3
-    bad = [c for c in children if c.data.params["max_depth"] == "-1"]
-    good = [c for c in children if c.data.params["max_depth"] == "3"]
+    bad = [c for c in children if c.data.params["max_bin"] != "256"]
+    good = [c for c in children if c.data.params["max_bin"] == "256"]
     assert bad and good, "the seed should draw both kinds of config"
     assert all(c.data.tags["hyperband.status"] == "failed" and c.info.status == "FAILED" for c in bad)
-    assert all("max_depth" in c.data.tags["hyperband.error"] for c in bad)
     assert all(c.data.tags["hyperband.status"] in ("completed", "stopped") for c in good)
     assert all(c.data.params["workers"] == "2" for c in children)
     assert result["summary"]["failed_trials"] == len(bad)
