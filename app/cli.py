@@ -285,6 +285,8 @@ def _writer_ahead(params) -> str:
 
 def _ended(state, params, args: argparse.Namespace) -> int:
     """The job's flow run ended: its summary (or JSON), or one line on how it stopped; the exit code."""
+    from prefect_hyperband.app import terminal
+
     if state.is_cancelled() and "stopped: " in (state.message or ""):  # not a signal: the cluster went away
         print(f"hyperband: {state.message}", file=sys.stderr)
         return _exit(EXIT_TEMPFAIL)
@@ -314,7 +316,7 @@ def _ended(state, params, args: argparse.Namespace) -> int:
     else:
         print(result["table"])
         print(f"MLflow: experiment {params.experiment!r}, parent run {result['parent_run_id']}; job dir {result['job_dir']}")
-        print(f"MLflow UI: {mlflow_link(params, result['parent_run_id'])}")
+        print(f"MLflow UI: {terminal.mlflow_link(params, result['parent_run_id'])}")
         if result.get("champion_version"):
             print(f"champion: models:/{params.experiment}@champion (version {result['champion_version']})")
     if failed:  # nothing tuned: the user's code (or data) fails, not a job to build on
@@ -323,21 +325,6 @@ def _ended(state, params, args: argparse.Namespace) -> int:
               "job again", file=sys.stderr)
         return _exit(2)
     return _exit(0)
-
-
-def mlflow_link(params, parent_run_id: str) -> str:
-    """Where to see the job in MLflow's Model training view (the UI opens its GenAI view unless told otherwise): the
-    parent run's page on a tracking server, or the command that serves a local store."""
-    from prefect_hyperband.tasks import tracking
-
-    uri = tracking.tracking_uri(params.tracking_uri)
-    if not uri.startswith(("http://", "https://")):
-        return f"mlflow server --backend-store-uri {uri}, then the experiment's page with ?workflowType=machine_learning"
-    try:
-        exp_id = tracking.client(uri).get_run(parent_run_id).info.experiment_id
-    except Exception:  # noqa: BLE001  (a link is a courtesy: the job is done)
-        return uri
-    return f"{uri.rstrip('/')}/#/experiments/{exp_id}/runs/{parent_run_id}?workflowType=machine_learning"
 
 
 def _exit(code: int) -> int:

@@ -13,12 +13,13 @@ from typing import Any
 from prefect_hyperband.flows import objectives, parents
 from prefect_hyperband.flows.params import TuneParams, may_change_on_resume
 from prefect_hyperband.flows.lock import check_free
-from prefect_hyperband.flows.state import job_store, load_job_record
+from prefect_hyperband.flows.state import check_resumable, job_store, load_job_record
 from prefect_hyperband.hyperband import priors, schedule, space as spaces
 from prefect_hyperband.hyperband.promotion import Direction
 from prefect_hyperband.tasks import storage as storages
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.tracking import check_model_name, check_reachable, check_run, tracking_uri
+from prefect_hyperband.tasks import mlflow_input
+from prefect_hyperband.tasks.tracking import check_reachable, tracking_uri
 from prefect_hyperband.executors import dask_groups
 from prefect_hyperband.executors.loop import stop_grace
 from prefect_hyperband.trainers import registry
@@ -68,6 +69,8 @@ def resume_params(job_dir: str, job_id: str, given: dict[str, Any] | None = None
     # a field an older version saved and this one no longer has (nnodes, rdzv_endpoint) is dropped
     saved = {k: v for k, v in record["params"].items() if k in TuneParams.model_fields}
     given = dict(given or {})
+    if "tracking_uri" not in given and record.get("tracking_uri"):  # the store it began in, wherever resumed from
+        saved["tracking_uri"] = record["tracking_uri"]
     for name, value in given.items():
         if name in MAY_CHANGE_ON_RESUME or name not in saved or value == saved[name]:
             continue
@@ -85,18 +88,8 @@ def resolve(params: TuneParams) -> TuneParams:
 
 def prepare(params: TuneParams) -> Job:
     """Validate the schedule, the search space, the data, the metric and the tracking store."""
-    stop_grace()  # the environment's settings, before any work
-    if params.trial_pool:
-        from prefect_hyperband.executors.work_pool import heartbeat_timeout
-
-        heartbeat_timeout()
-    schedule.validate(params.min_resource, params.max_resource, params.eta)
-    schedule.check_size(params.min_resource, params.max_resource, params.eta)
-    cores = os.cpu_count() or 1
     model = registry.get(params.model)
-    if model.local_workers and params.workers > cores and not params.dask_address:
-        raise InputError(f"--workers {params.workers} starts {params.workers} local worker processes per trial on a "
-                         f"machine of {cores} cores; use at most {cores}, or --dask-address for a cluster")
+    _check_run_settings(params, model)
     space, default_config = _space(params, model)
     spec = datasets.DataSpec(
         data=_on_every_machine(params.data, params.trial_pool),
@@ -106,49 +99,77 @@ def prepare(params: TuneParams) -> Job:
     )
     metric, direction, chosen = _objectives(params, model, spec)
     concurrency = _concurrency(params)
-    settings = _settings(params, model, spec, metric, max(1, cores // concurrency))
+    settings = _settings(params, model, spec, metric, max(1, (os.cpu_count() or 1) // concurrency))
     if model.user_code:  # a trainer file that does not import, a script that is not a file: fail now, in one line
         model.build(dataclasses.replace(settings, dask_address=None)).close()  # the code, not the cluster (above)
-    uri = tracking_uri(params.tracking_uri)
-    check_reachable(uri)
-    if params.register_model and model.log_model is not None:
-        check_model_name(params.experiment)
-    if params.nest_under and not params.resume:
-        check_run(uri, params.nest_under)
     job_id = params.job_id or new_job_id()
     job_dir, store, record = _place(params, job_id)
-    job = Job(
-        job_id=job_id,
-        job_dir=str(job_dir),
-        settings=settings,
-        metric=metric,
-        direction=direction,
-        objectives=chosen,
-        select=params.select,
-        min_resource=params.min_resource,
-        max_resource=params.max_resource,
-        eta=params.eta,
-        seed=params.seed,
-        space=space.to_dict(),
-        default_config=dict(default_config),
-        tracking_uri=uri,
-        experiment=params.experiment,
-        concurrency=concurrency,
-        mode=params.mode,
-        sampler=params.sampler,
-        prior_first=params.prior_first,
-        baseline=params.baseline and bool(default_config),
-        parent_run_id=(record or {}).get("parent_run_id"),
-        trial_timeout=params.trial_timeout,
-        storage=None if store.local else store.root,
-        trial_pool=params.trial_pool,
-    )
     try:
+        job = Job(
+            job_id=job_id,
+            job_dir=str(job_dir),
+            settings=settings,
+            metric=metric,
+            direction=direction,
+            objectives=chosen,
+            select=params.select,
+            min_resource=params.min_resource,
+            max_resource=params.max_resource,
+            eta=params.eta,
+            seed=params.seed,
+            space=space.to_dict(),
+            default_config=dict(default_config),
+            tracking_uri=_tracking(params, model, job_id, record),
+            experiment=params.experiment,
+            concurrency=concurrency,
+            mode=params.mode,
+            sampler=params.sampler,
+            prior_first=params.prior_first,
+            baseline=params.baseline and bool(default_config),
+            parent_run_id=(record or {}).get("parent_run_id"),
+            trial_timeout=params.trial_timeout,
+            storage=None if store.local else store.root,
+            trial_pool=params.trial_pool,
+        )
         return parents.plan(job, params, record)  # --warm-start: the earlier jobs checked, what they give decided
-    except InputError:
+    except Exception:
         with contextlib.suppress(OSError):  # refused: the folder made for it goes (an empty one only)
             job_dir.rmdir()
         raise
+
+
+def _check_run_settings(params: TuneParams, model) -> None:
+    """The environment's settings, the schedule and the local workers, before any work."""
+    stop_grace()
+    if params.trial_pool:
+        from prefect_hyperband.executors.work_pool import heartbeat_timeout
+
+        heartbeat_timeout()
+    schedule.validate(params.min_resource, params.max_resource, params.eta)
+    schedule.check_size(params.min_resource, params.max_resource, params.eta)
+    cores = os.cpu_count() or 1
+    if model.local_workers and params.workers > cores and not params.dask_address:
+        raise InputError(f"--workers {params.workers} starts {params.workers} local worker processes per trial on a "
+                         f"machine of {cores} cores; use at most {cores}, or --dask-address for a cluster")
+
+
+def _tracking(params: TuneParams, model, job_id: str, record: dict[str, Any] | None) -> str:
+    """The MLflow store, reachable; the registered model's name and the runs the job names checked in it. A resumed
+    job's parent run must be there (a relative ``sqlite:///mlflow.db`` from another folder is another store)."""
+    uri = tracking_uri(params.tracking_uri)
+    check_reachable(uri)
+    if params.register_model and model.log_model is not None:
+        mlflow_input.check_model_name(params.experiment)
+    if params.nest_under and not params.resume:
+        mlflow_input.check_run(uri, params.nest_under, f"--nest-under {params.nest_under}: no such MLflow run in {uri}")
+    parent = (record or {}).get("parent_run_id")
+    if params.resume and parent:
+        began = record.get("tracking_uri")
+        hint = (f"; it was started with {began}: resume with --tracking-uri {began}"
+                if began and began != mlflow_input.absolute(uri) else "; resume with the --tracking-uri it was started with")
+        mlflow_input.check_run(uri, parent, f"job {job_id!r}: its parent run {parent} is not in the MLflow store "
+                                            f"{uri}{hint}")
+    return uri
 
 
 def _settings(params: TuneParams, model, spec: datasets.DataSpec, metric: str, threads: int) -> TrainerSettings:
@@ -247,6 +268,7 @@ def _place(params: TuneParams, job_id: str) -> tuple[Path, Any, dict[str, Any] |
         record = load_job_record(store)
         if record is None:
             raise InputError(f"no job {job_id!r} to resume under {store.root}")
+        check_resumable(store, job_id)
     elif load_job_record(store) is not None:
         raise InputError(f"job {job_id!r} already exists under {params.job_dir}; continue it with --resume {job_id} "
                          "or choose another --job-id")

@@ -20,8 +20,9 @@ from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandSchedu
 from prefect_hyperband.hyperband.space import Space, parse
 from prefect_hyperband.hyperband.warm import WarmSampler, draw_seed
 from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.mlflow_input import absolute
 from prefect_hyperband.tasks.storage import PREVIOUS, Storage, is_local, join
-from prefect_hyperband.trainers.errors import full_disk, no_space
+from prefect_hyperband.trainers.errors import InputError, full_disk, no_space
 
 def job_store(job_dir: str | Path, job_id: str, storage: str | None = None) -> Storage:
     """The job's record, state and checkpoints: in ``job_dir``, or under ``<storage>/<job_id>`` when that is a URL."""
@@ -31,9 +32,10 @@ def job_store(job_dir: str | Path, job_id: str, storage: str | None = None) -> S
 
 def save_job_record(job: Job, params: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
     """``job.json``, and the same record as its previous version: a resume reads either. ``facts``: what a later
-    job's ``--warm-start`` compares (``flows.parents.facts``); ``warm``: the job's own warm start, kept for its resume."""
+    job's ``--warm-start`` compares (``flows.parents.facts``); ``warm``: the job's own warm start, kept for its resume;
+    ``tracking_uri``: its MLflow store, a local one's path absolute (a resume from another folder finds it)."""
     record = {"job_id": job.job_id, "params": params, "parent_run_id": job.parent_run_id, "facts": facts,
-              "warm": job.warm}
+              "warm": job.warm, "tracking_uri": absolute(job.tracking_uri)}
     store = job.store()
     store.write_json("job.json" + PREVIOUS, record)
     store.write_json("job.json", record)
@@ -282,6 +284,15 @@ def saved_rows(where: str | Path) -> list[dict[str, Any]]:
         for record in read_journal(store, int(saved["journal"]))[0]:
             rows += record["rows"]
     return rows
+
+
+def check_resumable(store: Storage, job_id: str) -> None:
+    """A job to resume has its snapshot (or its previous version) whenever it has a journal: without one, nothing
+    says what the journal follows from, and starting over would train every trial again beside the child runs it
+    logged; a job with neither had not begun its loop and starts from the beginning."""
+    if store.keys("journal.") and not store.keys(SNAPSHOT):
+        raise InputError(f"job {job_id!r}: {store.url(SNAPSHOT)} and its previous version are gone, but its journal is "
+                         "there; restore either file to resume, or start a new job")
 
 
 def _say(text: str) -> None:

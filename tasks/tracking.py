@@ -148,30 +148,6 @@ def check_reachable(uri: str, timeout: float = 10.0) -> None:
         raise ConnectionError(f"MLflow tracking server {uri} is not reachable ({exc}); start it or pass --tracking-uri") from exc
 
 
-def check_model_name(name: str) -> None:
-    """The experiment's name is the registered model's too: one MLflow would refuse only after the whole job."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.utils.validation import _validate_model_name  # MLflow's own rule (pinned)
-
-    try:
-        _validate_model_name(name)
-    except MlflowException as exc:
-        raise InputError(f"--experiment {name!r} also names the registered model: {exc.message.rstrip('.')}; "
-                         "choose another --experiment, or --no-register-model") from None
-
-
-def check_run(uri: str, run_id: str) -> None:
-    """The run a job's parent run nests under (``--nest-under``) exists."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        client(uri).get_run(run_id)
-    except MlflowException as exc:
-        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
-            raise
-        raise InputError(f"--nest-under {run_id}: no such MLflow run in {uri}") from None
-
-
 #: MLflow's experiment kinds (its UI opens ``custom_model_development`` in the Model training view)
 KIND, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
 

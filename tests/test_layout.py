@@ -120,3 +120,27 @@ def test_the_readme_lists_every_piece_of_module_level_state_with_its_reason():
     found = _module_state()
     assert not found - listed, f"module-level state the README does not list: {sorted(found - listed)}"
     assert not listed - found, f"the README lists state the code no longer has: {sorted(listed - found)}"
+
+
+#: issue 38's bounds: a module a newcomer reads in one sitting, a function on one screen
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def test_no_module_over_400_lines_no_function_over_60_no_two_modules_of_one_name():
+    too_long, by_name = [], {}
+    for folder in MAY_IMPORT:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            where = path.relative_to(ROOT).as_posix()
+            text = path.read_text()
+            if len(text.splitlines()) > MAX_MODULE_LINES:
+                too_long.append(f"{where}: {len(text.splitlines())} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    length = node.end_lineno - node.lineno + 1
+                    if length > MAX_FUNCTION_LINES:
+                        too_long.append(f"{where}:{node.lineno} {node.name}: {length} lines")
+            if path.name != "__init__.py":
+                by_name.setdefault(path.name, []).append(where)
+    assert not too_long, f"over {MAX_MODULE_LINES} lines a module or {MAX_FUNCTION_LINES} a function: {too_long}"
+    twice = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not twice, f"modules of one file name: {twice}"

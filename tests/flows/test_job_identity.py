@@ -62,6 +62,59 @@ def test_a_conflicting_resume_is_refused_naming_both_values_and_a_plain_one_take
     assert result["summary"]["max_resource"] == 3 and result["summary"]["trial_rungs"] == 6
 
 
+def test_a_resume_from_another_folder_finds_the_store_the_job_began_in_and_a_store_without_it_is_one_line(
+        tmp_path, mlflow_template, monkeypatch, capsys):
+    """Found by a fuzz: the default ``sqlite:///mlflow.db`` is relative to the folder a job starts from; resumed from
+    another (``--job-dir`` absolute) the job looked for its parent run in another store and ended in a traceback."""
+    import shutil
+
+    began, elsewhere = tmp_path / "began", tmp_path / "elsewhere"
+    began.mkdir(), elsewhere.mkdir()
+    shutil.copyfile(mlflow_template, began / "mlflow.db")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(began)
+    jobs = str(began / "jobs")
+    code, out, err = run(capsys, *SMALL, "--job-dir", jobs, "--job-id", "here", "--json")
+    assert code == 0, err
+    parent = json.loads(out.strip().splitlines()[-1])["parent_run_id"]
+    monkeypatch.chdir(elsewhere)
+    code, out, err = run(capsys, "--resume", "here", "--job-dir", jobs, "--json")
+    assert code == 0 and "Traceback" not in err, err
+    assert json.loads(out.strip().splitlines()[-1])["parent_run_id"] == parent
+    assert not (elsewhere / "mlflow.db").exists()  # the store it began in, not a new one here
+    other = f"sqlite:///{elsewhere / 'other.db'}"
+    shutil.copyfile(mlflow_template, elsewhere / "other.db")
+    code, _, err = run(capsys, "--resume", "here", "--job-dir", jobs, "--tracking-uri", other)
+    assert code == 2 and "Traceback" not in err, err
+    assert (f"job 'here': its parent run {parent} is not in the MLflow store {other}; it was started with "
+            f"sqlite:///{began / 'mlflow.db'}: resume with --tracking-uri sqlite:///{began / 'mlflow.db'}") in one_line(err)
+
+
+def test_a_resume_whose_two_state_files_are_gone_but_its_journal_is_there_is_one_line(tracking_uri, tmp_path, capsys):
+    """Found by a fuzz: with ``state.json`` and ``state.json.prev`` deleted, a resume started over silently and
+    trained every trial again beside its logged child runs; a job with neither file nor journal starts over."""
+    jobs = tmp_path / "jobs"
+    assert run(capsys, *SMALL, "--job-dir", str(jobs), "--job-id", "gone")[0] == 0
+    assert list(jobs.glob("gone/journal.*"))
+    for name in ("state.json", "state.json.prev"):
+        (jobs / "gone" / name).unlink()
+    code, _, err = run(capsys, "--resume", "gone", "--job-dir", str(jobs))
+    assert code == 2 and "Traceback" not in err, err
+    assert f"job 'gone': {jobs / 'gone' / 'state.json'} and its previous version are gone" in one_line(err)
+    for journal in jobs.glob("gone/journal.*"):
+        journal.unlink()
+    code, out, err = run(capsys, "--resume", "gone", "--job-dir", str(jobs), "--json")
+    assert code == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["summary"]["trial_rungs"] == 6
+    from mlflow import MlflowClient
+
+    children = MlflowClient(tracking_uri).search_runs(
+        [e.experiment_id for e in MlflowClient(tracking_uri).search_experiments()],
+        filter_string=f"tags.mlflow.parentRunId = '{result['parent_run_id']}'")
+    assert len(children) == 5 and {r.info.status for r in children} == {"FINISHED"}  # reused, not made again
+
+
 def test_one_process_per_job_and_a_stale_lock_is_taken_over(tracking_uri, tmp_path, capsys):
     jobs = tmp_path / "jobs"
     (jobs / "held").mkdir(parents=True)
