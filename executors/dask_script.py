@@ -93,8 +93,8 @@ def script_rank(job: Mapping[str, Any], env: Mapping[str, str], data: Any, previ
         variables = script_env(job["env"], restored, out, reports, **env)
         began = time.monotonic()
         with open(log, "wb") as sink:
-            proc = subprocess.Popen([sys.executable, str(script), *job["args"]], stdout=sink, stderr=subprocess.STDOUT,
-                                    env=variables, cwd=str(script.parent), start_new_session=True)
+            proc = subprocess.Popen([sys.executable, str(script), *job["args"]], stdin=subprocess.DEVNULL, stdout=sink,
+                                    stderr=subprocess.STDOUT, env=variables, cwd=str(script.parent), start_new_session=True)
             cancel, looked = _event(job.get("cancel")), began
             try:
                 while proc.poll() is None:

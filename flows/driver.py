@@ -31,6 +31,7 @@ from prefect_hyperband.tasks.record import close_trial_runs
 from prefect_hyperband.tasks.trials import promote_rung
 from prefect_hyperband.tasks.writer import Writer
 from prefect_hyperband.trainers import factory, stopping
+from prefect_hyperband.trainers.errors import shown
 
 #: seconds between progress-artifact updates: one API write per interval, not per result
 PROGRESS_INTERVAL = 2.0
@@ -132,7 +133,7 @@ class _Events:
         self._advance()
         _show_result(out, self.best)
         if out.error:
-            self.logger.warning("trial %s failed at r=%d: %s", trial_rung.trial_id, trial_rung.resource, out.error)
+            self.logger.warning("trial %s failed at r=%d: %s", trial_rung.trial_id, trial_rung.resource, shown(out.error))
         elif trial_rung.trial_id == PRIOR_TRIAL:
             self.logger.info("the priors' mode at r=%d: %s %s (trial %s, trained first)", trial_rung.resource,
                              self.job.metric_key, "n/a" if out.metric is None else f"{out.metric:.4f}", PRIOR_TRIAL)
@@ -148,7 +149,7 @@ class _Events:
     def _baseline(self, out: Outcome) -> None:
         if out.error:
             self.logger.warning("the default config failed at r=%d: %s; the summary has no baseline",
-                                out.trial_rung.resource, out.error)
+                                out.trial_rung.resource, shown(out.error))
         else:
             self.logger.info("the default config at r=%d: %s %s (the baseline, not a trial of the search)",
                              out.trial_rung.resource, self.job.metric_key,

@@ -31,6 +31,20 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     return text.splitlines()[0][:limit] if text else ""
 
 
+#: the longest error a trial's warning line shows (its task run's traceback in job.log and the UI keeps it whole)
+SHOWN_CHARS = 2000
+
+
+def shown(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` for a terminal line: control characters (a script's NUL, escape sequences) written as escapes, newlines
+    and tabs kept; past ``limit`` characters cut, saying how long it was."""
+    text = "".join(c if c in "\n\t" or c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+                   for c in text[: limit + 1])
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... (cut at {limit:,} characters; the whole error is in the task run's log and job.log)"
+
+
 #: what libraries say instead of raising ``OSError(ENOSPC)``: SQLite, XGBoost and torch's writers, C++ streams
 _FULL_WORDS = ("no space left on device", "database or disk is full", "disk quota exceeded")
 

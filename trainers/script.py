@@ -137,8 +137,8 @@ class ScriptTrainer(Placed):
         alone = contract(0, 1, 0, 1, "127.0.0.1", free_port()) if self.workers == 1 else {}
         env = script_env(tuner, previous, directory, reports, **alone)
         with open(log, "wb") as sink:
-            proc = subprocess.Popen(self.command(config), stdout=sink, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(self.command(config), stdin=subprocess.DEVNULL, stdout=sink,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
             with self._lock:
                 self._running.add(proc)
             try:

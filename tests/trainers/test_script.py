@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,30 @@ def test_a_script_that_does_not_compile_is_the_users_input_not_every_trial_faili
     with pytest.raises(InputError, match=r"--script '.*train.py' does not compile: SyntaxError: '\(' was never closed "
                                          r"\(.*train.py, line 2\)"):
         ScriptTrainer(str(script), "val_loss")
+
+
+READS_STDIN = """
+import os, sys
+import prefect_hyperband as hb
+with open(os.path.join(os.environ["HYPERBAND_CHECKPOINT_DIR"], "stdin.txt"), "w") as f:
+    f.write(sys.stdin.read())
+hb.report(int(os.environ["HYPERBAND_RESOURCE"]), loss=0.5)
+"""
+
+
+def test_a_script_reads_none_of_the_jobs_input(tmp_path: Path):
+    """Found by a fuzz: a script inherited the job's stdin (a terminal: it could take the user's typing, or wait on
+    it); it gets an empty input, as a rank under torch's launcher does."""
+    user = tmp_path / "reads.py"
+    user.write_text(READS_STDIN)
+    kept = os.dup(0)
+    read, write = os.pipe()
+    os.write(write, b"typed at the job's terminal\n")
+    os.close(write)
+    os.dup2(read, 0)
+    try:
+        ScriptTrainer(str(user), "loss", timeout=60).train({}, 1, None, str(tmp_path / "t0" / "r1.json"))
+    finally:
+        os.dup2(kept, 0)
+        os.close(kept), os.close(read)
+    assert (tmp_path / "t0" / "r1" / "stdin.txt").read_text() == ""
