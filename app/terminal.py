@@ -109,6 +109,9 @@ class _TerminalFilter:
         self.said: set[str] = set()  # the kinds of Prefect's lines already said in one line (``_once``)
 
     def filter(self, record) -> bool:
+        if record.name == API_LOGS:  # every batch the API did not take is in job.log; the terminal says it once
+            said, self.said = "logs" in self.said, self.said | {"logs"}
+            return not said
         if record.name.startswith("websockets"):  # Prefect's event stream, its server restarting: a traceback
             self._stream_dropped(record)
             return False
@@ -169,6 +172,32 @@ def _stopped(record) -> bool:
     return type(exc).__name__ == "Stopped" or "encountered an exception Stopped:" in record.getMessage()
 
 
+#: the logger of the job's line for log lines Prefect's API did not take (``_api_logs_in_one_line``)
+API_LOGS = "prefect_hyperband.api_logs"
+
+
+def _api_logs_in_one_line() -> None:
+    """Prefect's log worker (``APILogWorker._handle_batch``, prefect 3.8.8, pinned) writes ``--- Error logging to API
+    ---`` and the error, with no newline after it, straight to stderr for every batch its API did not take (its server
+    restarting): the job's next terminal line was glued to it. The same call with the error as a warning of
+    ``API_LOGS`` instead, which the terminal shows once and job.log keeps each time."""
+    from prefect.logging.handlers import APILogWorker
+
+    if getattr(APILogWorker._handle_batch, "hyperband", False):
+        return
+
+    async def _handle_batch(self, items) -> None:
+        try:
+            await self._client.create_logs(items)
+        except Exception as exc:  # noqa: BLE001  (as Prefect's: a log line is never the job's failure)
+            logging.getLogger(API_LOGS).warning(
+                "the Prefect API did not take the job's log lines (%s: %s); job.log has them, the Prefect UI misses "
+                "those of that moment", type(exc).__name__, exc)
+
+    _handle_batch.hyperband = True  # type: ignore[attr-defined]
+    APILogWorker._handle_batch = _handle_batch  # type: ignore[method-assign]
+
+
 def quiet_terminal(live: bool = False) -> None:
     import logging
 
@@ -176,6 +205,7 @@ def quiet_terminal(live: bool = False) -> None:
     from prefect.logging.handlers import PrefectConsoleHandler
 
     setup_logging()  # idempotent: Prefect's handlers exist before the filter goes on them
+    _api_logs_in_one_line()
     # the root's console handler, and prefect._internal's own (it does not propagate: its services' errors at exit)
     handlers = [*logging.getLogger().handlers, *logging.getLogger("prefect._internal").handlers]
     terminal = _TerminalFilter(live)  # one for both: a kind of Prefect's lines said once, whichever handler it took

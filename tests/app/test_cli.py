@@ -408,6 +408,40 @@ def test_prefects_two_console_handlers_share_one_terminal_filter():
     assert len(filtered) >= 2 and len({id(f) for fs in filtered for f in fs}) == 1
 
 
+def test_log_lines_the_prefect_api_did_not_take_are_one_line_of_the_jobs_not_a_raw_write_glued_to_the_next(capsys):
+    """Seen under ten jobs on PostgreSQL: Prefect's log worker wrote "--- Error logging to API ---" and "All connection
+    attempts failed", with no newline, to stderr for each batch its restarting server did not take; the job's next
+    line was glued to it. Now a warning of the job's: each in job.log, once on the terminal."""
+    import asyncio
+    import logging
+    from types import SimpleNamespace
+
+    from prefect.logging.handlers import APILogWorker
+
+    from prefect_hyperband.app.terminal import API_LOGS, _TerminalFilter, quiet_terminal
+
+    async def refused(items):
+        raise ConnectionError("All connection attempts failed")
+
+    quiet_terminal()
+    records: list[logging.LogRecord] = []
+    catch = logging.Handler()
+    catch.emit = records.append
+    logging.getLogger(API_LOGS).addHandler(catch)
+    try:
+        worker = SimpleNamespace(_client=SimpleNamespace(create_logs=refused))
+        for _ in range(2):
+            asyncio.run(APILogWorker._handle_batch(worker, [{"message": "a line"}]))
+    finally:
+        logging.getLogger(API_LOGS).removeHandler(catch)
+    assert "Error logging to API" not in capsys.readouterr().err
+    assert [r.getMessage() for r in records] == ["the Prefect API did not take the job's log lines (ConnectionError: "
+                                                 "All connection attempts failed); job.log has them, the Prefect UI "
+                                                 "misses those of that moment"] * 2
+    terminal = _TerminalFilter()
+    assert [terminal.filter(r) for r in records] == [True, False]
+
+
 def test_bad_input_found_by_the_preflight_kills_the_prefect_server_launched_ahead(capsys, tmp_path, monkeypatch):
     """The job's temporary server starts booting before the preflight reads the data (``flows.process``); input the
     preflight refuses ends the job in one line, exit 2, and the server started for it is killed, not left to boot."""
