@@ -151,12 +151,13 @@ def _tune(flags: dict[str, Any], args: argparse.Namespace) -> int:
 
 def _model_error(flags: dict[str, Any]) -> str | None:
     """``--trainer`` with ``--script``, or an unknown ``--model``: the message, before anything else."""
+    from prefect_hyperband.flows.params import TuneParams
     from prefect_hyperband.trainers import registry
 
     if flags.get("trainer") and flags.get("script"):
         return "--trainer and --script together: give one, a function or a script"
     models = registry.built_in()
-    model = flags.get("model", "xgboost")
+    model = flags.get("model", TuneParams.model_fields["model"].default)
     if model not in models and not flags.get("trainer") and not flags.get("script"):
         return (f"unknown model {model!r}; choose {', '.join(models[:-1])} or {models[-1]}, "
                 "or your own code with --trainer or --script")

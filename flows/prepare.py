@@ -183,7 +183,6 @@ def _settings(params: TuneParams, model, spec: datasets.DataSpec, metric: str, t
         milestones=schedule.milestones(params.min_resource, params.max_resource, params.eta),
         dask_address=params.dask_address,
         threads=threads,
-        rounds_per_unit=params.rounds_per_unit,
         trainer=_on_every_machine(params.trainer, params.trial_pool),
         timeout=params.trial_timeout,
         script=_on_every_machine(params.script, params.trial_pool),

@@ -98,9 +98,13 @@ class Job:
         s["data"] = DataSpec(**{**s["data"], "drop": _tuple(s["data"].get("drop"))})
         s["milestones"] = tuple(s.get("milestones") or ())
         s["extra"] = tuple((k, _tuple(v)) for k, v in s.get("extra") or ())
-        value["settings"] = TrainerSettings(**s)
+        value["settings"] = TrainerSettings(**{k: v for k, v in s.items() if k in _SETTINGS})
         value["objectives"] = _tuple(value.get("objectives") or [])
         return cls(**{f.name: value[f.name] for f in fields(cls) if f.name in value})
+
+
+#: the fields a ``TrainerSettings`` takes (a job's JSON from another version may hold one it no longer has)
+_SETTINGS = frozenset(f.name for f in fields(TrainerSettings))
 
 
 def _tuple(value: Any) -> Any:

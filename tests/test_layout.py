@@ -104,7 +104,31 @@ def _module_state() -> set[tuple[str, str]]:
                     not (ast.unparse(value.func) in {"set", "dict", "list"} and (value.args or value.keywords))
                 if name and (empty or call):
                     found.add((path.relative_to(ROOT).as_posix(), name))
+            found |= {(path.relative_to(ROOT).as_posix(), name) for name in _filled_literals(path)}
     return found
+
+
+_MUTATORS = {"append", "add", "update", "pop", "clear", "setdefault", "extend", "remove", "discard", "insert"}
+
+
+def _filled_literals(path: Path) -> set[str]:
+    """Module-level dict, list or set literals that are not empty but written to at run time (``NAME[k] = v``,
+    ``NAME.update(...)``): state too, though they start with a value (``_JOINED = {"key": None}``)."""
+    tree = ast.parse(path.read_text())
+    literals = {n.targets[0].id if isinstance(n, ast.Assign) else n.target.id
+                for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                and isinstance(n.targets[0] if isinstance(n, ast.Assign) else n.target, ast.Name)
+                and isinstance(n.value, (ast.Dict, ast.List, ast.Set))}
+    written = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            for target in (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]):
+                if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                    written.add(target.value.id)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS \
+                and isinstance(node.func.value, ast.Name):
+            written.add(node.func.value.id)
+    return literals & written
 
 
 def test_the_readme_lists_every_piece_of_module_level_state_with_its_reason():

@@ -11,7 +11,6 @@ from typing import Any, Iterator
 from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.base import Trainer
 from prefect_hyperband.trainers.data import DataSpec
-from prefect_hyperband.trainers.xgboost_trainer import ROUNDS_PER_UNIT
 
 
 @dataclass(frozen=True)
@@ -26,11 +25,10 @@ class TrainerSettings:
     milestones: tuple[int, ...] = ()
     dask_address: str | None = None
     threads: int | None = None  # CPU threads per trial
-    rounds_per_unit: int = ROUNDS_PER_UNIT  # xgboost
     trainer: str | None = None  # function: path/to/file.py:function or package.module:function
     script: str | None = None  # script: a training script run under torch's launcher
     timeout: float | None = None  # --trial-timeout, for trainers that run processes (they kill them themselves)
-    extra: tuple[tuple[str, Any], ...] = field(default=())
+    extra: tuple[tuple[str, Any], ...] = field(default=())  # the model's own knobs (``Model.extra``)
 
 
 def model_space(model: str) -> tuple[dict[str, dict[str, Any]], frozenset[str] | None, dict[str, Any]]:

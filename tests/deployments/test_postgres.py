@@ -176,6 +176,11 @@ def test_ten_jobs_on_postgresql_outlive_its_restart_and_the_prefect_servers_then
                                                                          uninterrupted["best"]["score"])
         old = _http("GET", f"http://127.0.0.1:{s.prefect_port}/api/flow_runs/{holder['flow_run_id']}")
         assert old["state"]["type"] == "CRASHED" and f"pid {holder['pid']}" in old["state"]["message"], old["state"]
+        # what the user sees of it: one line of the resume's, naming the lost process and its flow run
+        told = [line for line in job[2].read_text(errors="replace").splitlines() if "previous process" in line]
+        assert len(told) == 1 and re.search(
+            re.escape(f"the job's previous process (host {holder['host']}, pid {holder['pid']}) was lost; its flow run "
+                      f"{holder['flow_run_id']} and ") + r"\d+ under it ended Crashed$", told[0]), told
     flow_runs = _flow_runs(s)
     assert not [fr for fr in flow_runs if fr["state"]["type"] in ("RUNNING", "PENDING")], "flow runs left open"
 

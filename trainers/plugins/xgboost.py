@@ -17,9 +17,13 @@ def build(settings: Any):
         placement = xgboost_on(settings.dask_address)
     return XGBoostTrainer(
         settings.data, workers=settings.workers, metric=settings.metric, seed=settings.seed,
-        rounds_per_unit=settings.rounds_per_unit, milestones=settings.milestones,
-        placement=placement, nthread=settings.threads,
+        milestones=settings.milestones, placement=placement, nthread=settings.threads, **dict(settings.extra),
     )
+
+
+def extra(params: Any) -> tuple[tuple[str, Any], ...]:
+    """The model's knob, as every model's travels (``TrainerSettings.extra``)."""
+    return (("rounds_per_unit", params.rounds_per_unit),)
 
 
 def space():
@@ -73,5 +77,5 @@ def check_config(config: dict[str, Any]) -> None:
 MODEL = Model(
     "xgboost", build, "XGBoost (one unit = --rounds-per-unit boosting rounds)", space=space, metric=metric,
     checkpoint_suffix=".ubj", local_workers=True, log_model=log_model, order=0, fields=("rounds_per_unit",),
-    check_config=check_config,
+    extra=extra, check_config=check_config,
 )
