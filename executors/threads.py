@@ -10,9 +10,10 @@ workers, say) is one more class with the same four methods; the loop does not ch
 from __future__ import annotations
 
 import contextvars
+import itertools
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -20,8 +21,6 @@ from prefect_hyperband.executors.loop import Outcome
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.trainers.stopping import StopToken
 
-#: threads beyond the job's slots, for trial-rungs given up on their timeout while their training stops
-SPARE_THREADS = 4
 #: the name of a thread that runs a trial-rung (``stuck`` counts those that still do after their job)
 THREAD_PREFIX = "hyperband-trial"
 
@@ -56,14 +55,15 @@ def in_the_jobs_run(trial_rung: TrialRung) -> tuple[None, Callable[[], None]]:
 
 
 class ThreadExecutor:
-    """``work(trial_rung)`` in a pool of threads, each call in a copy of the caller's context (the flow run's), or in
+    """``work(trial_rung)`` in a thread of its own, each call in a copy of the caller's context (the flow run's), or in
     the context ``place`` gives the trial-rung (its group's subflow run)."""
 
-    def __init__(self, work: Callable[[TrialRung], Outcome], slots: int, stop: StopToken,
+    def __init__(self, work: Callable[[TrialRung], Outcome], stop: StopToken,
                  interrupt: Callable[[], None] = lambda: None, place: Place = in_the_jobs_run) -> None:
         self.work, self.stop, self._interrupt, self.place = work, stop, interrupt, place
-        self.pool = ThreadPoolExecutor(max_workers=slots + SPARE_THREADS, thread_name_prefix=THREAD_PREFIX)
         self.abandoned: list[Future] = []
+        self.threads: list[threading.Thread] = []  # those still running when the last trial-rung was submitted
+        self.numbers = itertools.count()
 
     def submit(self, trial_rung: TrialRung) -> Future[Outcome]:
         record = _Work()
@@ -82,8 +82,24 @@ class ThreadExecutor:
             finally:
                 here.hyperband_busy = False  # type: ignore[attr-defined]
 
-        future = self.pool.submit(contextvars.copy_context().run, call)
+        future: Future[Outcome] = Future()
         future.hyperband_work = record  # type: ignore[attr-defined]  (on the future: nothing kept once it is dropped)
+        context = contextvars.copy_context()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(context.run(call))
+            except BaseException as exc:  # noqa: BLE001  (the future carries it to the loop, as a pool's does)
+                future.set_exception(exc)
+
+        # a thread of its own, a daemon: a training given up on its timeout that never returns does not keep the
+        # process from exiting (a pool's threads are joined at exit; Python cannot stop a thread); the loop bounds how
+        # many run at once, and a thread's start costs microseconds against a trial-rung's task runs
+        thread = threading.Thread(target=run, name=f"{THREAD_PREFIX}_{next(self.numbers)}", daemon=True)
+        self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+        thread.start()
         return future
 
     def began(self, future: Future[Outcome]) -> float | None:
@@ -100,8 +116,12 @@ class ThreadExecutor:
         self._interrupt()
 
     def shutdown(self, wait: bool) -> None:
-        """After a stop, or with a training given up on its timeout still running, nothing is waited for."""
-        self.pool.shutdown(wait=wait and not self.stuck(), cancel_futures=True)
+        """The trial-rungs' threads ended (``wait``); after a stop, or with a training given up on its timeout still
+        running, nothing is waited for."""
+        if wait and not self.stuck():
+            for thread in self.threads:
+                thread.join()
+        self.threads = []
 
     def stuck(self) -> int:
         return sum(1 for f in self.abandoned if not f.done())
