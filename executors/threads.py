@@ -66,41 +66,39 @@ class ThreadExecutor:
         self.numbers = itertools.count()
 
     def submit(self, trial_rung: TrialRung) -> Future[Outcome]:
-        record = _Work()
-
-        def call() -> Outcome:
-            record.thread, record.began = threading.get_ident(), time.monotonic()
-            self.stop.clear_thread()
-            here = threading.current_thread()
-            here.hyperband_busy = True  # type: ignore[attr-defined]  (``stuck`` reads it)
-            try:
-                context, release = self.place(trial_rung)
-                try:
-                    return self.work(trial_rung) if context is None else context.run(self.work, trial_rung)
-                finally:
-                    release()
-            finally:
-                here.hyperband_busy = False  # type: ignore[attr-defined]
-
         future: Future[Outcome] = Future()
-        future.hyperband_work = record  # type: ignore[attr-defined]  (on the future: nothing kept once it is dropped)
-        context = contextvars.copy_context()
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(context.run(call))
-            except BaseException as exc:  # noqa: BLE001  (the future carries it to the loop, as a pool's does)
-                future.set_exception(exc)
-
+        future.hyperband_work = _Work()  # type: ignore[attr-defined]  (on the future: nothing kept once it is dropped)
         # a thread of its own, a daemon: a training given up on its timeout that never returns does not keep the
         # process from exiting (a pool's threads are joined at exit; Python cannot stop a thread); the loop bounds how
         # many run at once, and a thread's start costs microseconds against a trial-rung's task runs
-        thread = threading.Thread(target=run, name=f"{THREAD_PREFIX}_{next(self.numbers)}", daemon=True)
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run, trial_rung, future),
+                                  name=f"{THREAD_PREFIX}_{next(self.numbers)}", daemon=True)
         self.threads = [t for t in self.threads if t.is_alive()] + [thread]
         thread.start()
         return future
+
+    def _run(self, trial_rung: TrialRung, future: Future[Outcome]) -> None:
+        """On the trial-rung's thread, in a copy of the submitter's context (the flow run's): the work in the context
+        its place gives, the place let go, then the outcome (or the error) on the future."""
+        if not future.set_running_or_notify_cancel():
+            return
+        record = future.hyperband_work  # type: ignore[attr-defined]
+        record.thread, record.began = threading.get_ident(), time.monotonic()
+        self.stop.clear_thread()
+        here = threading.current_thread()
+        here.hyperband_busy = True  # type: ignore[attr-defined]  (``stuck`` reads it)
+        try:
+            context, release = self.place(trial_rung)
+            try:
+                outcome = self.work(trial_rung) if context is None else context.run(self.work, trial_rung)
+            finally:
+                release()
+        except BaseException as exc:  # noqa: BLE001  (the future carries it to the loop)
+            here.hyperband_busy = False  # type: ignore[attr-defined]  (not busy once its result is known)
+            future.set_exception(exc)
+        else:
+            here.hyperband_busy = False  # type: ignore[attr-defined]
+            future.set_result(outcome)
 
     def began(self, future: Future[Outcome]) -> float | None:
         record = getattr(future, "hyperband_work", None)
