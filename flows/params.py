@@ -192,6 +192,15 @@ class TuneParams(BaseModel):
                 raise ValueError(f"metric names must differ, got {', '.join(names)}")
         return value or None
 
+    @field_validator("job_id")
+    @classmethod
+    def _job_id(cls, value: str | None) -> str | None:
+        """Found by a fuzz: ``..`` passed the pattern and made the job folder job_dir's parent (``.``: job_dir)."""
+        if value in (".", ".."):
+            raise ValueError(f"{value!r} is no folder of its own under --job-dir; name the job (letters, digits, "
+                             "'.', '_', '-')")
+        return value
+
     @field_validator("select")
     @classmethod
     def _select(cls, value: str) -> str:

@@ -105,6 +105,8 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monke
         (["scale", "--model", "synthetic", "--space", "far.yaml"], "error: search space: x=5.0"),  # no size blamed
         (["tune", "--job-dir", "afile"], "--job-dir afile: "),
         (["tune", "--warm-start", "nosuch"], "--warm-start nosuch: no job 'nosuch'"),
+        (["tune", "--job-id", ".."], "--job-id: '..' is no folder of its own under --job-dir; name the job"),
+        (["tune", "--resume", "."], "'.' is no folder of its own under --job-dir"),
     ],
 )
 def test_input_a_fuzz_of_the_cli_found_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
