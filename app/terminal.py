@@ -47,6 +47,7 @@ class JobLog:
         from prefect.logging.configuration import setup_logging
 
         setup_logging()  # Prefect's console handler first: it leaves out the root logger once another handler is on it
+        _api_logs_in_one_line()  # --verbose too
         self.path: str | None = None
         self.held = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
         self.held.setLevel(logging.INFO)
@@ -190,9 +191,12 @@ def _api_logs_in_one_line() -> None:
         try:
             await self._client.create_logs(items)
         except Exception as exc:  # noqa: BLE001  (as Prefect's: a log line is never the job's failure)
+            from prefect.settings import PREFECT_LOGGING_INTERNAL_LEVEL
+
             logging.getLogger(API_LOGS).warning(
-                "the Prefect API did not take the job's log lines (%s: %s); job.log has them, the Prefect UI misses "
-                "those of that moment", type(exc).__name__, exc)
+                "the Prefect API did not take the job's log lines (%s: %s); the Prefect UI misses those of that "
+                "moment (the terminal and job.log keep them)", type(exc).__name__, exc,
+                exc_info=PREFECT_LOGGING_INTERNAL_LEVEL.value() == "DEBUG")  # as Prefect's: its traceback at DEBUG
 
     _handle_batch.hyperband = True  # type: ignore[attr-defined]
     APILogWorker._handle_batch = _handle_batch  # type: ignore[method-assign]

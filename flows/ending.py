@@ -26,7 +26,7 @@ from prefect_hyperband.tasks.record import (
     FULL, cut_short, ends_the_job, finish_job_run, keep_best_checkpoint, outage, reason, register_champion, retrying,
 )
 from prefect_hyperband.trainers import registry
-from prefect_hyperband.trainers.errors import first_line
+from prefect_hyperband.trainers.errors import first_line, shown
 
 
 def finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs: dict[str, str], max_trials: int,
@@ -125,7 +125,7 @@ def _every_trial_failed(records: list[TrialRecord]) -> str | None:
     if not records or any(t.status != "failed" for t in records):
         return None
     first = next((t for t in records if t.error), records[0])
-    return f"{first.trial_id}: {first_line(first.error or 'no error recorded')}"
+    return f"{first.trial_id}: {shown(first_line(first.error or 'no error recorded'))}"
 
 
 def _overall_line(job: Job, overall: dict[str, Any]) -> str:

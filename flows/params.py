@@ -166,7 +166,9 @@ class TuneParams(BaseModel):
     )
     job_id: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="Name of the job's folder; default: time-stamped.",
         json_schema_extra={"metavar": "JOB", "on_resume": "may change"})
-    tracking_uri: Optional[str] = Field(None, description="MLflow tracking URI; default MLFLOW_TRACKING_URI or sqlite:///mlflow.db.",
+    tracking_uri: Optional[str] = Field(
+        None, description="MLflow tracking URI; default MLFLOW_TRACKING_URI or sqlite:///mlflow.db (a local store's "
+        "path made absolute); a resume: the store its job began in.",
         json_schema_extra={"metavar": "URL", "on_resume": "may change"})
     experiment: str = Field("hyperband", min_length=1, description="MLflow experiment; also the registered model's name.",
         json_schema_extra={"metavar": "NAME"})

@@ -156,7 +156,7 @@ def _check_run_settings(params: TuneParams, model) -> None:
 def _tracking(params: TuneParams, model, job_id: str, record: dict[str, Any] | None) -> str:
     """The MLflow store, reachable; the registered model's name and the runs the job names checked in it. A resumed
     job's parent run must be there (a relative ``sqlite:///mlflow.db`` from another folder is another store)."""
-    uri = tracking_uri(params.tracking_uri)
+    uri = mlflow_input.absolute(tracking_uri(params.tracking_uri))  # the same store from whatever folder, later too
     check_reachable(uri)
     if params.register_model and model.log_model is not None:
         mlflow_input.check_model_name(params.experiment)
@@ -166,7 +166,7 @@ def _tracking(params: TuneParams, model, job_id: str, record: dict[str, Any] | N
     if params.resume and parent:
         began = record.get("tracking_uri")
         hint = (f"; it was started with {began}: resume with --tracking-uri {began}"
-                if began and began != mlflow_input.absolute(uri) else "; resume with the --tracking-uri it was started with")
+                if began and began != uri else "; resume with the --tracking-uri it was started with")
         mlflow_input.check_run(uri, parent, f"job {job_id!r}: its parent run {parent} is not in the MLflow store "
                                             f"{uri}{hint}")
     return uri

@@ -287,12 +287,16 @@ def saved_rows(where: str | Path) -> list[dict[str, Any]]:
 
 
 def check_resumable(store: Storage, job_id: str) -> None:
-    """A job to resume has its snapshot (or its previous version) whenever it has a journal: without one, nothing
-    says what the journal follows from, and starting over would train every trial again beside the child runs it
-    logged; a job with neither had not begun its loop and starts from the beginning."""
-    if store.keys("journal.") and not store.keys(SNAPSHOT):
-        raise InputError(f"job {job_id!r}: {store.url(SNAPSHOT)} and its previous version are gone, but its journal is "
-                         "there; restore either file to resume, or start a new job")
+    """A job to resume has its snapshot (or its previous version) once it has begun its loop (a journal, a
+    checkpoint): without one, nothing says what the journal follows from, and starting over would train every trial
+    again beside the child runs it logged. A job with none of these had not begun and starts from the beginning."""
+    if set(store.keys(SNAPSHOT)) & {SNAPSHOT, SNAPSHOT + PREVIOUS}:
+        return
+    begun = store.keys("journal.") or (any(Path(store.url("checkpoints")).glob("*")) if store.local
+                                       else store.keys("checkpoints/"))
+    if begun:
+        raise InputError(f"job {job_id!r}: {store.url(SNAPSHOT)} and its previous version are gone, but its journal "
+                         "or checkpoints are there; restore either file to resume, or start a new job")
 
 
 def _say(text: str) -> None:

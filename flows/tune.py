@@ -89,10 +89,9 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
     rows, spent = (saved["rows"], float(saved["elapsed"])) if saved else ([], 0.0)
     lost = float(saved.get("lost", 0.0)) if saved else 0.0
     runs: dict[str, str] = dict(saved.get("runs") or {}) if saved else {}  # trial id -> its child run
-    if params.resume:  # a state lost with its journal (``check_resumable``) still has its child runs: reused
-        _adopt_runs(job, runs)
     if saved:
         tracking.set_status(job.tracking_uri, job.parent_run_id, "RUNNING")  # it ended KILLED if the job was stopped
+        _adopt_runs(job, runs)
         close_decided(job, scheduler, runs)
         logger.info("job %s resumed: %d trial-rungs kept", job.job_id, sum(not is_baseline(r["bracket"]) for r in rows))
     progress = report.ProgressBar(report.report_start(plan["trial_rungs"]), plan["trial_rungs"])

@@ -98,6 +98,8 @@ class Job:
         s["data"] = DataSpec(**{**s["data"], "drop": _tuple(s["data"].get("drop"))})
         s["milestones"] = tuple(s.get("milestones") or ())
         s["extra"] = tuple((k, _tuple(v)) for k, v in s.get("extra") or ())
+        if "rounds_per_unit" in s and not dict(s["extra"]).get("rounds_per_unit"):  # a field before 2026-12-01
+            s["extra"] += (("rounds_per_unit", s["rounds_per_unit"]),)
         value["settings"] = TrainerSettings(**{k: v for k, v in s.items() if k in _SETTINGS})
         value["objectives"] = _tuple(value.get("objectives") or [])
         return cls(**{f.name: value[f.name] for f in fields(cls) if f.name in value})

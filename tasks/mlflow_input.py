@@ -11,13 +11,20 @@ from prefect_hyperband.trainers.errors import InputError
 SQLITE = "sqlite:///"
 
 
+#: tracking URIs that name no path though they have no scheme (MLflow's Databricks and Unity Catalog stores)
+_NAMES = ("databricks", "databricks-uc", "uc")
+
+
 def absolute(uri: str) -> str:
-    """``uri`` with a local store's path made absolute (a SQLite file, a folder of MLflow's file store), so that the
-    same store is found from another folder; a server's or a database's URI as it is."""
+    """``uri`` with a local store's path made absolute (a SQLite file, a folder of MLflow's file store, plain or
+    ``file:``), so that the same store is found from another folder, and by MLflow, which keeps one store per URI
+    string in a process; a server's or a database's URI as it is."""
     if uri.startswith(SQLITE) and not uri.startswith(SQLITE + "/"):
         path, sep, query = uri[len(SQLITE):].partition("?")
         return f"{SQLITE}{os.path.abspath(path)}{sep}{query}" if path and path != ":memory:" else uri
-    if "://" not in uri and not uri.startswith(("sqlite:", "file:")):
+    if uri.startswith("file:") and not uri.startswith("file:/"):
+        return "file:" + os.path.abspath(uri[len("file:"):])
+    if ":" not in uri and uri not in _NAMES:
         return os.path.abspath(uri)
     return uri
 

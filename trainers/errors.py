@@ -36,10 +36,9 @@ SHOWN_CHARS = 2000
 
 
 def shown(text: str, limit: int = SHOWN_CHARS) -> str:
-    """``text`` for a terminal line: control characters (a script's NUL, escape sequences) written as escapes, newlines
-    and tabs kept; past ``limit`` characters cut, saying how long it was."""
-    text = "".join(c if c in "\n\t" or c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
-                   for c in text[: limit + 1])
+    """``text`` for a terminal line: control characters (a script's NUL, escape sequences) written as Python writes
+    them in a string's repr (``\\x1b``), newlines and tabs kept; past ``limit`` characters cut, saying so."""
+    text = "".join(c if c in "\n\t" or c.isprintable() else repr(c)[1:-1] for c in text[: limit + 1])
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... (cut at {limit:,} characters; the whole error is in the task run's log and job.log)"

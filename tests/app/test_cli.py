@@ -94,7 +94,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monke
         (["tune", "--experiment", "team/churn"], "--experiment 'team/churn' also names the registered model: Invalid "
                                                  "model name 'team/churn'. Names cannot contain '/' or ':'; choose"),
         (["tune", "--data", "digits", "--target", "label"], "--target label: digits has its own target; drop --target"),
-        (["tune", "--nest-under", "0123abcd"], "--nest-under 0123abcd: no such MLflow run in sqlite:///mlflow.db"),
+        (["tune", "--nest-under", "0123abcd"], "--nest-under 0123abcd: no such MLflow run in sqlite:////"),
         (["tune", "--data", "folder"], "data file 'folder' is a folder"),
         (["tune", "--data", "inf.csv", "--target", "y"], "target column 'y' has 1 infinite value(s)"),
         (["tune", "--data", "flat.csv", "--target", "y"], "target column 'y' has a single value; nothing to learn"),
@@ -438,8 +438,8 @@ def test_log_lines_the_prefect_api_did_not_take_are_one_line_of_the_jobs_not_a_r
         logging.getLogger(API_LOGS).removeHandler(catch)
     assert "Error logging to API" not in capsys.readouterr().err
     assert [r.getMessage() for r in records] == ["the Prefect API did not take the job's log lines (ConnectionError: "
-                                                 "All connection attempts failed); job.log has them, the Prefect UI "
-                                                 "misses those of that moment"] * 2
+                                                 "All connection attempts failed); the Prefect UI misses those of "
+                                                 "that moment (the terminal and job.log keep them)"] * 2
     terminal = _TerminalFilter()
     assert [terminal.filter(r) for r in records] == [True, False]
 

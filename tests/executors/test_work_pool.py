@@ -23,6 +23,10 @@ def test_the_job_round_trips_through_json_as_a_flow_run_parameter(tmp_path, trac
     assert back == job and hash(back.settings) == hash(job.settings)  # the trainer cache's key
     assert back.storage == f"s3://b/x/{job.job_id}" and back.trial_pool == "p"
     assert back.checkpoint_url("t", 3) == f"s3://b/x/{job.job_id}/checkpoints/t/r3.ubj"
+    # a job's JSON from before rounds_per_unit moved into the model's knobs (a flow run an older controller queued)
+    older = job.to_json()
+    older["settings"] = {**older["settings"], "extra": [], "rounds_per_unit": 3}
+    assert dict(Job.from_json(json.loads(json.dumps(older))).settings.extra) == {"rounds_per_unit": 3}
 
 
 class _Store:
