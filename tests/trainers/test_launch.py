@@ -15,7 +15,9 @@ def test_the_launcher_command_runs_torchs_launcher_with_its_exit_codes(tmp_path)
     """``python -m torch.distributed.run`` under another name: the ranks get torchrun's contract, a run whose ranks
     all succeed exits 0, one with a failed rank exits 1 naming it in torch's failure report."""
     script = tmp_path / "rank.py"
-    script.write_text("import os, sys\nprint(os.environ['RANK'], os.environ['WORLD_SIZE'], flush=True)\n"
+    # each rank's line in one write: the two ranks share the pipe, and print's pieces (unbuffered: one write each)
+    # interleaved under load in CI ("10 2", " 2")
+    script.write_text("import os, sys\nos.write(1, f\"{os.environ['RANK']} {os.environ['WORLD_SIZE']}\\n\".encode())\n"
                       "sys.exit(int(os.environ.get('FAIL_RANK', '-1')) == int(os.environ['RANK']) and 3)\n")
     args = ["--standalone", "--nnodes", "1", "--nproc-per-node", "2", str(script)]
     ok = subprocess.run([*torch_launcher(), *args], capture_output=True, text=True, timeout=120)
