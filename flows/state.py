@@ -20,7 +20,6 @@ from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandSchedu
 from prefect_hyperband.hyperband.space import Space, parse
 from prefect_hyperband.hyperband.warm import WarmSampler, draw_seed
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.mlflow_input import absolute
 from prefect_hyperband.tasks.storage import PREVIOUS, Storage, is_local, join
 from prefect_hyperband.trainers.errors import InputError, full_disk, no_space
 
@@ -33,9 +32,10 @@ def job_store(job_dir: str | Path, job_id: str, storage: str | None = None) -> S
 def save_job_record(job: Job, params: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
     """``job.json``, and the same record as its previous version: a resume reads either. ``facts``: what a later
     job's ``--warm-start`` compares (``flows.parents.facts``); ``warm``: the job's own warm start, kept for its resume;
-    ``tracking_uri``: its MLflow store, a local one's path absolute (a resume from another folder finds it)."""
+    ``tracking_uri``: its MLflow store (``prepare`` made a local one's path absolute: a resume from another folder
+    finds it)."""
     record = {"job_id": job.job_id, "params": params, "parent_run_id": job.parent_run_id, "facts": facts,
-              "warm": job.warm, "tracking_uri": absolute(job.tracking_uri)}
+              "warm": job.warm, "tracking_uri": job.tracking_uri}
     store = job.store()
     store.write_json("job.json" + PREVIOUS, record)
     store.write_json("job.json", record)
