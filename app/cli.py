@@ -108,7 +108,6 @@ def _deploy(args: argparse.Namespace) -> int:
 
 def _env() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     # the client retries an API call the server answers 503 (a busy SQLite) a few more times than its default
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
     # ... and 500: a Prefect server whose PostgreSQL restarts answers 500 until it is back (each job died of it)
@@ -198,7 +197,8 @@ def _scale(flags: dict[str, Any], args: argparse.Namespace) -> int:
     from prefect_hyperband.app.terminal import quiet_terminal
 
     quiet_terminal()
-    _temporary_server(launched)
+    if _temporary_server(launched):
+        return _exit(EXIT_TEMPFAIL)
     state = scale(params, sizes, study.target_score, study.tolerance, return_state=True)
     if state.is_cancelled():  # MLflow did not answer within --service-wait, or a job of the study stopped short
         print(f"hyperband: {state.message}", file=sys.stderr)
@@ -259,8 +259,9 @@ def _run(params, args: argparse.Namespace) -> int:
         from prefect_hyperband.tasks.writer import start_ahead
 
         start_ahead(_writer_ahead(params), params.service_wait)
-    _temporary_server(launched)  # stopped at exit, after Prefect's services have sent what they hold
     try:
+        if _temporary_server(launched):  # stopped at exit, after Prefect's services have sent what they hold
+            return _exit(EXIT_TEMPFAIL)  # it did not start within HYPERBAND_SERVER_START_TIMEOUT: said in one line
         state = started(tune, params)
         if state is None:  # the Prefect API could not start it within --service-wait: said in one line
             return _exit(EXIT_TEMPFAIL)
@@ -334,10 +335,16 @@ def _exit(code: int) -> int:
     return exit_without_stuck(code)
 
 
-def _temporary_server(launched=None):
-    from prefect_hyperband.flows.process import temporary_server
+def _temporary_server(launched=None) -> bool:
+    """Prefect's temporary server started (or none needed): False; it did not start: one line, True."""
+    from prefect_hyperband.flows.process import ServerNotStarted, temporary_server
 
-    return temporary_server(launched)
+    try:
+        temporary_server(launched)
+    except ServerNotStarted as exc:
+        print(f"hyperband: error: {exc}", file=sys.stderr)
+        return True
+    return False
 
 
 def preflight(params) -> str | None:
@@ -346,8 +353,10 @@ def preflight(params) -> str | None:
     from prefect_hyperband.trainers.errors import InputError
 
     from prefect_hyperband.flows.prepare import new_job_id, prepare
+    from prefect_hyperband.flows.process import start_timeout
 
     try:
+        start_timeout()  # HYPERBAND_SERVER_START_TIMEOUT, a number of seconds
         prepare(params.model_copy(update={"job_id": params.job_id or new_job_id()}))
     except (InputError, SpaceError, ValueError) as exc:
         return str(exc)

@@ -103,13 +103,38 @@ def launch_temporary_server() -> Launched | None:
         raise
 
 
-def temporary_server(launched: Launched | None = None):
+#: the bound on a temporary server's start, in seconds: a first start migrates a new database (11-13 s on an idle
+#: 2-core machine, past Prefect's own 20 s on a busy or slower one)
+START_TIMEOUT = "HYPERBAND_SERVER_START_TIMEOUT"
+START_TIMEOUT_DEFAULT = 300.0
+#: a start that takes longer than this says what it waits for, in one line
+SAY_AFTER = 5.0
+_starting = threading.Lock()  # two jobs of one process (threads) share one start
+
+
+class ServerNotStarted(ConnectionError):
+    """Prefect's temporary server did not answer within ``HYPERBAND_SERVER_START_TIMEOUT``, or exited while
+    starting; the message is one line naming the setting (the CLI exits 75)."""
+
+
+def start_timeout() -> float:
+    """``HYPERBAND_SERVER_START_TIMEOUT`` in seconds (``InputError`` for a value that is not one)."""
+    from prefect_hyperband.trainers.errors import seconds_from_env
+
+    return seconds_from_env(START_TIMEOUT, START_TIMEOUT_DEFAULT)
+
+
+def temporary_server(launched: Launched | None = None, say: Callable[[str], None] | None = None):
     """Without ``PREFECT_API_URL``, the temporary Prefect server the job talks to (``launched`` ahead, or started
     now), started in its own session: a terminal's Ctrl-C reaches the job's process group only, so the server
     outlives the signal long enough for the job to save its state and end its runs, and is stopped at exit by
     Prefect's own hook, after its event and log workers have drained (Prefect starts it in the job's group, where
     the same Ctrl-C killed it first and left those workers retrying forever). It is Prefect's
-    ``SubprocessASGIServer``, the process's singleton, so that Prefect's clients find it running."""
+    ``SubprocessASGIServer``, the process's singleton, so that Prefect's clients find it running.
+
+    The start is waited for up to ``HYPERBAND_SERVER_START_TIMEOUT`` (``say`` gets one line past ``SAY_AFTER``),
+    not Prefect's 20 s; past it, ``ServerNotStarted``, the server left starting for a retry in this process (the
+    migrations it committed are kept in any case). Jobs of one process that start together share one start."""
     if launched is None:
         from prefect.settings import PREFECT_API_URL
 
@@ -117,21 +142,95 @@ def temporary_server(launched: Launched | None = None):
             return None
     from prefect.server.api import server as prefect_server
 
-    instance = prefect_server.SubprocessASGIServer()
-    if instance.running:  # started by an earlier job of this process
+    from prefect_hyperband.trainers.errors import InputError
+
+    try:
+        bound = start_timeout()
+    except InputError:
         if launched is not None:
             launched.cancel()
-        return instance
-    launched = launched or launch_temporary_server()
-    ahead = [launched.process]
+        raise
+    with _starting:
+        instance = prefect_server.SubprocessASGIServer()
+        if instance.running:  # started by an earlier job of this process
+            if launched is not None:
+                launched.cancel()
+            return instance
+        launched = launched or _left_starting(instance) or launch_temporary_server()
+        with launched.held:
+            try:
+                _wait_for_health(launched, bound, say or _say)
+            except ServerNotStarted:
+                instance.port, instance.server_process = launched.port, launched.process  # a retry takes it up
+                raise
+            ahead = [launched.process]
 
-    def run_uvicorn() -> Any:  # Prefect's start: the process launched ahead; after an exit 3 (its port was taken) anew
-        return ahead.pop() if ahead else _uvicorn(instance.port)
+            def run_uvicorn() -> Any:  # Prefect's start: the process that answered; after an exit 3 (port taken) anew
+                return ahead.pop() if ahead else _uvicorn(instance.port)
 
-    instance.port = launched.port
-    with launched.held, mock.patch.object(instance, "_run_uvicorn_command", run_uvicorn):
-        instance.start()
+            instance.port = launched.port
+            with mock.patch.object(instance, "_run_uvicorn_command", run_uvicorn):
+                instance.start()
     return instance
+
+
+def _left_starting(instance: Any) -> Launched | None:
+    """The server a start that ran out of time left starting (``instance.server_process``, not running yet), taken
+    up by the next start of this process instead of a new one; None when there is none, or it died."""
+    process = instance.server_process
+    if instance.running or process is None or process.poll() is not None:
+        return None
+    from prefect_hyperband.trainers.base import file_lock
+
+    held = contextlib.ExitStack()
+    held.enter_context(file_lock(_server_log().with_name("temporary-server.lock")))
+    return Launched(instance.port, process, held)
+
+
+def _say(line: str) -> None:
+    print(f"hyperband: {line}", file=sys.stderr, flush=True)
+
+
+def _wait_for_health(launched: Launched, bound: float, say: Callable[[str], None]) -> None:
+    """Until the launched server answers ``/api/health``: one line past ``SAY_AFTER`` seconds, a new process on a
+    new port when it exits 3 (its port was taken meanwhile), ``ServerNotStarted`` when it exits otherwise or past
+    ``bound`` seconds (wall time: Prefect's own wait counts only its sleeps)."""
+    import time
+
+    from prefect_hyperband.trainers.launch import free_port
+
+    begun = time.monotonic()
+    said = False
+    while not _healthy(launched.port):
+        code = launched.process.poll()
+        if code == 3:
+            launched.port = free_port()
+            launched.process = _uvicorn(launched.port)
+            continue
+        waited = time.monotonic() - begun
+        if code is not None:
+            raise ServerNotStarted(f"Prefect's temporary server exited with code {code} while starting, after "
+                                   f"{waited:.0f} s (its log: {_server_log()}); run again, or set PREFECT_API_URL to "
+                                   "a server you run")
+        if waited >= bound:
+            raise ServerNotStarted(f"Prefect's temporary server did not answer within {bound:g} s "
+                                   f"({START_TIMEOUT}; its log: {_server_log()}); run again (what its start did is "
+                                   "kept), raise the bound, or set PREFECT_API_URL to a server you run")
+        if not said and waited >= SAY_AFTER:
+            say(f"waiting for Prefect's temporary server to start (a first start creates its database in "
+                f"{_server_log().parent}); up to {bound:g} s ({START_TIMEOUT})")
+            said = True
+        time.sleep(0.1)
+
+
+def _healthy(port: int) -> bool:
+    """The server on ``port`` answers ``GET /api/health`` with 200 (as Prefect's start asks)."""
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _uvicorn(port: int) -> Any:
@@ -152,8 +251,33 @@ def _uvicorn(port: int) -> Any:
     # its own errors (a shutdown's CancelledError traceback, SQLite's "database is locked" it retries) go to a
     # log file, not into the job's output
     with _server_log().open("ab") as log:
-        return subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent, stdout=log,
-                                stderr=subprocess.STDOUT)
+        return kept_popen(argv, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+
+
+def kept_popen(argv: list[str], **kwargs: Any) -> Any:
+    """``subprocess.Popen(argv, **kwargs)`` dying with this process (``_die_with_parent``), started from a daemon
+    thread that waits on it: Linux sends that signal when the *thread* that started the child ends, and a job
+    started in a thread (``hb.tune`` from a pool) ended its thread while another job of the process still used the
+    server (measured: the child of an ended thread is SIGTERMed at once)."""
+    import queue
+    import subprocess
+
+    started: queue.Queue[Any] = queue.Queue()
+
+    def keep() -> None:
+        try:
+            child = subprocess.Popen(argv, preexec_fn=_die_with_parent, **kwargs)
+        except BaseException as exc:  # noqa: BLE001  (raised in the caller's thread below)
+            started.put(exc)
+            return
+        started.put(child)
+        child.wait()
+
+    threading.Thread(target=keep, name="hyperband-server-keeper", daemon=True).start()
+    child = started.get()
+    if isinstance(child, BaseException):
+        raise child
+    return child
 
 
 def _server_log() -> Path:

@@ -17,6 +17,16 @@ batch_server_writes()  # as the CLI's temporary server
 
 import pytest
 
+#: a fast test's bound, in seconds (pytest-timeout): under two spinning processes and without xdist the slowest fast
+#: test takes well under it; one that would hang fails with its stack, naming itself, and the run goes on
+FAST_TEST_TIMEOUT = 180
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(FAST_TEST_TIMEOUT))
+
 
 @pytest.fixture(autouse=True)
 def _mlflow_writer_in_a_thread(request, monkeypatch):

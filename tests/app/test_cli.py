@@ -219,14 +219,39 @@ def test_prior_first_without_a_prior_in_the_space_is_one_line_and_exit_2(capsys,
 
 
 @pytest.mark.parametrize("value", ["soon", "-3", "0", "inf"])
-def test_a_stop_grace_from_the_environment_that_is_no_number_of_seconds_is_one_line_and_exit_2(value, capsys,
-                                                                                               tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, default", [("HYPERBAND_STOP_GRACE", 8), ("HYPERBAND_SERVER_START_TIMEOUT", 300)])
+def test_seconds_from_the_environment_that_are_no_number_of_seconds_are_one_line_and_exit_2(name, default, value, capsys,
+                                                                                           tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HYPERBAND_STOP_GRACE", value)
+    monkeypatch.setenv(name, value)
     assert main(["tune", "--model", "synthetic"]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"HYPERBAND_STOP_GRACE={value!r}: not a number of seconds above 0 (unset, it is 8)" in err
+    assert f"{name}={value!r}: not a number of seconds above 0 (unset, it is {default})" in err
     assert len(err.splitlines()) == 1
+
+
+def test_a_prefect_server_that_does_not_start_in_time_is_one_line_and_exit_75(capsys, tmp_path, monkeypatch):
+    """Past ``HYPERBAND_SERVER_START_TIMEOUT`` the job ends before any training with the server's one line (no
+    traceback) and the exit code of a temporary failure: the same command, run again, goes on from its start."""
+    from prefect_hyperband.flows import process
+
+    def late(launched=None, say=None):
+        raise process.ServerNotStarted("Prefect's temporary server did not answer within 2 s "
+                                       "(HYPERBAND_SERVER_START_TIMEOUT; ...)")
+
+    class Launched:
+        def cancel(self):
+            raise AssertionError("the input was good")
+
+    monkeypatch.setattr(process, "launch_temporary_server", Launched)
+    monkeypatch.setattr(process, "temporary_server", late)
+    monkeypatch.setenv("HYPERBAND_NO_LIVE", "1")
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", "--model", "synthetic", "--max-resource", "3"]) == 75
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("hyperband: error: Prefect's temporary server did not answer within 2 s "
+                       "(HYPERBAND_SERVER_START_TIMEOUT; ...)")
+    assert not any("Traceback" in line for line in err)
 
 
 def test_bad_input_never_prints_a_traceback_from_the_installed_command(tmp_path):
