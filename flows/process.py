@@ -9,7 +9,8 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from unittest import mock
@@ -67,6 +68,7 @@ class Launched:
     port: int
     process: Any
     held: contextlib.ExitStack
+    began: float = field(default_factory=time.monotonic)  # the start's bound counts from here
 
     def cancel(self) -> None:
         """The job will not run (bad input found by the preflight): the server killed, not waited for (Prefect's
@@ -194,12 +196,10 @@ def _say(line: str) -> None:
 def _wait_for_health(launched: Launched, bound: float, say: Callable[[str], None]) -> None:
     """Until the launched server answers ``/api/health``: one line past ``SAY_AFTER`` seconds, a new process on a
     new port when it exits 3 (its port was taken meanwhile), ``ServerNotStarted`` when it exits otherwise or past
-    ``bound`` seconds (wall time: Prefect's own wait counts only its sleeps)."""
-    import time
-
+    ``bound`` seconds since its launch (wall time: Prefect's own wait counts only its sleeps)."""
     from prefect_hyperband.trainers.launch import free_port
 
-    begun = time.monotonic()
+    begun = launched.began
     said = False
     while not _healthy(launched.port):
         code = launched.process.poll()
