@@ -100,11 +100,15 @@ class TuneParams(BaseModel):
         json_schema_extra={"on_resume": "may change"})
     data: str = Field(
         "bank-marketing",
-        description="bank-marketing (bundled), digits, breast-cancer, or a CSV path (comma/semicolon, optionally .gz).",
-        json_schema_extra={"mlflow": "param", "metavar": "NAME|PATH"}
+        description="bank-marketing (bundled), digits, breast-cancer, or a table: a CSV (comma/semicolon, optionally "
+        ".gz) or Parquet file, a folder or a glob of them, local or an fsspec URL (s3://bucket/table/).",
+        json_schema_extra={"mlflow": "param", "metavar": "NAME|PATH|URL"}
     )
-    target: Optional[str] = Field(None, description="Target column of a CSV file.",
+    target: Optional[str] = Field(None, description="Target column of a CSV or Parquet table.",
         json_schema_extra={"metavar": "COLUMN"})
+    allow_data_change: bool = Field(False, description="Resume a job whose data changed since it began (its files' "
+        "names, sizes or stamps), with the data as it is now; without it such a resume is refused.",
+        json_schema_extra={"on_resume": "may change"})
     # a string too in the schema (a deployment's or the UI form's one metric); always a list once validated
     metric: Optional[Union[list[str], str]] = Field(
         None, description="The metric to tune: auc, accuracy, rmse or logloss (default from the target), or your "

@@ -24,17 +24,20 @@ from prefect_hyperband.trainers.errors import InputError
 def facts(job: Job, params: Any) -> dict[str, Any]:
     """What a later job compares with this one (kept in ``job.json``)."""
     model = registry.get(job.settings.model)
-    digest = None
+    digest = lineage = None
     if model.reads_data and not model.user_code:
         from prefect_hyperband.tasks.datasets import content_digest
+        from prefect_hyperband.trainers.tables import lineage_of
 
         try:
             digest = content_digest(job.settings.data)
+            lineage = lineage_of(job.settings.data.data)  # a resume compares it (``flows.prepare``)
         except Exception as exc:  # noqa: BLE001  (a trial pool's data, not readable here: never "the same data")
             digest = f"unread ({type(exc).__name__})"
     return {"model": job.settings.model, "code": params.trainer or params.script, "metric": job.metric_key,
             "direction": job.direction, "objectives": [list(o) for o in job.objectives], "space": _bare(job.space),
             "data": digest, "data_name": params.data if model.reads_data and not model.user_code else None,
+            "data_lineage": lineage,
             "unit": {"rounds_per_unit": params.rounds_per_unit, "unit_seconds": params.unit_seconds}}
 
 

@@ -34,7 +34,7 @@ def _on_every_machine(path: str | None, pool: str | None) -> str | None:
     if not pool or not path:
         return path
     file, sep, rest = path.partition(":") if path.count(":") == 1 and not os.path.exists(path) else (path, "", "")
-    return str(Path(file).resolve()) + sep + rest if os.path.isfile(file) else path
+    return str(Path(file).resolve()) + sep + rest if os.path.exists(file) else path
 
 
 def new_job_id() -> str:
@@ -104,6 +104,7 @@ def prepare(params: TuneParams) -> Job:
         model.build(dataclasses.replace(settings, dask_address=None)).close()  # the code, not the cluster (above)
     job_id = params.job_id or new_job_id()
     job_dir, store, record = _place(params, job_id)
+    _check_data_unchanged(params, model, job_id, record)
     try:
         job = Job(
             job_id=job_id,
@@ -136,6 +137,22 @@ def prepare(params: TuneParams) -> Job:
         with contextlib.suppress(OSError):  # refused: the folder made for it goes (an empty one only)
             job_dir.rmdir()
         raise
+
+
+def _check_data_unchanged(params: TuneParams, model, job_id: str, record: dict[str, Any] | None) -> None:
+    """A resume whose data changed since the job began (its files' names, sizes, ETags or modification times, as
+    ``job.json`` keeps them): one line, unless ``--allow-data-change``."""
+    saved = ((record or {}).get("facts") or {}).get("data_lineage")
+    if not params.resume or not saved or not model.reads_data or model.user_code or params.allow_data_change:
+        return
+    from prefect_hyperband.trainers.tables import lineage_of
+
+    now = lineage_of(params.data)
+    if now and now["digest"] != saved["digest"]:
+        raise InputError(f"job {job_id!r}: its data changed since it began ({saved['url']}: {saved['parts']} part(s) "
+                         f"of {saved['bytes']:,} bytes then, {now['parts']} of {now['bytes']:,} now; digest "
+                         f"{saved['digest']} -> {now['digest']}); resume with --allow-data-change to go on with the "
+                         "data as it is now, or start a new job")
 
 
 def _check_run_settings(params: TuneParams, model) -> None:

@@ -14,6 +14,7 @@ import warnings
 from typing import Any
 
 from prefect_hyperband.trainers import data as datasets
+from prefect_hyperband.trainers import tables
 from prefect_hyperband.trainers.data import DataSpec
 
 CONTEXTS = ("training", "validation")
@@ -55,15 +56,20 @@ def mlflow_datasets(spec: DataSpec) -> tuple[Any, Any]:
     import pandas as pd
 
     ds = datasets.load(spec)
-    name = os.path.basename(spec.data) if spec.data not in _SOURCES else spec.data
+    name = os.path.basename(spec.data.rstrip("/")) if spec.data not in _SOURCES else spec.data
+    lineage = tables.lineage_of(spec.data) if tables.in_parts(spec.data) else None
     out = []
     with warnings.catch_warnings():  # MLflow's hints on integer columns and on a path's two readings
         warnings.simplefilter("ignore")
         for context, X, y in (("training", ds.X_train, ds.y_train), ("validation", ds.X_val, ds.y_val)):
             frame = pd.DataFrame(X, columns=ds.feature_names)
             frame[ds.target] = y
+            # a table in parts: the digest of its files' listing (names, sizes, ETags or times) and of the split,
+            # not of every byte
+            named = (hashlib.sha256(f"{lineage['digest']}:{context}:{spec.seed}:{spec.validation_fraction}".encode())
+                     .hexdigest()[:16] if lineage else digest(X, y))
             out.append(mlflow.data.from_pandas(frame, source=_source(spec), targets=ds.target,
-                                               name=f"{name} ({context})", digest=digest(X, y)))
+                                               name=f"{name} ({context})", digest=named))
     return out[0], out[1]
 
 
@@ -76,7 +82,14 @@ def _source(spec: DataSpec) -> Any:
                                        "validation_fraction": str(spec.validation_fraction)})
     from mlflow.data.dataset_source_registry import resolve_dataset_source
 
-    return resolve_dataset_source(os.path.abspath(spec.data))
+    return resolve_dataset_source(spec.data if "://" in spec.data else os.path.abspath(spec.data))
+
+
+def lineage_tags(spec: DataSpec | None) -> dict[str, str]:
+    """The parent run's tags naming its data where it lives: URL, format, parts, bytes and the listing's digest
+    (none for a bundled data set or a user's own code)."""
+    lineage = tables.lineage_of(spec.data) if spec is not None else None
+    return {f"hyperband.data.{k}": str(v) for k, v in (lineage or {}).items()}
 
 
 def inputs(spec: DataSpec | None) -> list[Any]:
@@ -98,4 +111,4 @@ def _entities(spec: DataSpec) -> tuple[Any, ...]:
         return tuple(d._to_mlflow_entity() for d in mlflow_datasets(spec))
 
 
-__all__ = ["CONTEXTS", "content_digest", "digest", "inputs", "mlflow_datasets"]
+__all__ = ["CONTEXTS", "content_digest", "digest", "inputs", "lineage_tags", "mlflow_datasets"]

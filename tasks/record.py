@@ -39,6 +39,9 @@ def _start_job_run(job: Job, params: dict[str, Any], nest_under: str | None) -> 
     tags = {"hyperband.job_id": job.job_id, "hyperband.job_dir": job.job_dir, "hyperband.metric": job.metric}
     if nest_under:  # a job of a scaling study: its parent run sits under the study's run
         tags["mlflow.parentRunId"] = nest_under
+    model = registry.get(job.settings.model)
+    if model.reads_data and not model.user_code:
+        tags.update(datasets.lineage_tags(job.settings.data))  # where its data lives, and its listing's digest
     _, note = tracking.model_development(job.tracking_uri, job.experiment, job.metric_key, job.direction == "max")
     if note:
         get_run_logger().warning(note)

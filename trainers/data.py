@@ -1,4 +1,6 @@
-"""Data sets: the bundled ones by name, or any CSV; a seeded, stratified train/validation split.
+"""Data sets: the bundled ones by name, a CSV file, or a table in parts (``trainers.tables``: CSV or Parquet files,
+a folder or a glob, local or on object storage); a seeded train/validation split, stratified for a CSV file and the
+bundled sets, by the rows' keys for a table in parts.
 
 Features are encoded once, here, to a float32 matrix (categoricals one-hot with the
 categories of the whole file, so train and validation share columns); trainers and the
@@ -19,6 +21,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from prefect_hyperband.trainers import tables
 from prefect_hyperband.trainers.errors import InputError, first_line
 
 #: the bundled UCI bank-marketing file, package data of ``prefect_hyperband.data`` (see its PROVENANCE.md)
@@ -147,14 +150,13 @@ def _load_cached(spec: DataSpec) -> Dataset:
         with resources.as_file(resources.files("prefect_hyperband.data").joinpath(*BANK_MARKETING)) as path:
             frame, target = read_csv(path), spec.target or "y"
         drop = ("duration",) if spec.drop is None else spec.drop
+    elif tables.in_parts(spec.data):
+        return _from_table(spec)
     else:
         path = Path(spec.data)
-        if path.is_dir():
-            raise InputError(f"data file {spec.data!r} is a folder; give a CSV file or one of {', '.join(BUILTIN)}")
         if not path.is_file():
-            raise InputError(
-                f"data file {spec.data!r} not found; give a CSV path or one of {', '.join(BUILTIN)}"
-            )
+            raise InputError(f"data {spec.data!r} not found; give a CSV or Parquet file, a folder or a glob of them "
+                             f"(local or a URL such as s3://bucket/table/), or one of {', '.join(BUILTIN)}")
         if not spec.target:
             raise InputError(f"--target is required with a CSV file ({spec.data})")
         frame, target, drop = read_csv(path), spec.target, spec.drop or ()
@@ -184,12 +186,32 @@ def read_csv(path: Path) -> pd.DataFrame:
     return frame
 
 
-def _from_frame(frame: pd.DataFrame, target: str, drop: tuple[str, ...], spec: DataSpec) -> Dataset:
+def _from_table(spec: DataSpec) -> Dataset:
+    """A table read in parts (``trainers.tables``): its columns checked from the parts' schemas before any row is
+    read, its rows split by their key (part and row number), not shuffled."""
+    table = tables.find(spec.data)
+    if not spec.target:
+        raise InputError(f"--target is required with a table ({spec.data})")
+    columns = tables.schema(table)
+    if spec.target not in columns:
+        raise InputError(f"target column {spec.target!r} not in the data; columns are: {', '.join(columns)}")
+    frame, sizes = tables.read(table)
+    if frame.shape[1] < 2 or len(frame) < 10:
+        raise InputError(f"{spec.data} needs at least 2 columns and 10 rows, got {frame.shape[1]} x {len(frame)}")
+    validation = tables.validation_rows(sizes, spec.seed, spec.validation_fraction)
+    return _from_frame(frame, spec.target, spec.drop or (), spec, validation)
+
+
+def _from_frame(frame: pd.DataFrame, target: str, drop: tuple[str, ...], spec: DataSpec,
+                validation: np.ndarray | None = None) -> Dataset:
+    """Encoded and split: seeded and stratified, or by ``validation`` (a row mask) for a table read in parts."""
     if target not in frame.columns:
         raise InputError(f"target column {target!r} not in the data; columns are: {', '.join(map(str, frame.columns))}")
     missing = [c for c in drop if c not in frame.columns]
     if missing:
         raise InputError(f"cannot drop unknown column(s) {', '.join(missing)}")
+    if validation is not None:
+        validation = validation[frame[target].notna().to_numpy()]
     frame = frame.dropna(subset=[target])
     y_raw = frame[target]
     features = frame.drop(columns=[target, *drop])
@@ -211,7 +233,7 @@ def _from_frame(frame: pd.DataFrame, target: str, drop: tuple[str, ...], spec: D
     if infinite.any():
         raise InputError(f"column {names[int(np.argmax(infinite))]!r} has infinite values (or values too large for "
                          "float32); fix them, or leave them empty (missing)")
-    return _split(X, y, names, task, classes, target, spec)
+    return _split(X, y, names, task, classes, target, spec, validation=validation)
 
 
 def _infer_task(y: pd.Series) -> Task:
@@ -234,14 +256,21 @@ def _encode(features: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
     return encoded.to_numpy(dtype=np.float32), list(encoded.columns)
 
 
-def _split(X, y, names, task: Task, classes, target: str, spec: DataSpec, image_shape=None) -> Dataset:
+def _split(X, y, names, task: Task, classes, target: str, spec: DataSpec, image_shape=None,
+           validation: np.ndarray | None = None) -> Dataset:
     from sklearn.model_selection import train_test_split
 
     stratify = y if task != "regression" else None
     try:
-        X_train, X_val, y_train, y_val = train_test_split(
-            X, y, test_size=spec.validation_fraction, random_state=spec.seed, stratify=stratify
-        )
+        if validation is None:
+            X_train, X_val, y_train, y_val = train_test_split(
+                X, y, test_size=spec.validation_fraction, random_state=spec.seed, stratify=stratify
+            )
+        else:
+            X_train, X_val, y_train, y_val = X[~validation], X[validation], y[~validation], y[validation]
+            sides = [np.unique(side).size for side in (y_train, y_val)] if task != "regression" else [2, 2]
+            if not len(y_val) or not len(y_train) or min(sides) < len(classes):
+                raise ValueError(f"{len(y_train)} training and {len(y_val)} validation rows by the rows' keys")
     except ValueError as exc:  # too few rows of a class for a split keeping every class on both sides
         raise InputError(f"cannot split target {target!r} into training and validation rows with every class on both "
                          f"sides ({len(y)} rows, {len(classes)} classes, validation fraction "

@@ -50,7 +50,7 @@ def space_file(tmp_path):
         (["plan", "--min-resource", "5", "--max-resource", "3"], "error: --min-resource must be <= --max-resource"),
         (["scale", "--workers", "0,2"], "--workers: Input should be greater than or equal to 1, got 0"),
         (["tune", "--min-resource", "9", "--max-resource", "3"], "error: --min-resource must be <= --max-resource, got 9 > 3"),
-        (["tune", "--data", "no-such-file.csv", "--target", "y"], "data file 'no-such-file.csv' not found"),
+        (["tune", "--data", "no-such-file.csv", "--target", "y"], "data 'no-such-file.csv' not found"),
         (["tune", "--space", "{bad"], 'error: --space: cannot parse its value: Missing end delimiter "}"'),
         (["tune", "--target", "nope"], "target column 'nope' not in the data"),
         (["tune", "--model", "lightgbm"], "unknown model 'lightgbm'; choose xgboost, torch or synthetic"),
@@ -95,7 +95,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monke
                                                  "model name 'team/churn'. Names cannot contain '/' or ':'; choose"),
         (["tune", "--data", "digits", "--target", "label"], "--target label: digits has its own target; drop --target"),
         (["tune", "--nest-under", "0123abcd"], "--nest-under 0123abcd: no such MLflow run in sqlite:////"),
-        (["tune", "--data", "folder"], "data file 'folder' is a folder"),
+        (["tune", "--data", "folder"], "data 'folder': no CSV or Parquet file in that folder"),
         (["tune", "--data", "inf.csv", "--target", "y"], "target column 'y' has 1 infinite value(s)"),
         (["tune", "--data", "flat.csv", "--target", "y"], "target column 'y' has a single value; nothing to learn"),
         (["tune", "--space", "wide.yaml"], "search space: colsample_bytree=1.5: XGBoost refuses it: value 1.5 for "
@@ -260,7 +260,7 @@ def test_bad_input_never_prints_a_traceback_from_the_installed_command(tmp_path)
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
     )
     assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("hyperband: error: data file")
+    assert proc.stderr.strip().startswith("hyperband: error: data ")
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 

@@ -282,3 +282,35 @@ def test_mlflow_gone_or_full_after_the_last_result_stops_the_job_in_one_line_and
     children = client.search_runs([parents[0].info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'")
     assert len(children) == 5 and len({r.data.tags["hyperband.trial_id"] for r in children}) == 5
     assert all(r.info.status == "FINISHED" for r in children) and len(saved_rows(jobs / "end-down")) == 6
+
+
+def test_a_resume_whose_table_changed_is_refused_in_one_line_unless_allowed(tracking_uri, tmp_path, capsys):
+    """A table in parts: the parent run names where it lives (URL, parts, the listing's digest) and its dataset
+    inputs come from there; a part added before a resume is one line, exit 2, and ``--allow-data-change`` goes on."""
+    import mlflow
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    table = tmp_path / "table"
+    table.mkdir()
+    for i in range(3):
+        x = rng.normal(size=(60, 3))
+        frame = pd.DataFrame(x, columns=["a", "b", "c"]).assign(label=(x[:, 0] > 0).astype(int))
+        frame.to_parquet(table / f"part-{i}.parquet", index=False)
+    jobs = str(tmp_path / "jobs")
+    flags = ["--data", str(table), "--target", "label", "--max-resource", "3", "--no-baseline", "--job-dir", jobs]
+    code, out, err = run(capsys, *flags, "--job-id", "t1", "--json")
+    assert code == 0, err
+    parent = mlflow.MlflowClient(tracking_uri).get_run(json.loads(out.strip().splitlines()[-1])["parent_run_id"])
+    assert parent.data.tags["hyperband.data.url"] == str(table) and parent.data.tags["hyperband.data.parts"] == "3"
+    assert [d.dataset.name for d in parent.inputs.dataset_inputs] == ["table (training)", "table (validation)"]
+    assert str(table) in parent.inputs.dataset_inputs[0].dataset.source
+    frame.to_parquet(table / "part-3.parquet", index=False)
+    code, _, err = run(capsys, "--resume", "t1", "--job-dir", jobs)
+    assert code == 2
+    line = one_line(err)
+    assert f"job 't1': its data changed since it began ({table}: 3 part(s)" in line and "4 of" in line
+    assert "--allow-data-change" in line
+    code, _, err = run(capsys, "--resume", "t1", "--job-dir", jobs, "--allow-data-change")
+    assert code == 0, err

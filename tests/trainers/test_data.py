@@ -53,7 +53,7 @@ def test_any_csv_comma_or_semicolon_optionally_gzipped(tmp_path, sep, gz):
 
 
 def test_bad_data_files_and_targets_name_the_problem(tmp_path):
-    with pytest.raises(InputError, match="data file 'missing.csv' not found"):
+    with pytest.raises(InputError, match="data 'missing.csv' not found"):
         load(DataSpec("missing.csv", target="y"))
     path = write(tmp_path / "d.csv", rows(30, ","))
     with pytest.raises(InputError, match="target column 'nope' not in the data; columns are: num, colour, label, value"):
