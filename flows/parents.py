@@ -32,6 +32,10 @@ def facts(job: Job, params: Any) -> dict[str, Any]:
         try:
             digest = content_digest(job.settings.data)
             lineage = lineage_of(job.settings.data.data)  # a resume compares it (``flows.prepare``)
+            if lineage is not None:  # and the features a checkpoint was trained on
+                from prefect_hyperband.trainers.data import layout_of
+
+                lineage["features"] = list(layout_of(job.settings.data).feature_names)
         except Exception as exc:  # noqa: BLE001  (a trial pool's data, not readable here: never "the same data")
             digest = f"unread ({type(exc).__name__})"
     return {"model": job.settings.model, "code": params.trainer or params.script, "metric": job.metric_key,

@@ -91,12 +91,7 @@ def prepare(params: TuneParams) -> Job:
     model = registry.get(params.model)
     _check_run_settings(params, model)
     space, default_config = _space(params, model)
-    spec = datasets.DataSpec(
-        data=_on_every_machine(params.data, params.trial_pool),
-        target=params.target,
-        validation_fraction=params.validation_fraction,
-        seed=params.seed,
-    )
+    spec = spec_of(params)
     metric, direction, chosen = _objectives(params, model, spec)
     concurrency = _concurrency(params)
     settings = _settings(params, model, spec, metric, max(1, (os.cpu_count() or 1) // concurrency))
@@ -139,16 +134,29 @@ def prepare(params: TuneParams) -> Job:
         raise
 
 
+def spec_of(params: TuneParams) -> datasets.DataSpec:
+    """The job's data as its trainers load it."""
+    return datasets.DataSpec(data=_on_every_machine(params.data, params.trial_pool), target=params.target,
+                             validation_fraction=params.validation_fraction, seed=params.seed)
+
+
 def _check_data_unchanged(params: TuneParams, model, job_id: str, record: dict[str, Any] | None) -> None:
     """A resume whose data changed since the job began (its files' names, sizes, ETags or modification times, as
     ``job.json`` keeps them): one line, unless ``--allow-data-change``."""
     saved = ((record or {}).get("facts") or {}).get("data_lineage")
-    if not params.resume or not saved or not model.reads_data or model.user_code or params.allow_data_change:
+    if not params.resume or not saved or not model.reads_data or model.user_code:
         return
     from prefect_hyperband.trainers.tables import lineage_of
 
     now = lineage_of(params.data)
-    if now and now["digest"] != saved["digest"]:
+    if now and now["digest"] != saved["digest"] and params.allow_data_change and saved.get("features"):
+        features = list(datasets.layout_of(spec_of(params)).feature_names)
+        if features != saved["features"]:
+            gone, new = sorted(set(saved["features"]) - set(features)), sorted(set(features) - set(saved["features"]))
+            raise InputError(f"job {job_id!r}: its data's columns or categories changed since it began (new: "
+                             f"{', '.join(new[:5]) or 'none'}; gone: {', '.join(gone[:5]) or 'none'}): its checkpoints "
+                             "cannot continue on them, even with --allow-data-change; start a new job")
+    if now and now["digest"] != saved["digest"] and not params.allow_data_change:
         raise InputError(f"job {job_id!r}: its data changed since it began ({saved['url']}: {saved['parts']} part(s) "
                          f"of {saved['bytes']:,} bytes then, {now['parts']} of {now['bytes']:,} now; digest "
                          f"{saved['digest']} -> {now['digest']}); resume with --allow-data-change to go on with the "

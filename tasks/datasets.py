@@ -37,9 +37,12 @@ def digest(*arrays: Any) -> str:
 @functools.lru_cache(maxsize=8)
 def content_digest(spec: DataSpec) -> str:
     """The data's digest whatever its split (seed, validation fraction): every row, features and target, in a
-    sorted order. Two jobs on the same data have the same one (``--warm-start`` compares them)."""
+    sorted order. Two jobs on the same data have the same one (``--warm-start`` compares them). A table in parts:
+    its files' listing (names, sizes, ETags or times), never its rows."""
     import numpy as np
 
+    if spec.data not in _SOURCES and tables.in_parts(spec.data):
+        return "listing-" + tables.find(spec.data).digest
     ds = datasets.load(spec)
     X = np.concatenate([ds.X_train, ds.X_val])
     y = np.concatenate([ds.y_train, ds.y_val])
@@ -55,9 +58,9 @@ def mlflow_datasets(spec: DataSpec) -> tuple[Any, Any]:
     import mlflow.data
     import pandas as pd
 
-    ds = datasets.load(spec)
     name = os.path.basename(spec.data.rstrip("/")) if spec.data not in _SOURCES else spec.data
-    lineage = tables.lineage_of(spec.data) if tables.in_parts(spec.data) else None
+    lineage = tables.lineage_of(spec.data) if spec.data not in _SOURCES and tables.in_parts(spec.data) else None
+    ds = _first_part(spec) if lineage else datasets.load(spec)
     out = []
     with warnings.catch_warnings():  # MLflow's hints on integer columns and on a path's two readings
         warnings.simplefilter("ignore")
@@ -71,6 +74,17 @@ def mlflow_datasets(spec: DataSpec) -> tuple[Any, Any]:
             out.append(mlflow.data.from_pandas(frame, source=_source(spec), targets=ds.target,
                                                name=f"{name} ({context})", digest=named))
     return out[0], out[1]
+
+
+def _first_part(spec: DataSpec) -> datasets.Dataset:
+    """A table in parts as its first part alone (its schema for MLflow; ``_entities`` gives the whole table's
+    size): the job's process never reads every part for its lineage."""
+    from prefect_hyperband.trainers.layout import read_part
+
+    table, shape = tables.find(spec.data), datasets.layout_of(spec)
+    X_train, y_train, X_val, y_val = read_part(table, table.parts[0], shape, spec.seed, spec.validation_fraction)
+    return datasets.Dataset(X_train, y_train, X_val, y_val, shape.feature_names, shape.task, list(shape.classes),
+                            shape.target)
 
 
 def _source(spec: DataSpec) -> Any:
@@ -108,7 +122,17 @@ def _entities(spec: DataSpec) -> tuple[Any, ...]:
     """The datasets as MLflow entities (their schema and profile computed once per job, quietly)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return tuple(d._to_mlflow_entity() for d in mlflow_datasets(spec))
+        entities = tuple(d._to_mlflow_entity() for d in mlflow_datasets(spec))
+    if spec.data in _SOURCES or not tables.in_parts(spec.data):
+        return entities
+    import json
+
+    from mlflow.entities import Dataset as Entity
+
+    lineage, shape = tables.lineage_of(spec.data), datasets.layout_of(spec)
+    profile = json.dumps({"num_rows": shape.rows, "num_parts": lineage["parts"], "bytes": lineage["bytes"],
+                          "schema_of": "the first part"})  # the whole table's size, not the first part's
+    return tuple(Entity(e.name, e.digest, e.source_type, e.source, e.schema, profile) for e in entities)
 
 
 __all__ = ["CONTEXTS", "content_digest", "digest", "inputs", "lineage_tags", "mlflow_datasets"]

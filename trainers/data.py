@@ -16,7 +16,7 @@ from importlib import resources
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -132,8 +132,16 @@ def _auc(y: np.ndarray, p: np.ndarray) -> float:
 
 
 def load(spec: DataSpec) -> Dataset:
-    """Load and split the data named by ``spec`` (cached per process: loaded once per job)."""
+    """Load and split the data named by ``spec`` (cached per process: loaded once per job; a table in parts once per
+    listing, so that a resume whose data changed reads it again)."""
+    if spec.data not in BUILTIN and tables.in_parts(spec.data):
+        return _load_table(spec, tables.find(spec.data).digest)
     return _load_cached(spec)
+
+
+@lru_cache(maxsize=4)
+def _load_table(spec: DataSpec, digest: str) -> Dataset:
+    return _load_cached.__wrapped__(spec)
 
 
 @lru_cache(maxsize=8)
@@ -186,32 +194,61 @@ def read_csv(path: Path) -> pd.DataFrame:
     return frame
 
 
-def _from_table(spec: DataSpec) -> Dataset:
-    """A table read in parts (``trainers.tables``): its columns checked from the parts' schemas before any row is
-    read, its rows split by their key (part and row number), not shuffled."""
+def layout_of(spec: DataSpec) -> Any:
+    """What a job needs to know of its data before any trial (task, classes, target, feature names, default metric):
+    a table in parts' ``Layout``, from its schemas and the columns it needs, never its whole rows; else the data
+    set itself."""
+    if spec.data in BUILTIN or not tables.in_parts(spec.data):
+        return load(spec)
+    table = tables.find(spec.data)
+    return _layout(spec, table.digest)
+
+
+@lru_cache(maxsize=8)
+def _layout(spec: DataSpec, digest: str) -> Any:  # per listing: a resume whose data changed sees the new one
+    from prefect_hyperband.trainers.layout import layout
+
     table = tables.find(spec.data)
     if not spec.target:
         raise InputError(f"--target is required with a table ({spec.data})")
     columns = tables.schema(table)
     if spec.target not in columns:
         raise InputError(f"target column {spec.target!r} not in the data; columns are: {', '.join(columns)}")
-    frame, sizes = tables.read(table)
-    if frame.shape[1] < 2 or len(frame) < 10:
-        raise InputError(f"{spec.data} needs at least 2 columns and 10 rows, got {frame.shape[1]} x {len(frame)}")
-    validation = tables.validation_rows(sizes, spec.seed, spec.validation_fraction)
-    return _from_frame(frame, spec.target, spec.drop or (), spec, validation)
+    if len(columns) < 2:
+        raise InputError(f"{spec.data} needs at least 2 columns, got {len(columns)}")
+    return layout(table, columns, spec.target, spec.drop or ())
 
 
-def _from_frame(frame: pd.DataFrame, target: str, drop: tuple[str, ...], spec: DataSpec,
-                validation: np.ndarray | None = None) -> Dataset:
-    """Encoded and split: seeded and stratified, or by ``validation`` (a row mask) for a table read in parts."""
+def _from_table(spec: DataSpec) -> Dataset:
+    """A table read in parts (``trainers.tables``): each part read and encoded by the table's layout (as a Dask
+    worker reads its own), its rows split by their key (part and row number), not shuffled."""
+    from prefect_hyperband.trainers.layout import read_part
+
+    table = tables.find(spec.data)
+    shape = _layout(spec, table.digest)
+    pieces = [read_part(table, part, shape, spec.seed, spec.validation_fraction) for part in table.parts]
+    X_train, y_train, X_val, y_val = (np.concatenate([p[i] for p in pieces]) for i in range(4))
+    if len(y_train) + len(y_val) < 10:
+        raise InputError(f"{spec.data} needs at least 10 rows, got {len(y_train) + len(y_val)}")
+    check_sides(y_train, y_val, shape.task, len(shape.classes), shape.target, spec.validation_fraction)
+    return Dataset(X_train, y_train, X_val, y_val, shape.feature_names, shape.task, list(shape.classes), shape.target)
+
+
+def check_sides(y_train: np.ndarray, y_val: np.ndarray, task: str, n_classes: int, target: str, fraction: float) -> None:
+    """Training and validation rows, with every class on both sides: else one line."""
+    sides = [np.unique(side).size for side in (y_train, y_val)] if task != "regression" else [n_classes] * 2
+    if not len(y_val) or not len(y_train) or min(sides) < n_classes:
+        raise InputError(f"cannot split target {target!r} into training and validation rows with every class on both "
+                         f"sides ({len(y_train)} training and {len(y_val)} validation rows by the rows' keys, "
+                         f"{n_classes} classes, validation fraction {fraction:g})")
+
+
+def _from_frame(frame: pd.DataFrame, target: str, drop: tuple[str, ...], spec: DataSpec) -> Dataset:
     if target not in frame.columns:
         raise InputError(f"target column {target!r} not in the data; columns are: {', '.join(map(str, frame.columns))}")
     missing = [c for c in drop if c not in frame.columns]
     if missing:
         raise InputError(f"cannot drop unknown column(s) {', '.join(missing)}")
-    if validation is not None:
-        validation = validation[frame[target].notna().to_numpy()]
     frame = frame.dropna(subset=[target])
     y_raw = frame[target]
     features = frame.drop(columns=[target, *drop])
@@ -233,7 +270,7 @@ def _from_frame(frame: pd.DataFrame, target: str, drop: tuple[str, ...], spec: D
     if infinite.any():
         raise InputError(f"column {names[int(np.argmax(infinite))]!r} has infinite values (or values too large for "
                          "float32); fix them, or leave them empty (missing)")
-    return _split(X, y, names, task, classes, target, spec, validation=validation)
+    return _split(X, y, names, task, classes, target, spec)
 
 
 def _infer_task(y: pd.Series) -> Task:
@@ -256,21 +293,14 @@ def _encode(features: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
     return encoded.to_numpy(dtype=np.float32), list(encoded.columns)
 
 
-def _split(X, y, names, task: Task, classes, target: str, spec: DataSpec, image_shape=None,
-           validation: np.ndarray | None = None) -> Dataset:
+def _split(X, y, names, task: Task, classes, target: str, spec: DataSpec, image_shape=None) -> Dataset:
     from sklearn.model_selection import train_test_split
 
     stratify = y if task != "regression" else None
     try:
-        if validation is None:
-            X_train, X_val, y_train, y_val = train_test_split(
-                X, y, test_size=spec.validation_fraction, random_state=spec.seed, stratify=stratify
-            )
-        else:
-            X_train, X_val, y_train, y_val = X[~validation], X[validation], y[~validation], y[validation]
-            sides = [np.unique(side).size for side in (y_train, y_val)] if task != "regression" else [2, 2]
-            if not len(y_val) or not len(y_train) or min(sides) < len(classes):
-                raise ValueError(f"{len(y_train)} training and {len(y_val)} validation rows by the rows' keys")
+        X_train, X_val, y_train, y_val = train_test_split(
+            X, y, test_size=spec.validation_fraction, random_state=spec.seed, stratify=stratify
+        )
     except ValueError as exc:  # too few rows of a class for a split keeping every class on both sides
         raise InputError(f"cannot split target {target!r} into training and validation rows with every class on both "
                          f"sides ({len(y)} rows, {len(classes)} classes, validation fraction "
@@ -299,4 +329,5 @@ def describe(ds: Dataset) -> str:
     )
 
 
-__all__ = ["BUILTIN", "DataSpec", "Dataset", "check_metric", "describe", "load", "metric_direction", "read_csv", "score"]
+__all__ = ["BUILTIN", "DataSpec", "Dataset", "check_metric", "describe", "layout_of", "load", "metric_direction", "read_csv",
+           "score"]

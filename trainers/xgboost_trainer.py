@@ -34,7 +34,8 @@ import numpy as np
 
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_sidecar
-from prefect_hyperband.trainers.data import DataSpec, Dataset, check_metric, load, score
+from prefect_hyperband.trainers import tables
+from prefect_hyperband.trainers.data import BUILTIN, DataSpec, Dataset, check_metric, layout_of, load, score
 from prefect_hyperband.trainers.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -117,9 +118,14 @@ class XGBoostTrainer:
             raise InputError(f"rounds per unit must be >= 1, got {rounds_per_unit}")
         self.spec, self.seed, self.rounds_per_unit = spec, seed, rounds_per_unit
         self.milestones = tuple(milestones)
-        self.data: Dataset = load(spec)
-        self.metric = metric or self.data.default_metric
-        check_metric(self.data, self.metric)
+        #: task, classes, feature names: for a table in parts its layout, no row read in this process
+        self.info = layout_of(spec)
+        self._data: Dataset | None = None
+        #: a table in parts, which a Dask cluster's workers read themselves (``partition``); None: data in memory
+        self._table = tables.find(spec.data) if spec.data not in BUILTIN and tables.in_parts(spec.data) else None
+        self._validation: tuple[Any, Any, np.ndarray] | None = None  # on the cluster: X and y; y's values here
+        self.metric = metric or self.info.default_metric
+        check_metric(self.info, self.metric)
         self.nthread = nthread or max(1, (os.cpu_count() or 1))
         self.device = device
         self.objective = self._objective()
@@ -132,6 +138,23 @@ class XGBoostTrainer:
             raise InputError(f"workers={workers} trains on a Dask cluster: give the trainer its placement "
                              "(executors.dask_groups.xgboost_on), as the xgboost plug-in does")
 
+    @property
+    def data(self) -> Dataset:
+        """Every row, in this process (loaded at first use: on Dask, a table in parts never is)."""
+        if self._data is None:
+            self._data = load(self.spec)
+        return self._data
+
+    def example(self, n: int = 5) -> np.ndarray:
+        """A few validation rows, encoded (a registered model's input example): of a table's first part only."""
+        if self._table is None or self._data is not None:
+            return self.data.X_val[:n]
+        from prefect_hyperband.trainers.layout import read_part
+
+        X_train, _, X_val, _ = read_part(self._table, self._table.parts[0], self.info, self.spec.seed,
+                                         self.spec.validation_fraction)
+        return (X_val if len(X_val) else X_train)[:n]
+
     # -- distribution -------------------------------------------------------------------------
     def partition(self, client: Any, group: tuple[str, ...]) -> Any:
         """The training rows on ``group``'s workers, in ``workers`` row partitions, as xgboost.dask's matrix: the same
@@ -139,11 +162,37 @@ class XGBoostTrainer:
         import dask.array as da
         from xgboost import dask as dxgb
 
+        if self._table is not None:
+            return self._read_on(client, group)
+
         rows = -(-len(self.data.y_train) // self.workers)
         X = da.from_array(self.data.X_train, chunks=(rows, self.data.X_train.shape[1]))
         y = da.from_array(self.data.y_train, chunks=rows)
         X, y = client.persist([X, y], workers=list(group), allow_other_workers=False)
         return dxgb.DaskQuantileDMatrix(client, X, y)
+
+    def _read_on(self, client: Any, group: tuple[str, ...]) -> Any:
+        """A table's parts read by ``group``'s workers themselves (once per group and job), each encoded by the job's
+        layout and split by its rows' keys; the first group also keeps the validation rows, scored where they are."""
+        import dask
+        import dask.array as da
+        from xgboost import dask as dxgb
+
+        from prefect_hyperband.trainers.layout import read_part
+
+        n, ytype = len(self.info.feature_names), np.float32 if self.info.task == "regression" else np.int64
+        reads = [dask.delayed(read_part, pure=True, nout=4)(self._table, part, self.info, self.spec.seed,
+                                                            self.spec.validation_fraction) for part in self._table.parts]
+
+        def rows(i: int) -> list[Any]:
+            return [da.concatenate([da.from_delayed(r[i], shape=(np.nan, n), dtype=np.float32) for r in reads]),
+                    da.concatenate([da.from_delayed(r[i + 1], shape=(np.nan,), dtype=ytype) for r in reads])]
+
+        wanted = rows(0) + (rows(2) if self._validation is None else [])
+        held = client.persist(wanted, workers=list(group), allow_other_workers=False)
+        if self._validation is None:
+            self._validation = (held[2], held[3], held[3].compute())
+        return dxgb.DaskQuantileDMatrix(client, held[0], held[1])
 
     @property
     def worker_groups(self) -> Any:
@@ -158,10 +207,10 @@ class XGBoostTrainer:
 
     # -- training -----------------------------------------------------------------------------
     def _objective(self) -> _Objective:
-        if self.data.task == "binary":
+        if self.info.task == "binary":
             return _Objective("binary:logistic", {"eval_metric": "auc"})
-        if self.data.task == "multiclass":
-            return _Objective("multi:softprob", {"num_class": self.data.n_classes, "eval_metric": "mlogloss"})
+        if self.info.task == "multiclass":
+            return _Objective("multi:softprob", {"num_class": self.info.n_classes, "eval_metric": "mlogloss"})
         return _Objective("reg:squarederror", {"eval_metric": "rmse"})
 
     def params(self, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -246,7 +295,18 @@ class XGBoostTrainer:
         return self.measure(checkpoint)[0]
 
     def measure(self, checkpoint: str) -> tuple[float, dict[str, float]]:
-        """The validation metric, and ``predict_ms``: milliseconds per 1,000 validation rows, the booster loaded."""
+        """The validation metric, and ``predict_ms``: milliseconds per 1,000 validation rows, the booster loaded (a
+        table on Dask: predicted by the workers that hold its validation rows, only the predictions come here)."""
+        if self._validation is not None and self._dask is not None:
+            from xgboost import dask as dxgb
+
+            X_val, _, y_val = self._validation
+            last = getattr(self._local, "last", None)
+            booster = last[1] if last is not None and last[0] == checkpoint else self.booster(checkpoint)
+            began = time.perf_counter()
+            prediction = dxgb.inplace_predict(self._dask.client, booster, X_val).compute()
+            latency = {"predict_ms": (time.perf_counter() - began) * 1e6 / max(1, len(y_val))}
+            return score(self.metric, y_val, np.asarray(prediction)), latency
         prediction, seconds = self._timed_predict(checkpoint, self.data.X_val)
         latency = {"predict_ms": seconds * 1e6 / max(1, len(self.data.X_val))}
         return score(self.metric, self.data.y_val, prediction), latency

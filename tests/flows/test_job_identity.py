@@ -286,7 +286,8 @@ def test_mlflow_gone_or_full_after_the_last_result_stops_the_job_in_one_line_and
 
 def test_a_resume_whose_table_changed_is_refused_in_one_line_unless_allowed(tracking_uri, tmp_path, capsys):
     """A table in parts: the parent run names where it lives (URL, parts, the listing's digest) and its dataset
-    inputs come from there; a part added before a resume is one line, exit 2, and ``--allow-data-change`` goes on."""
+    inputs come from there; a part added before a resume is one line, exit 2, and ``--allow-data-change`` goes on,
+    unless the new data has columns or categories the job's checkpoints were not trained on."""
     import mlflow
     import numpy as np
     import pandas as pd
@@ -296,7 +297,8 @@ def test_a_resume_whose_table_changed_is_refused_in_one_line_unless_allowed(trac
     table.mkdir()
     for i in range(3):
         x = rng.normal(size=(60, 3))
-        frame = pd.DataFrame(x, columns=["a", "b", "c"]).assign(label=(x[:, 0] > 0).astype(int))
+        frame = pd.DataFrame(x, columns=["a", "b", "c"]).assign(label=(x[:, 0] > 0).astype(int),
+                                                                color=rng.choice(["red", "blue"], size=60))
         frame.to_parquet(table / f"part-{i}.parquet", index=False)
     jobs = str(tmp_path / "jobs")
     flags = ["--data", str(table), "--target", "label", "--max-resource", "3", "--no-baseline", "--job-dir", jobs]
@@ -314,3 +316,6 @@ def test_a_resume_whose_table_changed_is_refused_in_one_line_unless_allowed(trac
     assert "--allow-data-change" in line
     code, _, err = run(capsys, "--resume", "t1", "--job-dir", jobs, "--allow-data-change")
     assert code == 0, err
+    frame.assign(color="green").to_parquet(table / "part-4.parquet", index=False)  # a category its checkpoints lack
+    code, _, err = run(capsys, "--resume", "t1", "--job-dir", jobs, "--allow-data-change")
+    assert code == 2 and "its data's columns or categories changed since it began (new: color_green" in one_line(err)

@@ -35,7 +35,7 @@ def space():
 def metric(spec: Any, given: str | None) -> str:
     from prefect_hyperband.trainers import data
 
-    dataset = data.load(spec)
+    dataset = data.layout_of(spec)  # a table in parts: from its schemas and the columns it needs
     chosen = given or dataset.default_metric
     data.check_metric(dataset, chosen)
     return chosen
@@ -48,10 +48,10 @@ def log_model(trainer: Any, checkpoint: str, tags: dict[str, str] | None = None)
     import xgboost as xgb
     from mlflow.models import infer_signature
 
-    data = trainer.data
-    example = pd.DataFrame(data.X_val[:5], columns=data.feature_names)
+    names = list(trainer.info.feature_names)
+    example = pd.DataFrame(trainer.example(5), columns=names)
     booster = trainer.booster(checkpoint)
-    booster.feature_names = list(data.feature_names)
+    booster.feature_names = names
     return mlflow.xgboost.log_model(
         booster, name="model", signature=infer_signature(example, booster.inplace_predict(example)),
         input_example=example, pip_requirements=[f"xgboost=={xgb.__version__}"], tags=tags,
