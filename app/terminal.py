@@ -54,6 +54,8 @@ class JobLog:
         self.targets = [logging.getLogger(), *(logging.getLogger(name) for name in CHATTY)]
         for logger in self.targets:
             logger.addHandler(self.held)
+        if logging.getLogger("prefect_hyperband").level == logging.NOTSET:  # our INFO lines (a group's read) in job.log
+            logging.getLogger("prefect_hyperband").setLevel(logging.INFO)
         if not verbose:
             for name in CHATTY:
                 for handler in logging.getLogger(name).handlers:

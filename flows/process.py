@@ -298,6 +298,20 @@ def _die_with_parent() -> None:
         pass
 
 
+def big_blocks_to_the_os() -> None:
+    """glibc's malloc: every block of 1 MiB or more mapped from the OS and given back when freed
+    (``M_MMAP_THRESHOLD`` fixed). Its default threshold rises to each large block freed (up to 32 MiB), after which
+    such blocks come from the arena of the thread that asked and stay there: a job scoring 1.8 million validation
+    rows (a 1 GB table on Dask, the AUC's sorts and ranks, ~80 MB) in a new thread per trial-rung grew its process by
+    ~54 MB per trial-rung (542 -> 975 MB over six); with the threshold fixed it stayed at 542-553 MB."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (malloc.h), 1 MiB
+    except (OSError, AttributeError):  # not glibc: its own allocator's policy
+        pass
+
+
 def exit_without_stuck(code: int) -> int:
     """``code``, or, when a training given up on its timeout or a stop's grace still runs in this process (user
     code that hangs and never reports), exit now: Prefect's workers drained, the temporary server stopped, the

@@ -16,7 +16,7 @@ from prefect_hyperband.flows.lost import end_lost_flow_run
 from prefect_hyperband.flows.prepare import prepare, resolve
 from prefect_hyperband.flows.params import TuneParams, mlflow_params
 from prefect_hyperband.flows.lock import job_lock, took_over
-from prefect_hyperband.flows.process import job_lines_in_ui, stop_on_signals
+from prefect_hyperband.flows.process import big_blocks_to_the_os, job_lines_in_ui, stop_on_signals
 from prefect_hyperband.flows.state import load_state, make_scheduler, save_job_record
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.criteria import Criteria
@@ -53,6 +53,7 @@ def tune(params: TuneParams) -> dict[str, Any]:
     began = time.perf_counter()
     params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
     job = prepare(params)
+    big_blocks_to_the_os()  # the trial-rungs' threads give back what they score with
     token = stopping.current() or stopping.StopToken()  # the caller's (``prefect_hyperband.tune(stop=...)``), or new
     # one process per job; the bound before the writer's process starts: it inherits it. Ctrl-C stops the job from
     # here on (its start takes seconds: the MLflow writer, the parent run, the data), not only once trials run: the

@@ -76,13 +76,18 @@ def mlflow_datasets(spec: DataSpec) -> tuple[Any, Any]:
     return out[0], out[1]
 
 
+#: the rows of a table's first part that stand for it in MLflow (its schema; ``_entities`` gives its size)
+SAMPLE_ROWS = 10_000
+
+
 def _first_part(spec: DataSpec) -> datasets.Dataset:
-    """A table in parts as its first part alone (its schema for MLflow; ``_entities`` gives the whole table's
-    size): the job's process never reads every part for its lineage."""
+    """A table in parts as the first ``SAMPLE_ROWS`` rows of its first part: the job's process reads no more of it
+    for its lineage."""
     from prefect_hyperband.trainers.layout import read_part
 
     table, shape = tables.find(spec.data), datasets.layout_of(spec)
-    X_train, y_train, X_val, y_val = read_part(table, table.parts[0], shape, spec.seed, spec.validation_fraction)
+    X_train, y_train, X_val, y_val = read_part(table, table.parts[0], shape, spec.seed, spec.validation_fraction,
+                                               limit=SAMPLE_ROWS)
     return datasets.Dataset(X_train, y_train, X_val, y_val, shape.feature_names, shape.task, list(shape.classes),
                             shape.target)
 
@@ -130,8 +135,9 @@ def _entities(spec: DataSpec) -> tuple[Any, ...]:
     from mlflow.entities import Dataset as Entity
 
     lineage, shape = tables.lineage_of(spec.data), datasets.layout_of(spec)
+    # the whole table's size, not the sample's
     profile = json.dumps({"num_rows": shape.rows, "num_parts": lineage["parts"], "bytes": lineage["bytes"],
-                          "schema_of": "the first part"})  # the whole table's size, not the first part's
+                          "schema_of": f"the first {SAMPLE_ROWS:,} rows of the first part"})
     return tuple(Entity(e.name, e.digest, e.source_type, e.source, e.schema, profile) for e in entities)
 
 

@@ -21,8 +21,16 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 
 F = TypeVar("F", bound=Callable[..., Any])
-_sqlite_writes = threading.RLock()  # re-entrant: a writer may call another (start_parent calls log_params)
-_tuning = threading.Lock()
+#: per SQLite store (its URI): its writers take turns (re-entrant: start_parent calls log_params), and its first
+#: opening (creation, pragmas) runs once. Per store, not per process: a writer stuck on one store (another test's,
+#: another job's) never holds up a job on another
+_locks: dict[tuple[str, str], threading.RLock] = {}
+_locks_lock = threading.Lock()
+
+
+def _lock(kind: str, uri: str) -> threading.RLock:
+    with _locks_lock:
+        return _locks.setdefault((kind, uri), threading.RLock())
 
 
 def _one_writer(fn: F) -> F:
@@ -32,7 +40,7 @@ def _one_writer(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(uri: str, *args: Any, **kwargs: Any) -> Any:
         if uri.startswith("sqlite:"):
-            with _sqlite_writes:
+            with _lock("write", uri):
                 return fn(uri, *args, **kwargs)
         return fn(uri, *args, **kwargs)
 
@@ -51,7 +59,7 @@ def client(uri: str):
     # trial (thousands under ASHA) on the job's terminal; the CLI prints the parent run's link once, at the end
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     if uri.startswith("sqlite:") and uri not in _tuned:
-        with _tuning:
+        with _lock("open", uri):
             if uri not in _tuned:
                 with _creation_lock(uri):  # WAL's first switch too: it wants the database to itself
                     c = _open_stores(uri)

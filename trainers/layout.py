@@ -127,7 +127,8 @@ def _label(value: Any) -> str:
     return str(value)
 
 
-def _read(fs: Any, table: Table, part: Part, columns: list[str] | None = None) -> Any:
+def _read(fs: Any, table: Table, part: Part, columns: list[str] | None = None, limit: int | None = None) -> Any:
+    """A part's ``columns`` (all: None), its first ``limit`` rows only when given."""
     from prefect_hyperband.trainers.errors import first_line
     from prefect_hyperband.trainers.tables import _read_csv, _url
 
@@ -136,21 +137,25 @@ def _read(fs: Any, table: Table, part: Part, columns: list[str] | None = None) -
             import pyarrow.parquet as pq
 
             with fs.open(part.path, "rb") as fh:
-                return pq.read_table(fh, columns=columns).to_pandas()
-        frame = _read_csv(fs, part.path)
+                if limit is None:
+                    return pq.read_table(fh, columns=columns).to_pandas()
+                batch = next(pq.ParquetFile(fh).iter_batches(batch_size=limit, columns=columns), None)
+                return (batch.to_pandas() if batch is not None else
+                        pq.read_schema(fh).empty_table().select(columns or []).to_pandas())
+        frame = _read_csv(fs, part.path, nrows=limit)
         return frame if columns is None else frame[columns]
     except Exception as exc:  # noqa: BLE001  (an object that cannot be read: named in one line)
         raise InputError(f"cannot read {_url(table, part)}: {type(exc).__name__}: {first_line(exc)}") from None
 
 
-def read_part(table: Table, part: Part, layout: Layout, seed: int, fraction: float
+def read_part(table: Table, part: Part, layout: Layout, seed: int, fraction: float, limit: int | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One part's rows encoded by ``layout`` and split by their keys: ``X_train, y_train, X_val, y_val``. Runs
-    wherever the part is read: this process, or a Dask worker."""
+    """One part's rows (its first ``limit`` only, when given: a sample) encoded by ``layout`` and split by their
+    keys: ``X_train, y_train, X_val, y_val``. Runs wherever the part is read: this process, or a Dask worker."""
     from prefect_hyperband.trainers.tables import _url
 
     frame = _read(table.filesystem(), table, part, [*layout.numeric, *(c for c, _ in layout.categorical),
-                                                    layout.target])
+                                                    layout.target], limit)
     validation = validation_rows([(table.name(part), len(frame))], seed, fraction)
     keep = frame[layout.target].notna().to_numpy()
     frame, validation = frame[keep], validation[keep]

@@ -146,13 +146,13 @@ class XGBoostTrainer:
         return self._data
 
     def example(self, n: int = 5) -> np.ndarray:
-        """A few validation rows, encoded (a registered model's input example): of a table's first part only."""
+        """A few validation rows, encoded (a registered model's input example): of a table's first 1,000 rows only."""
         if self._table is None or self._data is not None:
             return self.data.X_val[:n]
         from prefect_hyperband.trainers.layout import read_part
 
         X_train, _, X_val, _ = read_part(self._table, self._table.parts[0], self.info, self.spec.seed,
-                                         self.spec.validation_fraction)
+                                         self.spec.validation_fraction, limit=1000)
         return (X_val if len(X_val) else X_train)[:n]
 
     # -- distribution -------------------------------------------------------------------------
@@ -189,7 +189,13 @@ class XGBoostTrainer:
                     da.concatenate([da.from_delayed(r[i + 1], shape=(np.nan,), dtype=ytype) for r in reads])]
 
         wanted = rows(0) + (rows(2) if self._validation is None else [])
+        began = time.perf_counter()
         held = client.persist(wanted, workers=list(group), allow_other_workers=False)
+        from distributed import wait
+
+        wait(held)
+        logging.getLogger(__name__).info("group %s read the table's %d part(s) from %s in %.2f s", ",".join(group),
+                                         len(self._table.parts), self._table.url, time.perf_counter() - began)
         if self._validation is None:
             self._validation = (held[2], held[3], held[3].compute())
         return dxgb.DaskQuantileDMatrix(client, held[0], held[1])

@@ -49,6 +49,11 @@ def test_a_folder_and_a_glob_of_parquet_parts_are_one_table_split_by_the_rows_ke
     assert not np.array_equal(_load(str(tmp_path / "t"), seed=1).y_val, folder.y_val)  # seeded
     table = tables.find(str(tmp_path / "t"))
     assert [table.name(p) for p in table.parts] == ["part-0.parquet", "part-1.parquet", "part-2.parquet"]
+    from prefect_hyperband.trainers.layout import read_part
+
+    sample = read_part(table, table.parts[0], data.layout_of(data.DataSpec(data=str(tmp_path / "t"), target="label")),
+                       0, 0.2, limit=10)  # a sample: the first rows only, split as when the part is read whole
+    assert len(sample[1]) + len(sample[3]) == 10 and np.array_equal(sample[0][:3], folder.X_train[:3])
 
 
 def test_a_folder_of_compressed_csv_parts_reads_the_same_rows(tmp_path):
