@@ -107,7 +107,10 @@ def _source(spec: DataSpec) -> Any:
 def lineage_tags(spec: DataSpec | None) -> dict[str, str]:
     """The parent run's tags naming its data where it lives: URL, format, parts, bytes and the listing's digest
     (none for a bundled data set or a user's own code)."""
-    lineage = tables.lineage_of(spec.data) if spec is not None else None
+    try:
+        lineage = tables.lineage_of(spec.data) if spec is not None else None
+    except Exception:  # noqa: BLE001  (a trial pool's data, not readable here: the run goes without these tags)
+        lineage = None
     return {f"hyperband.data.{k}": str(v) for k, v in (lineage or {}).items()}
 
 

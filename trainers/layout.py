@@ -159,7 +159,13 @@ def read_part(table: Table, part: Part, layout: Layout, seed: int, fraction: flo
     validation = validation_rows([(table.name(part), len(frame))], seed, fraction)
     keep = frame[layout.target].notna().to_numpy()
     frame, validation = frame[keep], validation[keep]
-    X = encode(frame, layout)
+    try:
+        X = encode(frame, layout)
+    except (ValueError, TypeError) as exc:  # text in a column the first part's rows showed as numbers (CSV)
+        from prefect_hyperband.trainers.errors import first_line
+
+        raise InputError(f"{_url(table, part)}: {first_line(exc)}; every part's column needs the type it has in the "
+                         "first part") from None
     bad = np.isinf(X).any(axis=0)
     if bad.any():
         raise InputError(f"{_url(table, part)}: column {layout.feature_names[int(np.argmax(bad))]!r} has infinite "

@@ -130,3 +130,12 @@ def test_a_single_csv_file_keeps_its_stratified_split(tmp_path):
     _, _, _, y_val = train_test_split(frame.index.to_numpy(), y, test_size=0.2, random_state=0, stratify=y)
     assert np.array_equal(ds.y_val, y_val) and not tables.in_parts(str(tmp_path / "one.csv"))
     assert tables.in_parts(str(tmp_path / "one.parquet")) and tables.in_parts("s3://b/one.csv")
+
+
+def test_a_csv_part_whose_column_holds_text_where_the_first_holds_numbers_is_one_line(tmp_path):
+    folder = tmp_path / "t"
+    folder.mkdir()
+    pd.DataFrame({"x": np.arange(50.0), "label": np.arange(50) % 2}).to_csv(folder / "a.csv", index=False)
+    pd.DataFrame({"x": ["oops"] * 50, "label": np.arange(50) % 2}).to_csv(folder / "b.csv", index=False)
+    with pytest.raises(InputError, match="b.csv: could not convert string to float: 'oops'; every part's column"):
+        _load(str(folder))
