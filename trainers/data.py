@@ -40,6 +40,8 @@ DATA_METRICS: dict[str, Literal["max", "min"]] = {
 METRICS: dict[str, Literal["max", "min"]] = {**DATA_METRICS, "loss": "min"}
 #: integer targets with at most this many distinct values are classes, not numbers.
 MAX_CLASSES = 20
+#: the metric a task is scored by unless ``--metric`` says otherwise
+DEFAULT_METRIC = {"binary": "auc", "multiclass": "accuracy", "regression": "rmse"}
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ class Dataset:
 
     @property
     def default_metric(self) -> str:
-        return {"binary": "auc", "multiclass": "accuracy", "regression": "rmse"}[self.task]
+        return DEFAULT_METRIC[self.task]
 
 
 def metric_direction(metric: str) -> Literal["max", "min"]:

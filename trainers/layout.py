@@ -15,11 +15,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from prefect_hyperband.trainers.data import DEFAULT_METRIC, MAX_CLASSES
 from prefect_hyperband.trainers.errors import InputError
 from prefect_hyperband.trainers.tables import Part, Table, validation_rows
-
-#: integer targets with at most this many distinct values are classes, not numbers (as ``data.MAX_CLASSES``)
-MAX_CLASSES = 20
 
 
 @dataclass(frozen=True)
@@ -43,7 +41,7 @@ class Layout:
 
     @property
     def default_metric(self) -> str:
-        return {"binary": "auc", "multiclass": "accuracy", "regression": "rmse"}[self.task]
+        return DEFAULT_METRIC[self.task]
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "task": self.task, "classes": list(self.classes), "numeric": list(self.numeric),
