@@ -56,21 +56,24 @@ def write_table(folder: Path, megabytes: int, seed: int = 0) -> int:
     return rows
 
 
-def run_job(data: str, workdir: Path, env: dict[str, str], rounds_per_unit: int) -> dict:
-    """``hyperband tune`` on ``data``; the job's process's peak RSS and first result, its groups' reads, per round."""
+def run_job(data: str, workdir: Path, env: dict[str, str], rounds_per_unit: int,
+            how: tuple[str, ...] = ("--workers", "2")) -> dict:
+    """``hyperband tune`` on ``data``; the job's process's peak RSS (and its process tree's: Prefect's temporary
+    server is its child) and first result, its groups' reads, per round."""
     import psutil
 
     workdir.mkdir(parents=True, exist_ok=True)
-    argv = [str(Path(sys.executable).with_name("hyperband")), "tune", "--data", data, "--target", "label",
-            "--workers", "2", "--max-resource", "9", "--eta", "3", "--rounds-per-unit", str(rounds_per_unit),
+    argv = [str(Path(sys.executable).with_name("hyperband")), "tune", "--data", data, "--target", "label", *how,
+            "--max-resource", "9", "--eta", "3", "--rounds-per-unit", str(rounds_per_unit),
             "--no-baseline", "--job-id", "big", "--json", "--tracking-uri", f"sqlite:///{workdir / 'mlflow.db'}"]
     began = time.monotonic()
     proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    me, peak, first = psutil.Process(proc.pid), 0, None
+    me, peak, tree, first = psutil.Process(proc.pid), 0, 0, None
     job = workdir / "hyperband-jobs" / "big"
     while proc.poll() is None:
         try:
             peak = max(peak, me.memory_info().rss)
+            tree = max(tree, peak, sum(_rss(p) for p in [me, *me.children(recursive=True)]))
         except psutil.Error:
             pass
         if first is None and any(job.glob("journal.*")) and any(p.stat().st_size for p in job.glob("journal.*")):
@@ -86,9 +89,43 @@ def run_job(data: str, workdir: Path, env: dict[str, str], rounds_per_unit: int)
     rows = json.loads((job / "state.json").read_text())["rows"]
     seconds = sum(r["train_seconds"] for r in rows)
     rounds = sum(r["resource_trained"] for r in rows) * rounds_per_unit
-    return {"peak_mb": peak / 2**20, "first_s": first, "wall_s": wall, "reads": [(g, float(s)) for g, _, s in reads],
+    return {"peak_mb": peak / 2**20, "tree_peak_mb": tree / 2**20, "first_s": first, "wall_s": wall, "reads": [(g, float(s)) for g, _, s in reads],
             "s_per_round": seconds / rounds, "train_s": seconds, "rounds": rounds, "auc": result["best"]["score"],
             "trial_rungs": len(rows)}
+
+
+def _rss(process) -> int:
+    import psutil
+
+    try:
+        return process.memory_info().rss
+    except psutil.Error:
+        return 0
+
+
+def one_machine(tmp: Path, sizes: list[int], env: dict[str, str], rounds_per_unit: int) -> None:
+    """Without Dask: each size trained in memory and with ``--external-memory``, beside a 5 MB table's run (the
+    floor: what the job's processes hold whatever the table)."""
+    runs = []
+    floor_folder = tmp / "table-5"
+    write_table(floor_folder, 5)
+    for size, how in [(5, "memory"), *((s, h) for s in sizes for h in ("memory", "external memory"))]:
+        folder = tmp / f"table-{size}"
+        if not folder.exists():
+            write_table(folder, size)
+        flags = ("--external-memory",) if how == "external memory" else ()
+        job = run_job(str(folder), tmp / f"one-{size}-{how.replace(' ', '-')}", env, rounds_per_unit, flags)
+        runs.append({"size": size, "how": how, **job})
+        print(json.dumps(runs[-1], default=str), flush=True)
+    print()
+    print("one machine, no Dask: peak RSS of the job's processes (the job's and Prefect's temporary server's), "
+          "the job's wall time, the best AUC")
+    print(f"{'size MB':>8} {'how':>16} {'tree peak MB':>12} {'job peak MB':>11} {'over 5 MB':>9} {'wall s':>7} "
+          f"{'s/round':>8} {'AUC':>7}")
+    floor = runs[0]["tree_peak_mb"]
+    for r in runs:
+        print(f"{r['size']:>8} {r['how']:>16} {r['tree_peak_mb']:>12.0f} {r['peak_mb']:>11.0f} "
+              f"{r['tree_peak_mb'] - floor:>9.0f} {r['wall_s']:>7.1f} {r['s_per_round']:>8.3f} {r['auc']:>7.4f}")
 
 
 def anchor(folder: Path, rounds: int = 30) -> tuple[float, float]:
@@ -124,10 +161,16 @@ def main() -> None:
     parser.add_argument("--storage", default="local,s3")
     parser.add_argument("--rounds-per-unit", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="10 and 40 MB, for a look")
+    parser.add_argument("--one-machine", action="store_true",
+                        help="no Dask: each size in memory and with --external-memory, beside a 5 MB table's run")
     args = parser.parse_args()
     sizes = [10, 40] if args.quick else [int(s) for s in args.sizes.split(",")]
     storages = args.storage.split(",")
     env = {**os.environ, "HYPERBAND_NO_LIVE": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if args.one_machine:
+        with tempfile.TemporaryDirectory(prefix="bench-big-") as tmp:
+            one_machine(Path(tmp), sizes, env, args.rounds_per_unit)
+        return
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-big-") as tmp:
         moto = None

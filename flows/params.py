@@ -141,6 +141,10 @@ class TuneParams(BaseModel):
         json_schema_extra={"mlflow": "param", "metavar": "URL", "on_resume": "may change"})
     rounds_per_unit: int = Field(ROUNDS_PER_UNIT, ge=1, description="XGBoost: boosting rounds per resource unit.",
         json_schema_extra={"mlflow": "param"})
+    external_memory: bool = Field(
+        False, description="XGBoost on this machine (no Dask): train a table read in parts from disk, through "
+        "XGBoost's external memory (a table bigger than memory; chosen by itself when its files exceed half the "
+        "machine's memory).", json_schema_extra={"mlflow": "param"})
     unit_seconds: float = Field(0.0, ge=0.0, description="synthetic: seconds one unit takes (an emulated cost).",
         json_schema_extra={"mlflow": "param", "metavar": "SECONDS"})
     trial_timeout: Optional[float] = Field(
@@ -236,6 +240,8 @@ class TuneParams(BaseModel):
             raise ValueError(f"{' and '.join(given)} together: give one, a function (--trainer) or a script (--script)")
         for model in given.values():
             self.model = model
+        if self.external_memory:
+            _check_external_memory(self)
         code = registry.get(self.model).user_code
         if code == "trainer" and self.dask_address and self.workers != 1:
             raise ValueError(f"a training function runs each trial-rung on one Dask worker; drop workers "
@@ -262,6 +268,20 @@ class TuneParams(BaseModel):
             return self.concurrency
         if cluster_workers:
             return max(1, cluster_workers // self.workers)
-        if self.workers > 1:
-            return 1  # the local cluster of one trial already occupies the machine's cores
+        if self.workers > 1 or self.external_memory:
+            return 1  # the local cluster of one trial, or a table streamed from disk, already occupies the cores
         return max(1, (os.cpu_count() or 1))
+
+
+def _check_external_memory(params: TuneParams) -> None:
+    """``external_memory``: XGBoost's, on this machine, for a table read in parts."""
+    from prefect_hyperband.trainers import data, tables
+
+    if "external_memory" not in registry.get(params.model).fields:
+        raise ValueError(f"external_memory is the xgboost model's; drop it for model {params.model}")
+    if params.workers > 1 or params.dask_address:
+        raise ValueError("external_memory trains on this machine without Dask; drop it, or drop workers and "
+                         "dask_address (on Dask, each group's workers hold their share of the table in memory)")
+    if params.data in data.BUILTIN or not tables.in_parts(params.data):
+        raise ValueError(f"external_memory trains a table read in parts (a Parquet file, or a folder or glob of CSV "
+                         f"or Parquet files, local or a URL); {params.data} is read whole, in memory")

@@ -11,7 +11,7 @@ feature. Features are numbers as they are, then each categorical one-hot over it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 import numpy as np
 
@@ -150,13 +150,50 @@ def read_part(table: Table, part: Part, layout: Layout, seed: int, fraction: flo
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One part's rows (its first ``limit`` only, when given: a sample) encoded by ``layout`` and split by their
     keys: ``X_train, y_train, X_val, y_val``. Runs wherever the part is read: this process, or a Dask worker."""
+    frame = _read(table.filesystem(), table, part, _columns(layout), limit)
+    return _split(frame, validation_rows([(table.name(part), len(frame))], seed, fraction), table, part, layout)
+
+
+def read_batches(table: Table, part: Part, layout: Layout, seed: int, fraction: float, rows: int = 1 << 17
+                 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """``read_part``'s rows in batches of about ``rows`` (a Parquet part, by Arrow's record batches; a CSV part in
+    one): the same rows, keys and split, a part's memory never held in several copies at once."""
+    if table.format != "parquet":
+        yield read_part(table, part, layout, seed, fraction)
+        return
+    import pyarrow.parquet as pq
+
+    fs = table.filesystem()
+    try:
+        with fs.open(part.path, "rb") as fh:
+            source = pq.ParquetFile(fh)
+            validation = validation_rows([(table.name(part), source.metadata.num_rows)], seed, fraction)
+            done = 0
+            for batch in source.iter_batches(batch_size=rows, columns=_columns(layout)):
+                frame = batch.to_pandas()
+                yield _split(frame, validation[done:done + len(frame)], table, part, layout)
+                done += len(frame)
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (an object that cannot be read: named in one line)
+        from prefect_hyperband.trainers.errors import first_line
+        from prefect_hyperband.trainers.tables import _url
+
+        raise InputError(f"cannot read {_url(table, part)}: {type(exc).__name__}: {first_line(exc)}") from None
+
+
+def _columns(layout: Layout) -> list[str]:
+    return [*layout.numeric, *(c for c, _ in layout.categorical), layout.target]
+
+
+def _split(frame: Any, validation: np.ndarray, table: Table, part: Part, layout: Layout
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``frame``'s rows with a target, encoded, split into training and validation rows by ``validation``."""
     from prefect_hyperband.trainers.tables import _url
 
-    frame = _read(table.filesystem(), table, part, [*layout.numeric, *(c for c, _ in layout.categorical),
-                                                    layout.target], limit)
-    validation = validation_rows([(table.name(part), len(frame))], seed, fraction)
     keep = frame[layout.target].notna().to_numpy()
-    frame, validation = frame[keep], validation[keep]
+    if not keep.all():
+        frame, validation = frame[keep], validation[keep]
     try:
         X = encode(frame, layout)
     except (ValueError, TypeError) as exc:  # text in a column the first part's rows showed as numbers (CSV)

@@ -7,8 +7,8 @@ at ``milestones`` (every rung resource of the job's schedule) and seed each segm
 (job seed, segment start): a model is then a pure function of (config, resource), and
 resuming equals training at once, bit for bit, with one ``xgb.train`` call per rung.
 
-Distribution. ``workers == 1`` trains in-process. ``workers > 1`` trains with allreduce over a
-Dask cluster (``xgboost.dask``): a LocalCluster of ``workers`` processes started once per job,
+Distribution. ``workers == 1`` trains in-process (a table in parts from disk with ``external_memory``:
+``trainers.external_memory``). ``workers > 1`` trains with allreduce over a Dask cluster (``xgboost.dask``): a LocalCluster of ``workers`` processes started once per job,
 or an existing scheduler at ``dask_address``; the cluster and its groups are the executor's
 (``executors.dask_groups.xgboost_on``, given by the plug-in as ``placement``), the row partitions
 each group holds the trainer's (``partition``). The cluster's workers are split into disjoint
@@ -23,17 +23,19 @@ centrally, on the whole validation set (XGBoost's distributed AUC is a per-worke
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_sidecar
+from prefect_hyperband.trainers import external_memory as extmem
 from prefect_hyperband.trainers import tables
 from prefect_hyperband.trainers.data import BUILTIN, DataSpec, Dataset, check_metric, layout_of, load, score
 from prefect_hyperband.trainers.errors import InputError
@@ -111,6 +113,7 @@ class XGBoostTrainer:
         placement: Callable[[XGBoostTrainer], Any] | None = None,
         nthread: int | None = None,
         device: str = "cpu",
+        external_memory: bool = False,
     ) -> None:
         if workers < 1:
             raise InputError(f"workers must be >= 1, got {workers}")
@@ -124,12 +127,26 @@ class XGBoostTrainer:
         #: a table in parts, which a Dask cluster's workers read themselves (``partition``); None: data in memory
         self._table = tables.find(spec.data) if spec.data not in BUILTIN and tables.in_parts(spec.data) else None
         self._validation: tuple[Any, Any, np.ndarray] | None = None  # on the cluster: X and y; y's values here
+        if external_memory and (self._table is None or placement is not None or workers > 1):
+            raise InputError("external memory trains a table read in parts (Parquet, or a folder or glob of CSV or "
+                             f"Parquet files) on this machine, without Dask; {spec.data!r}"
+                             + (" is read whole" if self._table is None else " with workers or a Dask address"))
+        #: a table trained from disk (``trainers.external_memory``): asked for, or too big for this machine's memory
+        self.external_memory = (self._table is not None and placement is None and workers == 1
+                                and extmem.chosen(self._table, external_memory))
+        self._extmem: extmem.Matrix | None = None
+        self._extmem_built = threading.Lock()  # built once, by the first trial-rung that needs it
+        self._extmem_lock = threading.Lock()  # trials train on it one at a time (they stream its pages)
         self.metric = metric or self.info.default_metric
         check_metric(self.info, self.metric)
         self.nthread = nthread or max(1, (os.cpu_count() or 1))
         self.device = device
         self.objective = self._objective()
         self._local = threading.local()
+        #: this machine's training matrices not in use (``_dtrain_local``), and how many were built
+        self._free: list[Any] = []
+        self._free_lock = threading.Lock()
+        self.matrices_built = 0
         self.workers = workers
         #: with ``workers > 1`` or ``--dask-address``: the cluster, its client and its free groups of workers, each
         #: holding this trainer's partitions of the training rows (``executors.dask_groups.XGBoostOnDask``)
@@ -210,6 +227,11 @@ class XGBoostTrainer:
         dask, self._dask = self._dask, None
         if dask is not None:
             dask.close()
+        matrix, self._extmem = self._extmem, None
+        if matrix is not None:
+            matrix.close()
+        with self._free_lock:
+            self._free.clear()
 
     # -- training -----------------------------------------------------------------------------
     def _objective(self) -> _Objective:
@@ -233,12 +255,34 @@ class XGBoostTrainer:
             "verbosity": 0,
         }
 
-    def _dtrain_local(self):
+    def _external(self) -> extmem.Matrix:
+        with self._extmem_built:
+            if self._extmem is None:
+                self._extmem = extmem.Matrix(self._table, self.info, self.spec.seed, self.spec.validation_fraction,
+                                             self.nthread)
+            return self._extmem
+
+    @contextlib.contextmanager
+    def _dtrain_local(self) -> Iterator[Any]:
+        """A training matrix no other trial uses meanwhile: built once per trial trained at once (kept between
+        trial-rungs, whichever thread runs them), or the table's external-memory matrix, one trial at a time."""
         import xgboost as xgb
 
-        if getattr(self._local, "dtrain", None) is None:  # one per thread: concurrent trials never share
-            self._local.dtrain = xgb.QuantileDMatrix(self.data.X_train, self.data.y_train, nthread=self.nthread)
-        return self._local.dtrain
+        if self.external_memory:
+            matrix = self._external()
+            with self._extmem_lock:
+                yield matrix.dtrain
+            return
+        with self._free_lock:
+            dtrain = self._free.pop() if self._free else None
+        if dtrain is None:
+            dtrain = xgb.QuantileDMatrix(self.data.X_train, self.data.y_train, nthread=self.nthread)
+            self.matrices_built += 1
+        try:
+            yield dtrain
+        finally:
+            with self._free_lock:
+                self._free.append(dtrain)
 
     def _segment_seed(self, start: int) -> int:
         return (self.seed * 1_000_003 + start * 7_919) % (2**31 - 1)
@@ -257,8 +301,11 @@ class XGBoostTrainer:
             seeded = {**params, "seed": self._segment_seed(a)}
             rounds = (b - a) * self.rounds_per_unit
             if self._dask is None:
-                booster = xgb.train(seeded, self._dtrain_local(), num_boost_round=rounds, xgb_model=booster,
-                                    callbacks=[_StopWhenAsked()])
+                with self._dtrain_local() as dtrain:
+                    booster = xgb.train(seeded, dtrain, num_boost_round=rounds, xgb_model=booster,
+                                        callbacks=[_StopWhenAsked()])
+                if self.external_memory:
+                    extmem.give_back_freed()
             else:
                 booster = self._train_dask(seeded, rounds, booster)
             stopping.check()  # a stop came mid-segment: the booster holds fewer rounds than due, save nothing
@@ -313,6 +360,17 @@ class XGBoostTrainer:
             prediction = dxgb.inplace_predict(self._dask.client, booster, X_val).compute()
             latency = {"predict_ms": (time.perf_counter() - began) * 1e6 / max(1, len(y_val))}
             return score(self.metric, y_val, np.asarray(prediction)), latency
+        if self.external_memory:  # the validation rows on disk, a part at a time
+            last = getattr(self._local, "last", None)
+            booster = last[1] if last is not None and last[0] == checkpoint else self.booster(checkpoint)
+            booster.set_param({"nthread": self.nthread})
+            matrix, began = self._external(), time.perf_counter()
+            prediction = matrix.predict(booster.inplace_predict)
+            latency = {"predict_ms": (time.perf_counter() - began) * 1e6 / max(1, len(matrix.y_val))}
+            value = score(self.metric, matrix.y_val, prediction)
+            del prediction
+            extmem.give_back_freed()
+            return value, latency
         prediction, seconds = self._timed_predict(checkpoint, self.data.X_val)
         latency = {"predict_ms": seconds * 1e6 / max(1, len(self.data.X_val))}
         return score(self.metric, self.data.y_val, prediction), latency

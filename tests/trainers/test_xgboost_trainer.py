@@ -44,6 +44,33 @@ def test_resume_never_retrains_from_scratch(local, tmp_path):
     assert resumed[: len(before)] == before  # the first 30 trees are the checkpoint's, untouched
 
 
+def test_the_training_matrix_is_built_once_per_trial_at_once_not_per_trial_rung(tmp_path):
+    """Each trial-rung runs in a thread of its own (``executors.threads``): the matrices are kept by the trainer,
+    one per trial trained at once, whichever thread takes one next."""
+    import threading
+
+    trainer = XGBoostTrainer(DataSpec(data="breast-cancer"), seed=3, milestones=MILESTONES, nthread=1)
+    for i in range(3):  # one after another, each in a new thread
+        thread = threading.Thread(target=trainer.train, args=(CONFIG, 1, None, str(tmp_path / f"s{i}.ubj")))
+        thread.start()
+        thread.join()
+    assert trainer.matrices_built == 1
+    gate, inside = threading.Barrier(2), []
+
+    def two_at_once(i: int) -> None:
+        with trainer._dtrain_local() as dtrain:
+            inside.append(dtrain)
+            gate.wait(timeout=30)  # both hold one at the same time: never the same
+
+    threads = [threading.Thread(target=two_at_once, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert trainer.matrices_built == 2 and inside[0] is not inside[1]
+    trainer.close()
+
+
 def test_tuned_config_beats_default_on_bank_marketing(local, tmp_path):
     tuned = local.evaluate(local.train(CONFIG, 9, None, str(tmp_path / "t.ubj")).checkpoint)
     default = local.evaluate(local.train(DEFAULT_CONFIG, 9, None, str(tmp_path / "d.ubj")).checkpoint)

@@ -23,7 +23,7 @@ def build(settings: Any):
 
 def extra(params: Any) -> tuple[tuple[str, Any], ...]:
     """The model's knob, as every model's travels (``TrainerSettings.extra``)."""
-    return (("rounds_per_unit", params.rounds_per_unit),)
+    return (("rounds_per_unit", params.rounds_per_unit), ("external_memory", params.external_memory))
 
 
 def space():
@@ -76,6 +76,6 @@ def check_config(config: dict[str, Any]) -> None:
 
 MODEL = Model(
     "xgboost", build, "XGBoost (one unit = --rounds-per-unit boosting rounds)", space=space, metric=metric,
-    checkpoint_suffix=".ubj", local_workers=True, log_model=log_model, order=0, fields=("rounds_per_unit",),
+    checkpoint_suffix=".ubj", local_workers=True, log_model=log_model, order=0, fields=("rounds_per_unit", "external_memory"),
     extra=extra, check_config=check_config,
 )
