@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Any
 
+from prefect_hyperband.flows import patches
 from prefect_hyperband.flows.groups import FLOW_NAME as GROUP_FLOW
 from prefect_hyperband.tasks.record import CUT_SHORT
 from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
@@ -47,7 +48,7 @@ class JobLog:
         from prefect.logging.configuration import setup_logging
 
         setup_logging()  # Prefect's console handler first: it leaves out the root logger once another handler is on it
-        _api_logs_in_one_line()  # --verbose too
+        patches.api_log_errors_as_warnings(API_LOGS)  # --verbose too
         self.path: str | None = None
         self.held = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
         self.held.setLevel(logging.INFO)
@@ -175,33 +176,8 @@ def _stopped(record) -> bool:
     return type(exc).__name__ == "Stopped" or "encountered an exception Stopped:" in record.getMessage()
 
 
-#: the logger of the job's line for log lines Prefect's API did not take (``_api_logs_in_one_line``)
+#: the logger of the job's line for log lines Prefect's API did not take (``flows.patches.api_log_errors_as_warnings``)
 API_LOGS = "prefect_hyperband.api_logs"
-
-
-def _api_logs_in_one_line() -> None:
-    """Prefect's log worker (``APILogWorker._handle_batch``, prefect 3.8.8, pinned) writes ``--- Error logging to API
-    ---`` and the error, with no newline after it, straight to stderr for every batch its API did not take (its server
-    restarting): the job's next terminal line was glued to it. The same call with the error as a warning of
-    ``API_LOGS`` instead, which the terminal shows once and job.log keeps each time."""
-    from prefect.logging.handlers import APILogWorker
-
-    if getattr(APILogWorker._handle_batch, "hyperband", False):
-        return
-
-    async def _handle_batch(self, items) -> None:
-        try:
-            await self._client.create_logs(items)
-        except Exception as exc:  # noqa: BLE001  (as Prefect's: a log line is never the job's failure)
-            from prefect.settings import PREFECT_LOGGING_INTERNAL_LEVEL
-
-            logging.getLogger(API_LOGS).warning(
-                "the Prefect API did not take the job's log lines (%s: %s); the Prefect UI misses those of that "
-                "moment (the terminal and job.log keep them)", type(exc).__name__, exc,
-                exc_info=PREFECT_LOGGING_INTERNAL_LEVEL.value() == "DEBUG")  # as Prefect's: its traceback at DEBUG
-
-    _handle_batch.hyperband = True  # type: ignore[attr-defined]
-    APILogWorker._handle_batch = _handle_batch  # type: ignore[method-assign]
 
 
 def quiet_terminal(live: bool = False) -> None:
@@ -211,7 +187,7 @@ def quiet_terminal(live: bool = False) -> None:
     from prefect.logging.handlers import PrefectConsoleHandler
 
     setup_logging()  # idempotent: Prefect's handlers exist before the filter goes on them
-    _api_logs_in_one_line()
+    patches.api_log_errors_as_warnings(API_LOGS)  # its errors a warning of the job's, not a glued line
     # the root's console handler, and prefect._internal's own (it does not propagate: its services' errors at exit)
     handlers = [*logging.getLogger().handlers, *logging.getLogger("prefect._internal").handlers]
     terminal = _TerminalFilter(live)  # one for both: a kind of Prefect's lines said once, whichever handler it took

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
-from unittest import mock
 
 from prefect_hyperband.executors.loop import signal_name
+from prefect_hyperband.flows import patches
 from prefect_hyperband.trainers.stopping import StopToken
 
 
@@ -171,7 +171,7 @@ def temporary_server(launched: Launched | None = None, say: Callable[[str], None
                 return ahead.pop() if ahead else _uvicorn(instance.port)
 
             instance.port = launched.port
-            with mock.patch.object(instance, "_run_uvicorn_command", run_uvicorn):
+            with patches.started_by(instance, run_uvicorn):
                 instance.start()
     return instance
 

@@ -21,8 +21,8 @@ tries again after 2 s: measured, a default-shaped synthetic job (R=9, 22 trial-r
 most of it trial-rungs waiting for their bracket's subflow run. ``create_app`` is Prefect's application with those
 two POSTs begun IMMEDIATE (the write lock first, waited for under the busy timeout, as Prefect's own orchestration
 does): the same jobs took 5.3-5.4 s, and no 503 was answered. The temporary servers started here (the CLI's, the
-Python API's, the test suite's, the benchmarks') run it; Prefect is pinned, and ``tests/flows/test_server.py`` checks the internals
-it relies on.
+Python API's, the test suite's, the benchmarks') run it; Prefect is pinned, and the patch is ``flows.patches``'s
+(``tests/flows/test_patches.py`` checks the internals it relies on).
 """
 
 from __future__ import annotations
@@ -60,14 +60,10 @@ def create_app() -> Any:
     """Prefect's server application (``PREFECTS_APP``, its settings from the environment), where on SQLite the
     ``READ_THEN_INSERT`` requests begin their transaction IMMEDIATE (see the module's notes)."""
     from prefect.server.api.server import create_app as prefects
-    from prefect.server.database.configurations import AioSqliteConfiguration
 
-    begin = AioSqliteConfiguration.begin_transaction
+    from prefect_hyperband.flows.patches import sqlite_begin_immediate
 
-    def begin_transaction(self: Any, session: Any, with_for_update: bool = False) -> Any:
-        return begin(self, session, with_for_update=with_for_update or _immediate.get())
-
-    AioSqliteConfiguration.begin_transaction = begin_transaction  # type: ignore[method-assign]
+    sqlite_begin_immediate(_immediate.get)
     app = prefects()
 
     async def asgi(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
@@ -105,11 +101,12 @@ def harness(startup_timeout: int = 180) -> Iterator[None]:
     """Prefect's test harness (a temporary server, this process's settings pointing at it) with its server running
     ``OUR_APP``: the test suite's and the benchmarks' Prefect, as the CLI's temporary server."""
     import subprocess
-    from unittest import mock
 
     from prefect.testing.utilities import prefect_test_harness
 
+    from prefect_hyperband.flows.patches import starting_our_app
+
     with contextlib.ExitStack() as started:
-        with mock.patch.object(subprocess, "Popen", with_our_app(subprocess.Popen)):  # only while it starts
+        with starting_our_app(with_our_app(subprocess.Popen)):  # only while it starts
             started.enter_context(prefect_test_harness(server_startup_timeout=startup_timeout))
         yield

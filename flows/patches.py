@@ -1,0 +1,92 @@
+"""Every patch of a library's internals, in one module: what each replaces, why, and the version it was written for
+(``WRITTEN_FOR``, the pins in pyproject.toml). ``tests/flows/test_patches.py`` fails when an installed version
+differs from it or an internal a patch relies on changed, and when code outside this module patches a library.
+
+- ``sqlite_begin_immediate``: Prefect's server, ``AioSqliteConfiguration.begin_transaction``: the two POSTs that read
+  and then insert begin IMMEDIATE on SQLite (``flows.server``'s notes: a 503 and a 2 s retry otherwise).
+- ``starting_our_app``: ``subprocess.Popen`` while Prefect's test harness starts its server: our app in place of
+  Prefect's (the test suite's and the benchmarks' server, as the CLI's).
+- ``started_by``: a ``SubprocessASGIServer``'s ``_run_uvicorn_command`` for one ``start()``: it takes up the server
+  process the job launched ahead (``flows.process.temporary_server``) instead of starting another.
+- ``api_log_errors_as_warnings``: Prefect's log worker, ``APILogWorker._handle_batch``: a batch its API did not
+  take is a warning of the job's, not a line glued to the next on stderr (``app.terminal``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Callable, Iterator
+
+#: the versions these patches were written and tested for
+WRITTEN_FOR = {"prefect": "3.8.8"}
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name`` is ``value`` inside the block, and what it was (or nothing of its own) after it."""
+    old = vars(owner).get(name, _MISSING)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if old is _MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, old)
+
+
+def sqlite_begin_immediate(when: Callable[[], bool]) -> None:
+    """In a Prefect server's process: its SQLite transactions begin IMMEDIATE (the write lock first) while
+    ``when()`` is true, as Prefect's own orchestration asks with ``with_for_update``."""
+    from prefect.server.database.configurations import AioSqliteConfiguration
+
+    begin = AioSqliteConfiguration.begin_transaction
+    if getattr(begin, "hyperband", False):
+        return
+
+    def begin_transaction(self: Any, session: Any, with_for_update: bool = False) -> Any:
+        return begin(self, session, with_for_update=with_for_update or when())
+
+    begin_transaction.hyperband = True  # type: ignore[attr-defined]
+    AioSqliteConfiguration.begin_transaction = begin_transaction  # type: ignore[method-assign]
+
+
+def starting_our_app(popen: Callable[..., Any]) -> contextlib.AbstractContextManager[None]:
+    """Inside the block, ``subprocess.Popen`` is ``popen`` (``flows.server.with_our_app``): Prefect's test harness
+    starts its server through it, with no parameter for the application."""
+    import subprocess
+
+    return _replaced(subprocess, "Popen", popen)
+
+
+def started_by(instance: Any, run_uvicorn: Callable[[], Any]) -> contextlib.AbstractContextManager[None]:
+    """Inside the block, ``instance`` (Prefect's ``SubprocessASGIServer``) starts its process with ``run_uvicorn()``
+    instead of its ``_run_uvicorn_command``, its own start's health wait and bookkeeping unchanged."""
+    return _replaced(instance, "_run_uvicorn_command", run_uvicorn)
+
+
+def api_log_errors_as_warnings(logger: str) -> None:
+    """Prefect's log worker writes ``--- Error logging to API ---`` and the error, with no newline, straight to stderr
+    for every batch its API did not take (its server restarting). The same call with the error as a warning of
+    ``logger`` instead (its traceback at Prefect's internal DEBUG level, as Prefect's)."""
+    from prefect.logging.handlers import APILogWorker
+
+    if getattr(APILogWorker._handle_batch, "hyperband", False):
+        return
+
+    async def _handle_batch(self: Any, items: Any) -> None:
+        try:
+            await self._client.create_logs(items)
+        except Exception as exc:  # noqa: BLE001  (as Prefect's: a log line is never the job's failure)
+            from prefect.settings import PREFECT_LOGGING_INTERNAL_LEVEL
+
+            logging.getLogger(logger).warning(
+                "the Prefect API did not take the job's log lines (%s: %s); the Prefect UI misses those of that "
+                "moment (the terminal and job.log keep them)", type(exc).__name__, exc,
+                exc_info=PREFECT_LOGGING_INTERNAL_LEVEL.value() == "DEBUG")
+
+    _handle_batch.hyperband = True  # type: ignore[attr-defined]
+    APILogWorker._handle_batch = _handle_batch  # type: ignore[method-assign]

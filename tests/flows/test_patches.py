@@ -1,0 +1,98 @@
+"""``flows/patches.py`` holds every patch of a library's internals: each for the version it names, each internal it
+replaces as it was when written, and no patch elsewhere in the package."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from importlib.metadata import version
+from pathlib import Path
+from types import SimpleNamespace
+
+from prefect_hyperband.flows import patches
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ("app", "flows", "tasks", "executors", "trainers", "hyperband", "deployments", "examples")
+
+
+def test_the_installed_libraries_are_the_versions_the_patches_were_written_for():
+    pins = dict(re.findall(r'"([a-z-]+)==([\d.]+)"', (ROOT / "pyproject.toml").read_text()))
+    for library, written_for in patches.WRITTEN_FOR.items():
+        assert version(library) == written_for == pins[library], f"re-read flows/patches.py for {library}"
+
+
+def test_the_internals_the_patches_replace_are_as_they_were_written_for():
+    import prefect.logging.handlers as handlers
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.server.database.configurations import AioSqliteConfiguration
+
+    # the source as installed: this process may have patched the class already
+    source = Path(handlers.__file__).read_text()
+    assert "async def _handle_batch(self, items: list[dict[str, Any]]):" in source
+    assert "--- Error logging to API ---" in source and "await self._client.create_logs(items)" in source
+    assert list(inspect.signature(SubprocessASGIServer._run_uvicorn_command).parameters) == ["self"]
+    assert "self.server_process = self._run_uvicorn_command()" in inspect.getsource(SubprocessASGIServer.start)
+    assert list(inspect.signature(AioSqliteConfiguration.begin_transaction).parameters) == [
+        "self", "session", "with_for_update"]
+
+
+def test_a_replacement_lasts_its_block_and_leaves_what_was_there():
+    class Owner:
+        def run(self) -> str:
+            return "theirs"
+
+    instance = Owner()
+    with patches.started_by(instance, lambda: "ours"):
+        assert instance._run_uvicorn_command() == "ours"
+    assert not hasattr(instance, "_run_uvicorn_command")  # nothing of its own left on the instance
+    import subprocess
+
+    popen = subprocess.Popen
+    with patches.starting_our_app(lambda *a, **k: "started"):
+        assert subprocess.Popen(["true"]) == "started"
+    assert subprocess.Popen is popen
+
+
+def test_the_log_workers_patch_is_applied_once_and_makes_a_refused_batch_a_warning():
+    import asyncio
+    import logging
+
+    from prefect.logging.handlers import APILogWorker
+
+    from prefect_hyperband.app.terminal import API_LOGS
+
+    patches.api_log_errors_as_warnings(API_LOGS)
+    patched = APILogWorker._handle_batch
+    patches.api_log_errors_as_warnings(API_LOGS)
+    assert APILogWorker._handle_batch is patched
+
+    async def refused(items):
+        raise ConnectionError("gone")
+
+    records: list[logging.LogRecord] = []
+    catch = logging.Handler()
+    catch.emit = records.append
+    logging.getLogger(API_LOGS).addHandler(catch)
+    try:
+        asyncio.run(APILogWorker._handle_batch(SimpleNamespace(_client=SimpleNamespace(create_logs=refused)), []))
+    finally:
+        logging.getLogger(API_LOGS).removeHandler(catch)
+    assert [r.levelname for r in records] == ["WARNING"]
+    assert "the Prefect API did not take the job's log lines (ConnectionError: gone)" in records[0].getMessage()
+
+
+def test_no_module_but_patches_replaces_a_librarys_internals_and_none_uses_mock():
+    found = []
+    for folder in PACKAGE:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            text = path.read_text()
+            tree = ast.parse(text)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("unittest"):
+                    found.append(f"{path.relative_to(ROOT)}: imports {node.module}")
+                if isinstance(node, ast.Import) and any(a.name.startswith("unittest") for a in node.names):
+                    found.append(f"{path.relative_to(ROOT)}: imports unittest")
+            if path.name != "patches.py" and "method-assign" in text:
+                found.append(f"{path.relative_to(ROOT)}: assigns a method")
+    assert not found
