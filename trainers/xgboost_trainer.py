@@ -143,6 +143,7 @@ class XGBoostTrainer:
         self.device = device
         self.objective = self._objective()
         self._local = threading.local()
+        self._key = f"hyperband-{os.getpid()}-{id(self):x}-{time.time_ns():x}"  # this trainer's, on Dask's workers
         #: this machine's training matrices not in use (``_dtrain_local``), and how many were built
         self._free: list[Any] = []
         self._free_lock = threading.Lock()
@@ -190,32 +191,38 @@ class XGBoostTrainer:
 
     def _read_on(self, client: Any, group: tuple[str, ...]) -> Any:
         """A table's parts read by ``group``'s workers themselves (once per group and job), each encoded by the job's
-        layout and split by its rows' keys; the first group also keeps the validation rows, scored where they are."""
+        layout and split by its rows' keys, kept there for the group's matrices (``trainers.xgboost_ranks``); the
+        first group also keeps the validation rows, scored where they are."""
+        import operator
+
         import dask
         import dask.array as da
-        from xgboost import dask as dxgb
-
-        from prefect_hyperband.trainers.layout import read_part
-
-        n, ytype = len(self.info.feature_names), np.float32 if self.info.task == "regression" else np.int64
-        reads = [dask.delayed(read_part, pure=True, nout=4)(self._table, part, self.info, self.spec.seed,
-                                                            self.spec.validation_fraction) for part in self._table.parts]
-
-        def rows(i: int) -> list[Any]:
-            return [da.concatenate([da.from_delayed(r[i], shape=(np.nan, n), dtype=np.float32) for r in reads]),
-                    da.concatenate([da.from_delayed(r[i + 1], shape=(np.nan,), dtype=ytype) for r in reads])]
-
-        wanted = rows(0) + (rows(2) if self._validation is None else [])
-        began = time.perf_counter()
-        held = client.persist(wanted, workers=list(group), allow_other_workers=False)
         from distributed import wait
 
-        wait(held)
+        from prefect_hyperband.trainers import xgboost_ranks
+        from prefect_hyperband.trainers.layout import read_part
+
+        began, first = time.perf_counter(), self._validation is None
+        on = {"workers": list(group), "allow_other_workers": False, "pure": False}
+        read = read_part if first else xgboost_ranks.training_part
+        reads = [client.submit(read, self._table, part, self.info, self.spec.seed, self.spec.validation_fraction,
+                               **on) for part in self._table.parts]
+        wait(reads)
+        parts = reads if not first else [client.submit(operator.itemgetter(0, 1), r, **on) for r in reads]
+        if first:
+            n = len(self.info.feature_names)
+            ytype = np.float32 if self.info.task == "regression" else np.int64
+            X_val = da.concatenate([da.from_delayed(dask.delayed(operator.getitem)(r, 2), shape=(np.nan, n),
+                                                    dtype=np.float32) for r in reads])
+            y_val = da.concatenate([da.from_delayed(dask.delayed(operator.getitem)(r, 3), shape=(np.nan,),
+                                                    dtype=ytype) for r in reads])
+            X_val, y_val = client.persist([X_val, y_val], workers=list(group), allow_other_workers=False)
+            wait(parts + [X_val, y_val])
+            self._validation = (X_val, y_val, y_val.compute())
+            del reads
         logging.getLogger(__name__).info("group %s read the table's %d part(s) from %s in %.2f s", ",".join(group),
                                          len(self._table.parts), self._table.url, time.perf_counter() - began)
-        if self._validation is None:
-            self._validation = (held[2], held[3], held[3].compute())
-        return dxgb.DaskQuantileDMatrix(client, held[0], held[1])
+        return xgboost_ranks.rows_on(client, f"{self._key}:{','.join(group)}", parts)
 
     @property
     def worker_groups(self) -> Any:
@@ -226,6 +233,11 @@ class XGBoostTrainer:
         """Shut down what this trainer started; an external cluster is only disconnected."""
         dask, self._dask = self._dask, None
         if dask is not None:
+            if self._table is not None:  # the workers' matrices (an external cluster's workers outlive the job)
+                from prefect_hyperband.trainers import xgboost_ranks
+
+                with contextlib.suppress(Exception):
+                    xgboost_ranks.drop(dask.client, self._key)
             dask.close()
         matrix, self._extmem = self._extmem, None
         if matrix is not None:
@@ -318,11 +330,15 @@ class XGBoostTrainer:
     def _train_dask(self, params: dict[str, Any], rounds: int, booster):
         from xgboost import dask as dxgb
 
+        from prefect_hyperband.trainers import xgboost_ranks
+
         params = {**params, "nthread": max(1, self.nthread // self.workers)}
         dask = self._dask
         if dask is None:
             raise RuntimeError("the Dask cluster of this trainer is closed (the job is stopping)")
         with dask.worker_groups.take() as (_, dtrain):  # a free group of workers: trials on one group never interleave
+            if isinstance(dtrain, xgboost_ranks.Rows):  # a table's parts: each worker's matrix kept between calls
+                return xgboost_ranks.train(dask.client, dtrain, params, rounds, booster)
             return dxgb.train(dask.client, params, dtrain, num_boost_round=rounds, xgb_model=booster)["booster"]
 
     # -- evaluation ---------------------------------------------------------------------------

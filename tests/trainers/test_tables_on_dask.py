@@ -27,10 +27,8 @@ def test_two_groups_read_the_parts_themselves_and_encode_and_split_them_as_one_m
     """Two groups of one worker (hosts 127.0.0.1 and 127.0.0.2) each read the whole table from its parts: the same
     columns (every category of every part), so the same booster on either group; the validation rows the first group
     keeps are those the local trainer splits off; the job's process reads no row (its trainer's data never loaded)."""
-    from xgboost import dask as dxgb
-
     from prefect_hyperband.executors.dask_groups import xgboost_on
-    from prefect_hyperband.trainers import data
+    from prefect_hyperband.trainers import data, xgboost_ranks
     from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
 
     _table(tmp_path / "t")
@@ -43,9 +41,17 @@ def test_two_groups_read_the_parts_themselves_and_encode_and_split_them_as_one_m
             client = trainer._dask.client
             params = {**trainer.params({"max_depth": 3, "eta": 0.3}), "seed": 1, "nthread": 1}
             boosters = []
-            for group in [(w,) for w in sorted(client.scheduler_info()["workers"])]:
-                dtrain = trainer.partition(client, group)
-                boosters.append(dxgb.train(client, params, dtrain, num_boost_round=5)["booster"])
+            groups = [(w,) for w in sorted(client.scheduler_info()["workers"])]
+            for group in groups:
+                rows = trainer.partition(client, group)
+                assert list(rows.by_worker) == list(group)
+                boosters.append(xgboost_ranks.train(client, rows, params, 5, None))
+            # a trial-rung continues on the matrix its group's worker built at the first: 5 + 5 rounds = 10 at once
+            more = xgboost_ranks.train(client, rows, params, 5, boosters[-1])
+            once = xgboost_ranks.train(client, rows, params, 10, None)
+            assert np.array_equal(more.inplace_predict(local.X_val), once.inplace_predict(local.X_val))
+            kept = client.run(lambda: sorted(xgboost_ranks._matrices))
+            assert sorted(len(keys) for keys in kept.values()) == [1, 1]  # one matrix per worker, built once
             X_val, _, y_val = trainer._validation
             assert np.array_equal(y_val, local.y_val)
             assert np.allclose(X_val.compute(), local.X_val)
@@ -57,8 +63,13 @@ def test_two_groups_read_the_parts_themselves_and_encode_and_split_them_as_one_m
             assert score == pytest.approx(data.score("auc", local.y_val, predictions[0]))
             assert latency["predict_ms"] > 0
             assert trainer._data is None and data._load_table.cache_info().currsize == 0  # no row read here
+            dask = trainer._dask
+            trainer.close()
+            assert dask is not None
         finally:
             trainer.close()
+        with __import__("distributed").Client(c.address) as client:  # the job's end: the workers' matrices dropped
+            assert all(not keys for keys in client.run(lambda: list(xgboost_ranks._matrices)).values())
 
 
 def _saved(booster, tmp_path) -> str:
