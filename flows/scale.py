@@ -119,7 +119,7 @@ def _transfer(job, trainer, n: int, config: dict[str, Any], uri: str, study_run:
     try:
         began = time.perf_counter()
         trained = trainer.train(config, job.max_resource, None, job.checkpoint_path("transfer", job.max_resource))
-        score = trainer.evaluate(trained.checkpoint)
+        score = trainer.measure(trained.checkpoint)[0]
         retrying(tracking.log_result, uri, run_id, trained.history,
                  {job.metric_key: score, "train_seconds": trained.seconds,
                   "worker_seconds": trained.seconds * trained.workers,

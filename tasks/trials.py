@@ -105,8 +105,8 @@ def evaluate_trial(job: Job, trial_id: str, resource: int, trained: TrainResult)
     (the costs measured here: the rung's training seconds, the checkpoint's bytes, the trainer's prediction ms)."""
     began = time.perf_counter()
     local = job.store().fetch(trained.checkpoint)
-    trainer = factory.get(job.settings)  # its ``measure``: the metric and what else it measures (``predict_ms``)
-    value, measured = trainer.measure(local) if hasattr(trainer, "measure") else (trainer.evaluate(local), {})
+    trainer = factory.get(job.settings)
+    value, measured = trainer.measure(local)  # the metric, and what else it measures (``predict_ms``)
     if not job.objectives:
         return Evaluation(value, time.perf_counter() - began)
     figures = {"train_seconds": trained.seconds, "model_bytes": float(size_of(local)), **measured, job.metric_key: value}

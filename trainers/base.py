@@ -52,8 +52,10 @@ class Trainer(Protocol):
         """Train ``config`` up to ``resource`` units, resuming from ``checkpoint`` (never from scratch when given);
         write the new checkpoint to ``out``."""
 
-    def evaluate(self, checkpoint: str) -> float:
-        """The validation metric of a checkpoint, computed centrally on the whole validation set."""
+    def measure(self, checkpoint: str) -> tuple[float, dict[str, float]]:
+        """The validation metric of a checkpoint, computed centrally on the whole validation set, and what else
+        the trainer measured of it (the built-ins: ``predict_ms``; a user's code: its other reported figures).
+        The built-in trainers also have ``evaluate(checkpoint)``, the value alone."""
 
     def close(self) -> None:
         """Release what the trainer started (clusters, process groups)."""

@@ -152,10 +152,14 @@ class SyntheticTrainer:
         write_sidecar(out, resource)
         return TrainResult(out, resource, resource - start, time.perf_counter() - began, self.workers, history)
 
-    def evaluate(self, checkpoint: str) -> float:
-        """The loss at the checkpoint's resource."""
+    def measure(self, checkpoint: str) -> tuple[float, dict[str, float]]:
+        """The loss at the checkpoint's resource (nothing else measured)."""
         held = _read(checkpoint)
-        return self.curve(held["config"], int(held["resource"]))
+        return self.curve(held["config"], int(held["resource"])), {}
+
+    def evaluate(self, checkpoint: str) -> float:
+        """``measure``'s value alone."""
+        return self.measure(checkpoint)[0]
 
     def close(self) -> None:
         """Nothing to release."""
