@@ -1,4 +1,4 @@
-"""``hyperband plan``, ``hyperband tune`` and ``hyperband deploy``: bad input ends in one line and exit code 2, never a traceback."""
+"""``hyperband plan``, ``tune``, ``scale``, ``deploy`` and ``worker``: bad input ends in one line and exit code 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from prefect_hyperband.app.flags import EXIT_USAGE, build_parser, given, schedule_fields, study_model
 from prefect_hyperband.app.starting import started
+from prefect_hyperband.app.worker import main as serve_trial_rungs
 
 #: the job stopped on something outside it that may come back (its Dask scheduler): ``--resume`` later (EX_TEMPFAIL)
 EXIT_TEMPFAIL = 75
@@ -22,8 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "deploy":
-            return _deploy(args)
+        if args.command in ("deploy", "worker"):
+            return _deploy(args) if args.command == "deploy" else serve_trial_rungs(args)
         try:
             flags = given(args)
         except SettingsError as exc:  # a value the flag's type cannot take (a mapping that is not JSON)

@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "job_dir) from its saved state; same as --job-id JOB with resume.")))
     _output_flags(tune)
 
+    from prefect_hyperband.app import worker
+
+    worker.add_parser(sub)
     study = sub.add_parser("scale", help="the tuning job at several cluster sizes: tuned vs transferred score, cost, speed")
     from pydantic_settings import CliSuppress
 

@@ -24,6 +24,8 @@ def started(tune, params):
                 if params.job_id in bodies_begun or not unavailable(exc):
                     raise
                 why = one_line_of(exc)
+            finally:
+                bodies_begun.discard(params.job_id)  # the set holds the jobs being started now, none after
         if time.monotonic() >= deadline:
             print(f"hyperband: error: the Prefect API could not start job {params.job_id} for "
                   f"{params.service_wait:g} s (--service-wait): {why}; nothing ran, run the same command again",

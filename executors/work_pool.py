@@ -64,30 +64,41 @@ class TrialRunGivenUp(RuntimeError):
 @flow(name=FLOW_NAME, log_prints=False, validate_parameters=False)
 def trial(job: dict[str, Any], trial_rung: dict[str, Any], heartbeat_seconds: float = HEARTBEAT_SECONDS) -> dict[str, Any]:
     """Train one trial-rung (resuming its checkpoint) and evaluate it; the result goes to the job's storage."""
-    spec = Job.from_json(job)
-    if spec.storage:  # an object store: this machine's copies of the checkpoints live in a folder of its own
-        spec = replace(spec, job_dir=os.path.join(tempfile.gettempdir(), "prefect-hyperband", spec.job_id))
-    else:
-        os.makedirs(spec.job_dir, exist_ok=True)
-    trial_rung = TrialRung(**{**trial_rung, "config": dict(trial_rung["config"])})
+    spec, trial_rung = on_this_machine(job, trial_rung)
     run_id = str(FlowRunContext.get().flow_run.id)
     _go_on_unless_given_up(run_id)  # given up while it waited for a process: no training at all
     store = spec.store()
     with factory.scope(), stopping.bind(stopping.StopToken()) as token:
-        with _heartbeat(spec, run_id, heartbeat_seconds, token):  # beating before the trainer's imports
+        with heartbeat(spec, run_id, heartbeat_seconds, token):  # beating before the trainer's imports
             from prefect_hyperband.executors import runner
 
             out = runner.work(spec, trial_rung)
         _go_on_unless_given_up(run_id)  # given up while it trained (a machine too busy to beat in time)
-        result = {
-            "trained": out.trained.to_json() if out.trained is not None else None,
-            "evaluated": {"score": out.evaluated.score, "seconds": out.evaluated.seconds,
-                          "metrics": out.evaluated.metrics} if out.evaluated else None,
-            "error": out.error, "started": out.started, "ended": out.ended, "host": os.uname().nodename,
-            "pid": os.getpid(),
-        }
+        result = result_of(out)
         store.write_json(f"results/{run_id}.json", result)
         return result
+
+
+def on_this_machine(job: dict[str, Any], trial_rung: dict[str, Any]) -> tuple[Job, TrialRung]:
+    """A remote trial-rung's job and trial-rung from their JSON, the job's folder on this machine (with an object
+    store, a folder of its own for its copies of the checkpoints)."""
+    spec = Job.from_json(job)
+    if spec.storage:
+        spec = replace(spec, job_dir=os.path.join(tempfile.gettempdir(), "prefect-hyperband", spec.job_id))
+    else:
+        os.makedirs(spec.job_dir, exist_ok=True)
+    return spec, TrialRung(**{**trial_rung, "config": dict(trial_rung["config"])})
+
+
+def result_of(out: Any) -> dict[str, Any]:
+    """A remote trial-rung's outcome as it leaves it in the job's storage (``outcome_of`` reads it back)."""
+    return {
+        "trained": out.trained.to_json() if out.trained is not None else None,
+        "evaluated": {"score": out.evaluated.score, "seconds": out.evaluated.seconds,
+                      "metrics": out.evaluated.metrics} if out.evaluated else None,
+        "error": out.error, "started": out.started, "ended": out.ended, "host": os.uname().nodename,
+        "pid": os.getpid(),
+    }
 
 
 def _given_up(run_id: str) -> str | None:
@@ -108,9 +119,12 @@ def _go_on_unless_given_up(run_id: str) -> None:
 
 
 @contextlib.contextmanager
-def _heartbeat(job: Job, run_id: str, seconds: float, token: stopping.StopToken | None = None) -> Iterator[None]:
+def heartbeat(job: Job, run_id: str, seconds: float, token: stopping.StopToken | None = None,
+              given_up: Any = None) -> Iterator[None]:
     """A beat in the storage every ``seconds`` while the trial-rung runs: the controller's sign of life. After
-    each beat, whether the controller gave the run up: if so, the training is stopped through ``token``."""
+    each beat, whether the controller gave the run up (``given_up(run_id)``, a flow run's by default): if so, the
+    training is stopped through ``token``."""
+    given_up = given_up or _given_up
     store, key, done = job.store(), f"heartbeats/{run_id}.json", threading.Event()
 
     def beat() -> None:
@@ -122,7 +136,7 @@ def _heartbeat(job: Job, run_id: str, seconds: float, token: stopping.StopToken 
             except Exception:  # a storage hiccup: the next beat may pass; the controller allows several misses
                 pass
             try:
-                why = _given_up(run_id) if token is not None and not token.requested() else None
+                why = given_up(run_id) if token is not None and not token.requested() else None
             except Exception:  # Prefect's API did not answer this time: asked again at the next beat
                 why = None
             if why is not None:
@@ -212,7 +226,7 @@ def run_remote(job: Job, trial_rung: TrialRung) -> tuple[TrainResult | None, Eva
     run = run_deployment(name, parameters=parameters, timeout=0, as_subflow=True,
                          flow_run_name=f"{trial_rung.trial_id} to r={trial_rung.resource}", tags=["hyperband", f"job:{job.job_id}"])
     store, key = job.store(), f"results/{run.id}.json"
-    beats = _Beats(store, f"heartbeats/{run.id}.json", heartbeat_timeout())
+    beats = Beats(store, f"heartbeats/{run.id}.json", heartbeat_timeout())
     with get_client(sync_client=True) as client:
         while True:
             state = client.read_flow_run(run.id).state
@@ -233,6 +247,12 @@ def run_remote(job: Job, trial_rung: TrialRung) -> tuple[TrainResult | None, Eva
     if result is None:
         raise TrialRunLost(f"flow run {run.name} ({run.id}) ended {state.type.value}: {state.message or 'no result'}")
     store.delete(key)
+    return outcome_of(result)
+
+
+def outcome_of(result: dict[str, Any]) -> tuple[TrainResult | None, Evaluation | None, str | None, float | None,
+                                                 float | None]:
+    """A trial-rung's result as a remote run leaves it in the storage: (trained, evaluated, error, started, ended)."""
     trained = TrainResult(**result["trained"]) if result["trained"] else None
     raw = result["evaluated"]
     evaluated = Evaluation(**{**raw, "score": tuple(raw["score"]) if isinstance(raw["score"], list) else raw["score"]}) \
@@ -246,7 +266,7 @@ def _trial_json(trial_rung: TrialRung) -> dict[str, Any]:
     return asdict(trial_rung)
 
 
-class _Beats:
+class Beats:
     """Whether a trial flow run still lives: its heartbeats must keep changing once it runs.
 
     Measured on the controller's clock (machines' clocks may differ): a run whose heartbeat has not changed

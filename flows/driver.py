@@ -57,7 +57,8 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     logger = get_run_logger()
     trainers = factory.current()
     groups = Groups(job.mode, warn=logger.warning)  # the trial-rungs' subflow runs (``flows.groups``)
-    executor = ThreadExecutor(functools.partial(runner.remote if job.trial_pool else runner.work, job), token,
+    where = runner.remote if job.trial_pool else runner.on_task_workers if job.task_workers else runner.work
+    executor = ThreadExecutor(functools.partial(where, job), token,
                               interrupt=lambda: trainers.interrupt(job.settings), place=groups.enter)
     tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning, writer)
     tracker.wait_ready()

@@ -172,6 +172,10 @@ class TuneParams(BaseModel):
         None, description="Prefect work pool whose workers run the trial-rungs (one hyperband-trial flow run each); "
         "default: this process.", json_schema_extra={"mlflow": "param", "metavar": "POOL", "on_resume": "may change"}
     )
+    task_workers: bool = Field(
+        False, description="Trial-rungs as background task runs that `hyperband worker` processes take, on any "
+        "machine (warm: no process per trial-rung); needs a Prefect server they reach (PREFECT_API_URL) and storage "
+        "they share.", json_schema_extra={"mlflow": "param", "on_resume": "may change"})
     job_id: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="Name of the job's folder; default: time-stamped.",
         json_schema_extra={"metavar": "JOB", "on_resume": "may change"})
     tracking_uri: Optional[str] = Field(
@@ -242,6 +246,8 @@ class TuneParams(BaseModel):
             self.model = model
         if self.external_memory:
             _check_external_memory(self)
+        if self.task_workers:
+            _check_task_workers(self)
         code = registry.get(self.model).user_code
         if code == "trainer" and self.dask_address and self.workers != 1:
             raise ValueError(f"a training function runs each trial-rung on one Dask worker; drop workers "
@@ -271,6 +277,18 @@ class TuneParams(BaseModel):
         if self.workers > 1 or self.external_memory:
             return 1  # the local cluster of one trial, or a table streamed from disk, already occupies the cores
         return max(1, (os.cpu_count() or 1))
+
+
+def _check_task_workers(params: TuneParams) -> None:
+    """``task_workers``: one place for trial-rungs at a time, and a Prefect server the workers can reach."""
+    if params.trial_pool:
+        raise ValueError(f"task_workers and trial_pool {params.trial_pool} together: give one (task workers are "
+                         "warm processes; a work pool starts a flow run per trial-rung)")
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise ValueError("task_workers needs a Prefect server that hyperband workers reach: set PREFECT_API_URL (a "
+                         "job's temporary server is its process's alone), and start `hyperband worker` with the same")
 
 
 def _check_external_memory(params: TuneParams) -> None:

@@ -28,7 +28,7 @@ from prefect_hyperband.trainers.errors import InputError
 from prefect_hyperband.trainers.factory import TrainerSettings, model_space
 
 
-def _on_every_machine(path: str | None, pool: str | None) -> str | None:
+def _on_every_machine(path: str | None, pool: str | bool | None) -> str | None:
     """A relative file path (data, --trainer's file, --script) made absolute for a pool's workers, which run
     elsewhere (their own folder): the same path must hold the same file there. Names and modules stay as given."""
     if not pool or not path:
@@ -126,6 +126,7 @@ def prepare(params: TuneParams) -> Job:
             trial_timeout=params.trial_timeout,
             storage=None if store.local else store.root,
             trial_pool=params.trial_pool,
+            task_workers=params.task_workers,
         )
         return parents.plan(job, params, record)  # --warm-start: the earlier jobs checked, what they give decided
     except Exception:
@@ -136,7 +137,8 @@ def prepare(params: TuneParams) -> Job:
 
 def spec_of(params: TuneParams) -> datasets.DataSpec:
     """The job's data as its trainers load it."""
-    return datasets.DataSpec(data=_on_every_machine(params.data, params.trial_pool), target=params.target,
+    elsewhere = params.trial_pool or params.task_workers
+    return datasets.DataSpec(data=_on_every_machine(params.data, elsewhere), target=params.target,
                              validation_fraction=params.validation_fraction, seed=params.seed)
 
 
@@ -166,10 +168,12 @@ def _check_data_unchanged(params: TuneParams, model, job_id: str, record: dict[s
 def _check_run_settings(params: TuneParams, model) -> None:
     """The environment's settings, the schedule and the local workers, before any work."""
     stop_grace()
-    if params.trial_pool:
+    if params.trial_pool or params.task_workers:
+        from prefect_hyperband.executors.task_workers import pickup_timeout
         from prefect_hyperband.executors.work_pool import heartbeat_timeout
 
         heartbeat_timeout()
+        pickup_timeout()
     schedule.validate(params.min_resource, params.max_resource, params.eta)
     schedule.check_size(params.min_resource, params.max_resource, params.eta)
     cores = os.cpu_count() or 1
@@ -208,9 +212,9 @@ def _settings(params: TuneParams, model, spec: datasets.DataSpec, metric: str, t
         milestones=schedule.milestones(params.min_resource, params.max_resource, params.eta),
         dask_address=params.dask_address,
         threads=threads,
-        trainer=_on_every_machine(params.trainer, params.trial_pool),
+        trainer=_on_every_machine(params.trainer, params.trial_pool or params.task_workers),
         timeout=params.trial_timeout,
-        script=_on_every_machine(params.script, params.trial_pool),
+        script=_on_every_machine(params.script, params.trial_pool or params.task_workers),
         extra=model.extra(params),
     )
 
@@ -275,6 +279,10 @@ def _concurrency(params: TuneParams) -> int:
         from prefect_hyperband.executors.work_pool import pool_concurrency
 
         return pool_concurrency(params.trial_pool)
+    if params.task_workers and not params.concurrency:
+        from prefect_hyperband.executors.task_workers import worker_count
+
+        return worker_count()
     size = dask_groups.cluster_size(params.dask_address, params.workers) if params.dask_address else None
     return params.trial_concurrency(size)  # too few workers: one line, before any training
 

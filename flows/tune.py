@@ -40,7 +40,8 @@ def _run_name() -> str:
     return f"hyperband {params.model} on {params.data}"
 
 
-#: job ids whose flow run began in this process (the CLI retries a job only while Prefect could not start it)
+#: job ids whose flow run began in this process while ``app.starting.started`` starts it (it retries a job only while
+#: Prefect could not start it, and takes the id out again once its start returned or failed)
 bodies_begun: set[str] = set()
 
 
@@ -96,7 +97,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
         close_decided(job, scheduler, runs)
         logger.info("job %s resumed: %d trial-rungs kept", job.job_id, sum(not is_baseline(r["bracket"]) for r in rows))
     progress = report.ProgressBar(report.report_start(plan["trial_rungs"]), plan["trial_rungs"])
-    if not job.trial_pool:
+    if not job.trial_pool and not job.task_workers:
         factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:
         run = drive(job, scheduler, rows, spent, lost=lost, runs=runs, progress=progress, saved=saved, writer=writer,
@@ -130,6 +131,11 @@ def _start(params: TuneParams, job: Job, plan: dict[str, Any], max_trials: int, 
         if not params.storage:
             logger.warning("no --storage: checkpoints stay in %s, which every worker of pool %s must see at that "
                            "path (a shared folder); give --storage s3://... otherwise", job.job_dir, job.trial_pool)
+    if job.task_workers:
+        from prefect_hyperband.executors.task_workers import TASK_NAME, trial_rung
+
+        logger.info("trial-rungs run as %s task runs (task key %s) on hyperband workers; storage %s", TASK_NAME,
+                    trial_rung.task_key, job.store().root)
     if job.warm:
         logger.info("%s", job.warm["note"])
     if job.parent_run_id is None:

@@ -41,6 +41,8 @@ class Job:
     storage: str | None = None
     #: the Prefect work pool whose workers run the trial-rungs (a ``hyperband-trial`` flow run each); None: here
     trial_pool: str | None = None
+    #: trial-rungs as background task runs that ``hyperband worker`` processes take (``executors.task_workers``)
+    task_workers: bool = False
     #: several objectives: (name in MLflow, direction) each, ``metric_key`` first; (): the one metric
     objectives: tuple[tuple[str, Direction], ...] = ()
     #: several objectives: which point of the Pareto front is the champion (``flows.objectives.parse_select``)

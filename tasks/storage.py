@@ -9,7 +9,6 @@ there after. On a local or shared path both steps are the identity: the files ar
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import secrets
@@ -245,9 +244,9 @@ def _strip(url: str) -> str:
     return url.split("://", 1)[-1].rstrip("/")
 
 
-@functools.lru_cache(maxsize=None)
 def filesystem(url: str):
-    """The fsspec filesystem of ``url`` (an unknown scheme, or one whose package is missing: one line)."""
+    """The fsspec filesystem of ``url`` (an unknown scheme, or one whose package is missing: one line); fsspec keeps
+    one instance per filesystem and options itself."""
     import fsspec
 
     protocol = url.split("://", 1)[0]

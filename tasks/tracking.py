@@ -213,7 +213,10 @@ def start_parent(uri: str, experiment: str, run_name: str, params: Mapping[str, 
     return run.info.run_id
 
 
-_experiments: dict[tuple[str, str], str] = {}
+@functools.lru_cache(maxsize=64)
+def _experiment_of(uri: str, parent_run_id: str) -> str:
+    """The experiment of a parent run: a fact of the store, read once per process (the last 64 jobs' kept)."""
+    return client(uri).get_run(parent_run_id).info.experiment_id
 
 
 @_one_writer
@@ -222,11 +225,8 @@ def create_child(uri: str, parent_run_id: str, run_name: str, tags: Mapping[str,
     """A nested run of ``parent_run_id`` (the parent's experiment is looked up once per process), with the job's
     dataset ``inputs``."""
     c = client(uri)
-    key = (uri, parent_run_id)
-    if key not in _experiments:
-        _experiments[key] = c.get_run(parent_run_id).info.experiment_id
     run = c.create_run(
-        _experiments[key],
+        _experiment_of(uri, parent_run_id),
         start_time=None if start_time is None else int(start_time * 1000),
         run_name=run_name,
         tags={"mlflow.parentRunId": parent_run_id, **tags},

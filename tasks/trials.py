@@ -16,7 +16,8 @@ from prefect_hyperband.trainers.base import Evaluation, TrainResult, checkpoint_
 from prefect_hyperband.trainers.errors import full_disk, no_space
 
 
-@task(name="train", task_run_name="train {trial_id} to r={resource}", cache_policy=NO_CACHE)
+@task(name="train", task_run_name="train {trial_id} to r={resource}", cache_policy=NO_CACHE,
+      persist_result=False)  # a task worker's trial-rung persists (Prefect's background tasks do): not these
 def train_trial(job: Job, trial_id: str, config: dict[str, Any], resource: int, checkpoint: str | None) -> TrainResult:
     """Train one config to ``resource`` units, resuming from its checkpoint (fetched from the job's storage, the
     new one published there: both no-ops on a folder). A damaged checkpoint is trained again first."""
@@ -99,7 +100,7 @@ def _resource_of(job: Job, checkpoint: str) -> int:
     return int(name[1:len(name) - len(suffix)])
 
 
-@task(name="evaluate", task_run_name="evaluate {trial_id} at r={resource}", cache_policy=NO_CACHE)
+@task(name="evaluate", task_run_name="evaluate {trial_id} at r={resource}", cache_policy=NO_CACHE, persist_result=False)
 def evaluate_trial(job: Job, trial_id: str, resource: int, trained: TrainResult) -> Evaluation:
     """The validation metric of a checkpoint, on the whole validation set; with several objectives, each of them
     (the costs measured here: the rung's training seconds, the checkpoint's bytes, the trainer's prediction ms)."""

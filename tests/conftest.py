@@ -132,7 +132,6 @@ def s3(tmp_path_factory):
     saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
     os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="testing",
                       AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
-    filesystem.cache_clear()
     fs = filesystem("s3://bucket")
     if not fs.exists("bucket"):  # moto's backend is one per process: another module's server made it
         fs.mkdir("bucket")
@@ -143,4 +142,3 @@ def s3(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-    filesystem.cache_clear()

@@ -78,16 +78,17 @@ _scope: contextvars.ContextVar[Trainers | None] = contextvars.ContextVar("hyperb
 
 
 @contextlib.contextmanager
-def scope(trainers: Trainers | None = None) -> Iterator[Trainers]:
+def scope(trainers: Trainers | None = None, close: bool = True) -> Iterator[Trainers]:
     """The trainers (new ones, or ``trainers``) of the code run in this context and the contexts copied from it (one
-    job), closed at the end."""
+    job), closed at the end unless ``close`` is false (a task worker's, kept warm for its next trial-rung)."""
     trainers = trainers if trainers is not None else Trainers()
     reset = _scope.set(trainers)
     try:
         yield trainers
     finally:
         _scope.reset(reset)
-        trainers.close_all()
+        if close:
+            trainers.close_all()
 
 
 def current() -> Trainers:

@@ -30,7 +30,7 @@ def _load(name: str):
 @pytest.mark.parametrize("name", ["bench_overhead", "bench_efficiency", "bench_quality", "bench_scaling", "bench_stalls",
                                   "bench_vs_optuna", "bench_dask_groups", "bench_dask_torch", "bench_multi_objective",
                                   "bench_priors", "bench_job_size", "bench_bookkeeping",
-                                  "bench_load", "bench_startup", "bench_big_data"])
+                                  "bench_load", "bench_startup", "bench_big_data", "bench_task_workers"])
 def test_imports_and_has_main(name):
     module = _load(name)
     assert callable(module.main)

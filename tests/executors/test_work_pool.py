@@ -50,7 +50,7 @@ def _state(name):
 
 def test_a_running_flow_run_whose_heartbeat_stops_is_dead_a_beating_one_is_not(clock):
     store = _Store()
-    beats = trial_flow._Beats(store, "k", timeout=8)
+    beats = trial_flow.Beats(store, "k", timeout=8)
     running = _state("RUNNING")
     for n in range(30):  # beating every 2 s for a minute: alive however long it trains
         store.beat = {"beat": n}
@@ -64,7 +64,7 @@ def test_a_running_flow_run_whose_heartbeat_stops_is_dead_a_beating_one_is_not(c
 
 def test_a_run_not_yet_beating_is_given_twice_the_timeout_from_running_for_its_first_beat(clock):
     store = _Store()
-    beats = trial_flow._Beats(store, "k", timeout=8)
+    beats = trial_flow.Beats(store, "k", timeout=8)
     running = _state("RUNNING")
     beats.dead(running)
     clock[0] += 15  # a new process on a busy machine: importing, opening the storage
@@ -74,14 +74,14 @@ def test_a_run_not_yet_beating_is_given_twice_the_timeout_from_running_for_its_f
     assert beats.dead(running) is None  # beating now: the plain timeout from here
     clock[0] += 9
     assert "no heartbeat for 9 s" in beats.dead(running)
-    late = trial_flow._Beats(_Store(), "k", timeout=8)
+    late = trial_flow.Beats(_Store(), "k", timeout=8)
     late.dead(running)
     clock[0] += 17
     assert "no heartbeat for 17 s" in late.dead(running)  # never beat: dead after twice the timeout
 
 
 def test_scheduled_waits_for_a_worker_but_pending_too_long_is_a_worker_gone(clock):
-    beats = trial_flow._Beats(_Store(), "k", timeout=8)
+    beats = trial_flow.Beats(_Store(), "k", timeout=8)
     scheduled = _state("SCHEDULED")
     beats.dead(scheduled)
     clock[0] += 3600  # no worker free for an hour: still waiting, not dead

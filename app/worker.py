@@ -1,0 +1,61 @@
+"""``hyperband worker``: a Prefect task worker that takes the trial-rungs of ``hyperband tune --task-workers`` jobs.
+
+It serves the trial-rung task (``executors.task_workers.trial_rung``: train, then evaluate, as a local trial-rung)
+on the Prefect server at ``PREFECT_API_URL`` (what it is sent at once, or ``--limit``), and keeps its trainers between them
+(the data loaded once per job's settings, a torch pool kept). SIGTERM and Ctrl-C stop it: what it holds is lost to
+it, and each job runs those trial-rungs again once their heartbeat stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    worker = sub.add_parser("worker", help="serve the trial-rungs of --task-workers jobs (a Prefect task worker)")
+    worker.add_argument("--limit", type=int, default=0, help="at most this many trial-rungs at once here (default 0: "
+                        "what it is sent; the job's --concurrency bounds them): Prefect's task worker takes a run "
+                        "off the server before it has a free slot, so a run sent to a full worker waits there "
+                        "while others may be free")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM or Ctrl-C; one line and exit 2 without a Prefect server to serve."""
+    import os
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # a background task run has no flow run: Prefect warns at each log line it cannot send (they stay here)
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+    from prefect.settings import PREFECT_API_URL
+
+    if args.limit < 0:
+        print(f"hyperband: error: --limit must be >= 0, got {args.limit}", file=sys.stderr)
+        return 2
+    if not PREFECT_API_URL.value():
+        print("hyperband: error: a worker serves the Prefect server its jobs use: set PREFECT_API_URL "
+              "(http://host:4200/api)", file=sys.stderr)
+        return 2
+    from prefect.task_worker import serve
+
+    from prefect_hyperband.executors import task_workers
+    from prefect_hyperband.trainers import factory
+
+    def stop(signum, frame):  # noqa: ARG001  (a signal handler's signature)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    trainers = factory.Trainers()
+    task_workers._warm.append(trainers)
+    print(f"hyperband: worker serving {task_workers.TASK_NAME} on {PREFECT_API_URL.value()}, "
+          f"{args.limit or 'what it is sent'} at once (task key {task_workers.trial_rung.task_key})",
+          file=sys.stderr, flush=True)
+    try:
+        serve(task_workers.trial_rung, limit=args.limit or None)
+    except KeyboardInterrupt:
+        print("hyperband: worker stopped", file=sys.stderr, flush=True)
+    finally:
+        task_workers._warm.clear()
+        trainers.close_all()
+    return 0

@@ -1,0 +1,183 @@
+"""Trial-rungs on Prefect's task workers: each one a background task run that a ``hyperband worker`` takes.
+
+``hyperband tune --task-workers`` makes the job flow the controller, as ``--trial-pool`` does, and submits each
+trial-rung with ``Task.delay`` (Prefect's background tasks): a long-lived ``hyperband worker`` on any machine
+(``prefect.task_worker.serve`` underneath) takes it from the server over a websocket, trains and evaluates it with
+the same ``train`` and ``evaluate`` tasks as a local trial-rung, and leaves its result in the job's storage. A
+worker keeps its trainers between trial-rungs (the data loaded once, a torch pool kept): no process starts per
+trial-rung, which a work pool's flow run pays (13.8 s each, ``benchmarks/bench_trial_pool.py``).
+
+What Prefect leaves to the caller, done here:
+
+- **Liveness.** Delivery is at most once: a task run whose worker dies stays RUNNING, and task runs have no
+  heartbeat. The trial-rung beats in the job's storage (``work_pool.heartbeat``); a RUNNING one whose beat stops
+  for ``HYPERBAND_HEARTBEAT_TIMEOUT`` seconds is marked Crashed and run again by the loop (a new task run; a late
+  one sees its mark and leaves no result), as a work pool's flow run.
+- **No cache.** The task has no cache policy and persists no result: a trial-rung submitted again runs again.
+- **Taken, never begun.** A task run a worker took and died before beginning stays SCHEDULED or PENDING: one still
+  SCHEDULED after ``HYPERBAND_TASK_PICKUP_TIMEOUT`` seconds (120) while workers serve the job's code is cancelled and
+  sent again; one PENDING for twice the heartbeat timeout is taken for dead.
+- **Code.** A served task's key holds a hash of its code: a worker of other code never receives the job's task
+  runs. A trial-rung no worker took within the pickup timeout, with no worker of this code, makes the job say in one
+  line which task workers the server knows and whether any serves other code.
+
+Parameters travel through Prefect's result storage (``PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK``; by default
+a local folder, which workers on other machines cannot read: give them a shared block, docs/scale-out.md).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import time
+from dataclasses import asdict
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.context import TaskRunContext
+
+from prefect_hyperband.executors import work_pool
+from prefect_hyperband.hyperband.trial import TrialRung
+from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.trials import Evaluation
+from prefect_hyperband.trainers import factory, stopping
+from prefect_hyperband.trainers.base import TrainResult
+from prefect_hyperband.trainers.errors import seconds_from_env
+
+TASK_NAME = "hyperband-trial-rung"
+#: seconds between reads of a trial-rung's task run (a work pool's flow run is read every 0.5 s: it takes seconds to
+#: start; a warm worker finishes a short trial-rung in less)
+POLL_SECONDS = 0.2
+#: how ``who_serves`` begins when some worker serves the job's code
+SERVED = "workers serve this code"
+log = logging.getLogger(__name__)
+
+
+def pickup_timeout() -> float:
+    """Seconds a trial-rung may wait for a worker before the job says which workers the server knows."""
+    return seconds_from_env("HYPERBAND_TASK_PICKUP_TIMEOUT", 120.0)
+
+
+#: in a ``hyperband worker``'s process only: its trainers, kept between trial-rungs (``app.worker``)
+_warm: list[factory.Trainers] = []
+
+
+@task(name=TASK_NAME, cache_policy=NO_CACHE, persist_result=False, log_prints=False)
+def trial_rung(job: dict[str, Any], rung: dict[str, Any], heartbeat_seconds: float) -> dict[str, Any]:
+    """Train one trial-rung (resuming its checkpoint) and evaluate it, in a task worker; its result goes to the
+    job's storage, ``results/<task run id>.json``."""
+    spec, one = work_pool.on_this_machine(job, rung)
+    run_id = str(TaskRunContext.get().task_run.id)  # type: ignore[union-attr]
+    trainers = _warm[0] if _warm else None
+    with factory.scope(trainers, close=trainers is None), stopping.bind(stopping.StopToken()) as token:
+        with work_pool.heartbeat(spec, run_id, heartbeat_seconds, token, given_up=_given_up):
+            from prefect_hyperband.executors import runner
+
+            out = runner.work(spec, one)
+    why = _given_up(run_id)
+    if why is not None:  # taken for dead while it trained: its rerun's result is the trial-rung's
+        raise work_pool.TrialRunGivenUp(f"given up by the job's controller ({why}); its trial-rung ran again")
+    spec.store().write_json(f"results/{run_id}.json", work_pool.result_of(out))
+    return {"host": os.uname().nodename, "pid": os.getpid()}
+
+
+def _given_up(run_id: str) -> str | None:
+    """Why the controller marked this task run ``Crashed``, or None while it has not."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        state = client.read_task_run(run_id).state
+    return (state.message or "marked Crashed") if state is not None and state.type.value == "CRASHED" else None
+
+
+def run_on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluation | None, str | None,
+                                                      float | None, float | None]:
+    """One trial-rung as a background task run: (trained, evaluated, error, started, ended). Raises
+    ``work_pool.TrialRunLost`` when its worker is lost; a stop (Ctrl-C, a timeout) cancels it."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled, Crashed
+
+    beat_every = min(work_pool.HEARTBEAT_SECONDS, work_pool.heartbeat_timeout() / 4)
+    submitted = trial_rung.with_options(task_run_name=f"{one.trial_id} to r={one.resource}",
+                                        tags=["hyperband", f"job:{job.job_id}"])
+    future = contextvars.copy_context().run(_outside_runs, submitted, job=job.to_json(), rung=asdict(one),
+                                            heartbeat_seconds=beat_every)
+    run_id, store = future.task_run_id, job.store()
+    beats, began, said = work_pool.Beats(store, f"heartbeats/{run_id}.json", work_pool.heartbeat_timeout()), \
+        time.monotonic(), False
+    with get_client(sync_client=True) as client:
+        while True:
+            state = client.read_task_run(run_id).state
+            if stopping.requested():
+                client.set_task_run_state(run_id, Cancelled(message="the hyperband job is stopping"), force=True)
+                return None, None, "Stopped: the job is stopping", None, None
+            if state is not None and state.is_final():
+                break
+            waiting = state is None or state.type.value == "SCHEDULED"
+            if waiting and time.monotonic() - began > pickup_timeout():
+                why = who_serves(client, trial_rung.task_key)
+                if why.startswith(SERVED):  # sent to a worker that died before it began (delivery is at most once)
+                    client.set_task_run_state(run_id, Cancelled(message="not begun in time: sent again"), force=True)
+                    raise work_pool.TrialRunLost(f"task run {one.trial_id} to r={one.resource} ({run_id}): not "
+                                                 f"begun in {time.monotonic() - began:.0f} s while {why}")
+                if not said:
+                    log.warning("trial %s at r=%d: no task worker took it in %.0f s; %s", one.trial_id,
+                                one.resource, time.monotonic() - began, why)
+                said = True
+            dead = None if waiting else beats.dead(state)  # PENDING too long, or RUNNING without a heartbeat
+            if dead:
+                client.set_task_run_state(run_id, Crashed(message=dead), force=True)
+                store.delete(beats.key)
+                raise work_pool.TrialRunLost(f"task run {one.trial_id} to r={one.resource} ({run_id}): {dead}")
+            time.sleep(POLL_SECONDS)
+    result = store.read_json(f"results/{run_id}.json")  # the task run's id, as the worker's context gives it
+    if result is None:
+        raise work_pool.TrialRunLost(f"task run {run_id} ended {state.type.value}: {state.message or 'no result'}")
+    store.delete(f"results/{run_id}.json")
+    return work_pool.outcome_of(result)
+
+
+def _outside_runs(submitted: Any, **parameters: Any) -> Any:
+    """``submitted.delay(**parameters)`` with no flow or task run in its context: Prefect pickles the caller's run
+    context with a background task's parameters, and the job's (its bracket's subflow run, whose parameters hold the
+    scheduler's callbacks) does not pickle. The settings and tags stay (the caller's context is a copy)."""
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    FlowRunContext.__var__.set(None)
+    TaskRunContext.__var__.set(None)
+    return submitted.delay(**parameters)
+
+
+def serving(client: Any) -> dict[str, list[str]]:
+    """The task workers the Prefect server knows, each with the task keys it serves (``/task_workers/filter``)."""
+    response = client.request("POST", "/task_workers/filter", json={})
+    return {w["identifier"]: list(w["task_keys"]) for w in response.json()}
+
+
+def who_serves(client: Any, task_key: str) -> str:
+    """One sentence: which workers serve ``task_key`` (this code's), and which the trial-rung task of other code."""
+    try:
+        workers = serving(client)
+    except Exception as exc:  # noqa: BLE001  (a sentence for a warning: the server did not answer)
+        return f"the Prefect server did not list its task workers ({type(exc).__name__})"
+    ours = [w for w, keys in workers.items() if task_key in keys]
+    ours_of_any_code = task_key.rsplit("-", 1)[0] + "-"  # the key: the task function's name, a hash of its code
+    other = [w for w, keys in workers.items() if task_key not in keys
+             and any(k.startswith(ours_of_any_code) for k in keys)]
+    if ours:
+        return f"{SERVED}: {len(ours)} worker(s) serve it"
+    if other:
+        return (f"{len(other)} hyperband worker(s) serve other code (task key {task_key} here): start `hyperband "
+                "worker` from the same version of prefect-hyperband as the job's")
+    return "no hyperband worker is connected to this Prefect server: start `hyperband worker` on a machine"
+
+
+def worker_count(task_key: str | None = None) -> int:
+    """How many task workers serve this code's trial-rung task now (the job's default concurrency, at least 1)."""
+    from prefect.client.orchestration import get_client
+
+    key = task_key or trial_rung.task_key
+    with get_client(sync_client=True) as client:
+        return max(1, sum(1 for keys in serving(client).values() if key in keys))

@@ -1,0 +1,97 @@
+"""``--task-workers``: trial-rungs as background task runs that ``hyperband worker`` processes take, warm."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+
+BIN = Path(sys.executable).parent
+
+
+@contextlib.contextmanager
+def workers(tmp_path: Path, n: int, limit: int = 2) -> Iterator[list[subprocess.Popen]]:
+    """``n`` ``hyperband worker`` processes on the session's Prefect server, each in a folder of its own."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings
+
+    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+           "PREFECT_API_URL": PREFECT_API_URL.value()}
+    started = []
+    try:
+        for i in range(n):
+            (tmp_path / f"machine-{i}").mkdir()
+            log = open(tmp_path / f"machine-{i}" / "worker.log", "w")
+            started.append(subprocess.Popen([str(BIN / "hyperband"), "worker", "--limit", str(limit)], env=env,
+                                            cwd=tmp_path / f"machine-{i}", stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True))
+        for i in range(n):  # each subscribed to the server: its first line after the start
+            log = tmp_path / f"machine-{i}" / "worker.log"
+            deadline = time.monotonic() + 60
+            while "Subscribing to runs" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        yield started
+    finally:
+        for p in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+
+
+def _rows(result: dict) -> dict[tuple[str, int], float]:
+    rows = json.loads((Path(result["job_dir"]) / "state.json").read_text())["rows"]
+    return {(r["trial_id"], r["resource"]): r["score"] for r in rows}
+
+
+def test_two_workers_train_the_job_as_its_threads_do_and_a_killed_one_s_trial_rungs_run_again(
+        tracking_uri, tmp_path, monkeypatch):
+    """Synthetic trials are deterministic: the job on two workers reaches the scores the same job reaches on this
+    process's threads. One worker SIGKILLed while it trains: its trial-rungs' heartbeats stop, the job runs them
+    again on the other, and every trial-rung is recorded once, with the same scores."""
+    from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.flows.tune import tune
+
+    common = dict(model="synthetic", max_resource=9, eta=3, seed=4, baseline=False, register_model=False,
+                  job_dir=str(tmp_path / "jobs"), concurrency=4)
+    here = tune(TuneParams(**common, job_id="threads", unit_seconds=0.0))
+    with workers(tmp_path, 2) as (first, second):
+        on_workers = tune(TuneParams(**common, job_id="workers", unit_seconds=0.0, task_workers=True))
+        assert _rows(on_workers) == _rows(here) and len(_rows(here)) == 22
+        took = [(tmp_path / f"machine-{i}" / "worker.log").read_text().count("hyperband-trial-rung' - Finished")
+                for i in range(2)]
+        assert sum(took) == 22 and min(took) > 0, took  # both workers took trial-rungs
+
+        monkeypatch.setenv("HYPERBAND_HEARTBEAT_TIMEOUT", "4")
+        monkeypatch.setenv("HYPERBAND_TASK_PICKUP_TIMEOUT", "10")  # what the killed worker took and never began
+        import threading
+
+        killed_at: list[str] = []
+
+        def kill_once_it_trains() -> None:  # a heartbeat of the first worker's: a trial-rung of its is training
+            beats = tmp_path / "jobs" / "killed" / "heartbeats"
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not killed_at:
+                for beat in list(beats.glob("*.json")) if beats.exists() else []:
+                    with contextlib.suppress(OSError, ValueError):
+                        if json.loads(beat.read_text())["pid"] == first.pid:
+                            os.killpg(first.pid, signal.SIGKILL)
+                            killed_at.append(beat.name)
+                            return
+                time.sleep(0.05)
+
+        killer = threading.Thread(target=kill_once_it_trains, daemon=True)
+        killer.start()
+        killed = tune(TuneParams(**common, job_id="killed", unit_seconds=0.3, task_workers=True))
+        killer.join(timeout=60)
+    assert first.poll() is not None and second.poll() is not None
+    assert killed_at, "the first worker never trained a trial-rung of the job"
+    assert _rows(killed) == _rows(here)  # each trial-rung once, the same scores

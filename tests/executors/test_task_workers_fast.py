@@ -1,0 +1,54 @@
+"""``--task-workers`` without a server: what the job says of the workers it finds, and what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefect_hyperband.executors import task_workers
+
+
+class _Client:
+    def __init__(self, workers: list[dict]) -> None:
+        self.workers = workers
+
+    def request(self, method: str, path: str, json: dict):
+        assert (method, path) == ("POST", "/task_workers/filter")
+        return type("Response", (), {"json": lambda _: self.workers})()
+
+
+def test_the_job_names_which_workers_serve_its_code_when_none_took_a_trial_rung():
+    key = task_workers.trial_rung.task_key
+    assert key.startswith("trial_rung-")
+    ours = _Client([{"identifier": "a", "task_keys": [key]}])
+    assert task_workers.who_serves(ours, key) == "workers serve this code: 1 worker(s) serve it"
+    other = _Client([{"identifier": "b", "task_keys": ["trial_rung-0badc0de"]}])
+    assert "serve other code" in task_workers.who_serves(other, key) and key in task_workers.who_serves(other, key)
+    assert "no hyperband worker is connected" in task_workers.who_serves(_Client([]), key)
+    assert task_workers.serving(ours) == {"a": [key]}
+
+
+def test_task_workers_need_a_server_the_workers_reach_and_no_trial_pool():
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from prefect_hyperband.flows.params import TuneParams
+
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        assert TuneParams(model="synthetic", task_workers=True).task_workers
+        with pytest.raises(ValueError, match="task_workers and trial_pool p together"):
+            TuneParams(model="synthetic", task_workers=True, trial_pool="p")
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        with pytest.raises(ValueError, match="needs a Prefect server that hyperband workers reach"):
+            TuneParams(model="synthetic", task_workers=True)
+
+
+def test_a_worker_without_a_server_or_with_a_bad_limit_is_one_line_exit_2(capsys, monkeypatch):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from prefect_hyperband.app.cli import main
+
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        assert main(["worker"]) == 2
+    assert capsys.readouterr().err == ("hyperband: error: a worker serves the Prefect server its jobs use: set "
+                                       "PREFECT_API_URL (http://host:4200/api)\n")
+    assert main(["worker", "--limit", "-1"]) == 2
+    assert capsys.readouterr().err == "hyperband: error: --limit must be >= 0, got -1\n"
