@@ -125,7 +125,7 @@ def run_on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evalua
                 if not said:
                     log.warning("trial %s at r=%d: no task worker took it in %.0f s; %s", one.trial_id,
                                 one.resource, time.monotonic() - began, why)
-                said = True
+                said, began = True, time.monotonic()  # the server asked again a timeout later, not every poll
             dead = None if waiting else beats.dead(state)  # PENDING too long, or RUNNING without a heartbeat
             if dead:
                 client.set_task_run_state(run_id, Crashed(message=dead), force=True)
