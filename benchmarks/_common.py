@@ -151,3 +151,20 @@ def mean_sd(values: Sequence[float], digits: int = 4) -> str:
     m = statistics.fmean(values)
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{m:.{digits}f} ± {sd:.{digits}f}"
+
+
+def stop_all(procs) -> None:
+    """Each process's group SIGTERMed (last started first), then waited for; SIGKILLed past 20 s."""
+    import signal
+    import subprocess
+
+    for p in reversed(procs):
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -94,16 +93,7 @@ def main() -> None:
             runs.append(("work pool", _job(env, tmp, [*flags, "--trial-pool", "bench-pool", "--storage",
                                                       str(tmp / "shared"), "--tracking-uri", f"sqlite:///{tmp}/pool.db"])))
     finally:
-        for p in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        common.stop_all(procs)
         shutil.rmtree(tmp, ignore_errors=True)
     rows = []
     for name, r in runs:

@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -69,16 +68,7 @@ def work_pool(tmp: Path, workers: int) -> Iterator[dict[str, str]]:
         time.sleep(5)  # the workers' first poll
         yield env
     finally:
-        for p in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        common.stop_all(procs)
 
 
 def main() -> None:

@@ -347,13 +347,17 @@ class XGBoostTrainer:
 
         return xgb.Booster(model_file=checkpoint)
 
+    def _loaded(self, checkpoint: str):
+        """The checkpoint's booster: the one this thread just trained and saved there, else loaded from it."""
+        last = getattr(self._local, "last", None)
+        return last[1] if last is not None and last[0] == checkpoint else self.booster(checkpoint)
+
     def predict(self, checkpoint: str, X: np.ndarray) -> np.ndarray:
         return self._timed_predict(checkpoint, X)[0]
 
     def _timed_predict(self, checkpoint: str, X: np.ndarray) -> tuple[np.ndarray, float]:
         """The predictions, and the seconds the loaded booster took for them."""
-        last = getattr(self._local, "last", None)
-        booster = last[1] if last is not None and last[0] == checkpoint else self.booster(checkpoint)
+        booster = self._loaded(checkpoint)
         booster.set_param({"nthread": self.nthread})
         began = time.perf_counter()
         prediction = booster.inplace_predict(X)
@@ -370,15 +374,13 @@ class XGBoostTrainer:
             from xgboost import dask as dxgb
 
             X_val, _, y_val = self._validation
-            last = getattr(self._local, "last", None)
-            booster = last[1] if last is not None and last[0] == checkpoint else self.booster(checkpoint)
+            booster = self._loaded(checkpoint)
             began = time.perf_counter()
             prediction = dxgb.inplace_predict(self._dask.client, booster, X_val).compute()
             latency = {"predict_ms": (time.perf_counter() - began) * 1e6 / max(1, len(y_val))}
             return score(self.metric, y_val, np.asarray(prediction)), latency
         if self.external_memory:  # the validation rows on disk, a part at a time
-            last = getattr(self._local, "last", None)
-            booster = last[1] if last is not None and last[0] == checkpoint else self.booster(checkpoint)
+            booster = self._loaded(checkpoint)
             booster.set_param({"nthread": self.nthread})
             matrix, began = self._external(), time.perf_counter()
             prediction = matrix.predict(booster.inplace_predict)
