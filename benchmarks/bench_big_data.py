@@ -56,15 +56,16 @@ def write_table(folder: Path, megabytes: int, seed: int = 0) -> int:
     return rows
 
 
-def run_job(data: str, workdir: Path, env: dict[str, str], rounds_per_unit: int,
-            how: tuple[str, ...] = ("--workers", "2")) -> dict:
+def run_job(data: str, workdir: Path, env: dict[str, str], rounds_per_unit: int | None,
+            how: tuple[str, ...] = ("--workers", "2"), max_resource: int = 9) -> dict:
     """``hyperband tune`` on ``data``; the job's process's peak RSS (and its process tree's: Prefect's temporary
     server is its child) and first result, its groups' reads, per round."""
     import psutil
 
     workdir.mkdir(parents=True, exist_ok=True)
     argv = [str(Path(sys.executable).with_name("hyperband")), "tune", "--data", data, "--target", "label", *how,
-            "--max-resource", "9", "--eta", "3", "--rounds-per-unit", str(rounds_per_unit),
+            "--max-resource", str(max_resource), "--eta", "3",
+            *(("--rounds-per-unit", str(rounds_per_unit)) if rounds_per_unit else ()),
             "--no-baseline", "--job-id", "big", "--json", "--tracking-uri", f"sqlite:///{workdir / 'mlflow.db'}"]
     began = time.monotonic()
     proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -88,7 +89,7 @@ def run_job(data: str, workdir: Path, env: dict[str, str], rounds_per_unit: int,
                        (job / "job.log").read_text())
     rows = json.loads((job / "state.json").read_text())["rows"]
     seconds = sum(r["train_seconds"] for r in rows)
-    rounds = sum(r["resource_trained"] for r in rows) * rounds_per_unit
+    rounds = sum(r["resource_trained"] for r in rows) * (rounds_per_unit or 1)  # torch: epochs
     return {"peak_mb": peak / 2**20, "tree_peak_mb": tree / 2**20, "first_s": first, "wall_s": wall, "reads": [(g, float(s)) for g, _, s in reads],
             "s_per_round": seconds / rounds, "train_s": seconds, "rounds": rounds, "auc": result["best"]["score"],
             "trial_rungs": len(rows)}
@@ -155,6 +156,30 @@ def anchor(folder: Path, rounds: int = 30) -> tuple[float, float]:
         return long / rounds, max(0.0, short - 3 * per_round)
 
 
+def torch_ranks(tmp: Path, sizes: list[int], env: dict[str, str]) -> None:
+    """The torch model on each size, 2 DDP ranks on this machine (``--model torch --workers 2``, R=3): each rank
+    reads its own share of the parts, the job's process only the table's listing and schema."""
+    runs = []
+    for size in sizes:
+        folder = tmp / f"table-{size}"
+        if not folder.exists():
+            write_table(folder, size)
+        job = run_job(str(folder), tmp / f"torch-{size}", env, None, ("--model", "torch", "--workers", "2"), 3)
+        runs.append({"size": size, **job})
+        print(json.dumps(runs[-1], default=str), flush=True)
+    print()
+    print("torch, 2 ranks on one machine: the job's process's peak RSS, its process tree's (the ranks, Prefect's "
+          "temporary server), seconds per epoch, the best AUC")
+    print(f"{'size MB':>8} {'job peak MB':>11} {'tree peak MB':>12} {'first result s':>14} {'wall s':>7} "
+          f"{'s/epoch':>8} {'AUC':>7}")
+    for r in runs:
+        print(f"{r['size']:>8} {r['peak_mb']:>11.0f} {r['tree_peak_mb']:>12.0f} {r['first_s'] or float('nan'):>14.1f} "
+              f"{r['wall_s']:>7.1f} {r['s_per_round']:>8.2f} {r['auc']:>7.4f}")
+    if len(runs) > 1:
+        print(f"the job's process's peak RSS at {runs[-1]['size']} MB is {runs[-1]['peak_mb'] / runs[0]['peak_mb']:.2f}x "
+              f"its peak at {runs[0]['size']} MB (target: at most 1.15x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,1000", help="table sizes in MB of float32, comma-separated")
@@ -163,10 +188,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="10 and 40 MB, for a look")
     parser.add_argument("--one-machine", action="store_true",
                         help="no Dask: each size in memory and with --external-memory, beside a 5 MB table's run")
+    parser.add_argument("--torch", action="store_true",
+                        help="the torch model, 2 ranks on this machine, each reading its share (R=3)")
     args = parser.parse_args()
     sizes = [10, 40] if args.quick else [int(s) for s in args.sizes.split(",")]
     storages = args.storage.split(",")
     env = {**os.environ, "HYPERBAND_NO_LIVE": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if args.torch:
+        with tempfile.TemporaryDirectory(prefix="bench-big-") as tmp:
+            torch_ranks(Path(tmp), sizes, env)
+        return
     if args.one_machine:
         with tempfile.TemporaryDirectory(prefix="bench-big-") as tmp:
             one_machine(Path(tmp), sizes, env, args.rounds_per_unit)

@@ -57,7 +57,7 @@ def rank_task(job: Mapping[str, Any], env: Mapping[str, str], data: Mapping[str,
         device, backend = torch_worker.device_for(int(env["LOCAL_RANK"]))
         _join(dist, env, backend, timeout)
         try:
-            torch_worker.train_job(job, rank, world, device, backend, torch_worker.Arrays(data))
+            torch_worker.train_job(job, rank, world, device, backend, torch_worker.Arrays(data, rank, world))
         except BaseException:  # the group's collectives may be out of step: the next trial-rung meets afresh
             _leave(dist)
             raise

@@ -196,6 +196,21 @@ def read_csv(path: Path) -> pd.DataFrame:
     return frame
 
 
+def table_of(spec: DataSpec) -> Any:
+    """The table in parts ``spec`` names (``tables.Table``, from its listing), or None for data read whole."""
+    return tables.find(spec.data) if spec.data not in BUILTIN and tables.in_parts(spec.data) else None
+
+
+def example_rows(spec: DataSpec, table: Any, n: int) -> np.ndarray:
+    """``n`` encoded rows of a table's first 1,000 (validation rows where there are any): a registered model's input
+    example, or the rows a model's prediction is timed on, without reading the table."""
+    from prefect_hyperband.trainers.layout import read_part
+
+    X_train, _, X_val, _ = read_part(table, table.parts[0], layout_of(spec), spec.seed, spec.validation_fraction,
+                                     limit=max(n, 1000))
+    return (X_val if len(X_val) else X_train)[:n]
+
+
 def layout_of(spec: DataSpec) -> Any:
     """What a job needs to know of its data before any trial (task, classes, target, feature names, default metric):
     a table in parts' ``Layout``, from its schemas and the columns it needs, never its whole rows; else the data

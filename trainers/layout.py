@@ -30,6 +30,7 @@ class Layout:
     numeric: tuple[str, ...]
     categorical: tuple[tuple[str, tuple[str, ...]], ...]
     rows: int | None = None  # every row, when the parts' metadata say (Parquet), else None
+    part_rows: tuple[int, ...] | None = None  # each part's rows, in the table's order (counted as the layout is read)
 
     @property
     def feature_names(self) -> list[str]:
@@ -45,12 +46,14 @@ class Layout:
 
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "task": self.task, "classes": list(self.classes), "numeric": list(self.numeric),
-                "categorical": [[c, list(v)] for c, v in self.categorical], "rows": self.rows}
+                "categorical": [[c, list(v)] for c, v in self.categorical], "rows": self.rows,
+                "part_rows": list(self.part_rows) if self.part_rows is not None else None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Layout:
         return cls(d["target"], d["task"], tuple(d["classes"]), tuple(d["numeric"]),
-                   tuple((c, tuple(v)) for c, v in d["categorical"]), d.get("rows"))
+                   tuple((c, tuple(v)) for c, v in d["categorical"]), d.get("rows"),
+                   tuple(d["part_rows"]) if d.get("part_rows") is not None else None)
 
 
 def layout(table: Table, columns: list[str], target: str, drop: tuple[str, ...] = ()) -> Layout:
@@ -65,10 +68,10 @@ def layout(table: Table, columns: list[str], target: str, drop: tuple[str, ...] 
     text = [c for c in features if kinds[c] == "text"]
     seen: dict[str, set[str]] = {c: set() for c in text}
     values: set[Any] = set()
-    many, rows = False, 0
+    many, counts = False, []
     for part in table.parts:
         frame = _read(fs, table, part, [*text, target])
-        rows += len(frame)
+        counts.append(len(frame))
         for c in text:
             seen[c].update(frame[c].dropna().astype(str).unique())
         if not many:
@@ -81,7 +84,8 @@ def layout(table: Table, columns: list[str], target: str, drop: tuple[str, ...] 
     if (task != "regression" and len(classes) < 2) or (task == "regression" and len(values) < 2):
         raise InputError(f"target column {target!r} has a single value; nothing to learn")
     numeric = tuple(c for c in features if kinds[c] != "text")
-    return Layout(target, task, classes, numeric, tuple((c, tuple(sorted(seen[c]))) for c in text), rows)
+    return Layout(target, task, classes, numeric, tuple((c, tuple(sorted(seen[c]))) for c in text), sum(counts),
+                  tuple(counts))
 
 
 def _kinds(fs: Any, table: Table, columns: list[str]) -> dict[str, str]:
@@ -146,12 +150,16 @@ def _read(fs: Any, table: Table, part: Part, columns: list[str] | None = None, l
         raise InputError(f"cannot read {_url(table, part)}: {type(exc).__name__}: {first_line(exc)}") from None
 
 
-def read_part(table: Table, part: Part, layout: Layout, seed: int, fraction: float, limit: int | None = None
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One part's rows (its first ``limit`` only, when given: a sample) encoded by ``layout`` and split by their
-    keys: ``X_train, y_train, X_val, y_val``. Runs wherever the part is read: this process, or a Dask worker."""
+def read_part(table: Table, part: Part, layout: Layout, seed: int, fraction: float, limit: int | None = None,
+              rows: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One part's rows (its first ``limit`` only, when given: a sample; its rows ``start:stop`` only, ``rows``)
+    encoded by ``layout`` and split by their keys: ``X_train, y_train, X_val, y_val``. Runs wherever the part is
+    read: this process, or a Dask worker."""
     frame = _read(table.filesystem(), table, part, _columns(layout), limit)
-    return _split(frame, validation_rows([(table.name(part), len(frame))], seed, fraction), table, part, layout)
+    validation = validation_rows([(table.name(part), len(frame))], seed, fraction)
+    if rows is not None:  # keyed by their number in the whole part, as when the part is read whole
+        frame, validation = frame.iloc[rows[0]:rows[1]], validation[rows[0]:rows[1]]
+    return _split(frame, validation, table, part, layout)
 
 
 def read_batches(table: Table, part: Part, layout: Layout, seed: int, fraction: float, rows: int = 1 << 17

@@ -33,10 +33,12 @@ import numpy as np
 import torch
 
 from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, checkpoint_resource, write_json_atomic, write_sidecar
-from prefect_hyperband.trainers.data import DataSpec, Dataset, load, metric_direction, score
+from prefect_hyperband.trainers.data import (DataSpec, Dataset, example_rows, layout_of, load, metric_direction, score,
+                                             table_of)
 from prefect_hyperband.trainers.launch import failure_message, terminate, torch_launcher
 from prefect_hyperband.trainers.torch_config import _as_float, _as_int, _check, check_metric, effective_lr, resolve_config
 from prefect_hyperband.trainers.torch_models import Predictor, build_model
+from prefect_hyperband.trainers.torch_rows import table_meta
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,8 +107,14 @@ class TorchTrainer(Placed):
 
     @property
     def data(self) -> Dataset:
-        """The job's data set, under the name every trainer uses."""
-        return self.dataset
+        """Every row, in this process (loaded at first use: a table in parts never is; its ranks read their shares)."""
+        if self._data is None:
+            self._data = load(self.spec)
+        return self._data
+
+    def example(self, n: int = 5) -> np.ndarray:
+        """A few validation rows, encoded (a model's input example; a table's, of its first 1,000 rows only)."""
+        return self.data.X_val[:n] if self._table is None else example_rows(self.spec, self._table, n)
 
     def __init__(
         self,
@@ -134,9 +142,11 @@ class TorchTrainer(Placed):
         _check(self.threads_per_rank >= 1, f"threads_per_rank must be >= 1, got {threads_per_rank}")
         self.spec, self.seed = spec, _as_int("seed", seed)
         self.scratch_dir = scratch_dir
-        self.dataset: Dataset = load(spec)
-        self.metric = metric or self.dataset.default_metric
-        check_metric(self.metric, self.dataset.task)
+        #: a table in parts (``trainers.tables``): each rank reads its own share, this process only its layout
+        self._table, self._data = table_of(spec), None
+        self.info = layout_of(spec)
+        self.metric = metric or self.info.default_metric
+        check_metric(self.metric, self.info.task)
         _check(warm is None or isinstance(warm, bool), f"warm must be true or false, got {warm!r}")
         #: warm (the default where the plug-in gives ``pools``, ``executors.torch_pool.warm_pools``): the ranks stay up
         #: between calls; built directly without ``pools``, every call launches them (``warm=True`` then is an error)
@@ -200,12 +210,19 @@ class TorchTrainer(Placed):
         return self.measure(checkpoint)[0]
 
     def measure(self, checkpoint: str) -> tuple[float, dict[str, float]]:
-        """The validation metric, and ``predict_ms``: milliseconds per 1,000 validation rows, the model loaded."""
-        prediction, seconds = timed_predict(checkpoint, self.dataset.X_val)
-        latency = {"predict_ms": seconds * 1e6 / max(1, len(self.dataset.X_val))}
+        """The validation metric, and ``predict_ms``: milliseconds per 1,000 validation rows, the model loaded. A
+        table's metric is the one its ranks computed on every share (kept in the checkpoint), its latency timed on
+        its first 1,000 rows' validation rows."""
+        X = self.data.X_val if self._table is None else example_rows(self.spec, self._table, 1000)
+        prediction, seconds = timed_predict(checkpoint, X)
+        latency = {"predict_ms": seconds * 1e6 / max(1, len(X))}
+        worst = 0.0 if metric_direction(self.metric) == "max" else math.inf
+        if self._table is not None:
+            value = read_checkpoint(checkpoint).get("validation")
+            return (worst if value is None or not math.isfinite(value) else float(value)), latency
         if not np.all(np.isfinite(prediction)):
-            return (0.0 if metric_direction(self.metric) == "max" else math.inf), latency
-        return score(self.metric, self.dataset.y_val, prediction), latency
+            return worst, latency
+        return score(self.metric, self.data.y_val, prediction), latency
 
     def load_model(self, checkpoint: str) -> torch.nn.Module:
         return load_model(checkpoint)
@@ -271,8 +288,10 @@ class TorchTrainer(Placed):
         }
 
     def arrays(self) -> dict[str, Any]:
-        """The split the ranks train on, in memory."""
-        ds = self.dataset
+        """The split the ranks train on, in memory; a table's listing and layout, each rank reading its share."""
+        if self._table is not None:
+            return table_meta(self._table, self.info, self.spec.seed, self.spec.validation_fraction)
+        ds = self.data
         return {"X_train": ds.X_train, "y_train": ds.y_train, "X_val": ds.X_val, "y_val": ds.y_val,
                 "task": ds.task, "n_classes": ds.n_classes,
                 "image_shape": list(ds.image_shape) if ds.image_shape is not None else None}
@@ -280,6 +299,8 @@ class TorchTrainer(Placed):
     def save_arrays(self, workdir: Path) -> dict[str, Any]:
         """Write the split the ranks train on beside the job."""
         split = self.arrays()
+        if "table" in split:
+            return split
         path = workdir / "data.npz"
         np.savez(path, **{k: split.pop(k) for k in ("X_train", "y_train", "X_val", "y_val")})
         return {"file": str(path.resolve()), **split}
@@ -329,6 +350,7 @@ class TorchTrainer(Placed):
             "effective_lr": effective_lr(cfg, world),
             "threads_per_rank": self.threads_per_rank,
             "warm_start": float(result.get("warm_start", 0.0)),
+            **({"train_rows": int(result["train_rows"])} if "train_rows" in result else {}),  # every rank's together
             **({"lost_worker_seconds": float(result["lost_worker_seconds"]), "attempts": float(result["attempts"])}
                if "attempts" in result else {}),
         }

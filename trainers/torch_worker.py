@@ -33,6 +33,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
+from prefect_hyperband.trainers import torch_rows
+from prefect_hyperband.trainers.torch_rows import Arrays
 from prefect_hyperband.trainers.base import write_json_atomic
 from prefect_hyperband.trainers.torch_requests import next_request, read_job
 from prefect_hyperband.trainers.torch_rng import rng_state, seed_rank, set_rng_state
@@ -55,22 +57,6 @@ NO_BUFFER_SYNC = (
 
 
 # ---------------------------------------------------------------------------- job and data
-
-
-class Arrays:
-    """The split the trainer saved for this trial (no pandas/sklearn import, no re-splitting per rank)."""
-
-    def __init__(self, meta: Mapping[str, Any]):
-        if "file" in meta:
-            with np.load(meta["file"]) as npz:
-                self.X_train, self.y_train = npz["X_train"], npz["y_train"]
-                self.X_val, self.y_val = npz["X_val"], npz["y_val"]
-        else:  # the arrays themselves (a Dask worker holds them in memory)
-            self.X_train, self.y_train, self.X_val, self.y_val = (meta[k] for k in ("X_train", "y_train", "X_val", "y_val"))
-        self.task: str = meta["task"]
-        self.n_classes = int(meta["n_classes"])
-        shape = meta.get("image_shape")
-        self.image_shape = tuple(int(s) for s in shape) if shape else None
 
 
 def architecture(ds: Arrays, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -124,13 +110,16 @@ class Run:
         self.job, self.rank, self.world_size, self.device = job, rank, world_size, device
         self.config = job["config"]
         self.seed = int(job["seed"])
-        self.ds = ds if ds is not None else Arrays(job["data"])
+        self.ds = ds if ds is not None else Arrays(job["data"], rank, world_size)
         X, y = self.ds.X_train, self.ds.y_train
         checkpoint = self._read_checkpoint(job.get("checkpoint"))
         if checkpoint is None:
             self.arch = architecture(self.ds, self.config)
-            mean, std = fit_standardisation(X, image=self.ds.image_shape is not None)
-            y_mean, y_std = fit_target(y, self.ds.task)
+            if self.ds.shared:
+                mean, std, y_mean, y_std = torch_rows.fit_together(X, y, self.ds.task, device)
+            else:
+                mean, std = fit_standardisation(X, image=self.ds.image_shape is not None)
+                y_mean, y_std = fit_target(y, self.ds.task)
             self.stats = {"mean": mean, "std": std, "y_mean": y_mean, "y_std": y_std}
         else:
             self.arch, self.stats = checkpoint["arch"], checkpoint["standardisation"]
@@ -141,9 +130,11 @@ class Run:
         self.model, self.optimizer = self._build(checkpoint)
         self.start_epoch = int(checkpoint["epoch"]) if checkpoint else 0
         self._restore_rng(checkpoint)
-        self.sampler = DistributedSampler(
-            range(len(self.X)), num_replicas=world_size, rank=rank, shuffle=True, seed=self.seed, drop_last=False
-        )
+        self.sampler = torch_rows.ShareSampler(len(self.X), self.seed, rank, world_size) if self.ds.shared else (
+            DistributedSampler(range(len(self.X)), num_replicas=world_size, rank=rank, shuffle=True, seed=self.seed,
+                               drop_last=False))
+        #: every rank's training rows together (a share's sampler counts them all)
+        self.train_rows = getattr(self.sampler, "total", len(self.X))
         self.batch_size = int(self.config["batch_size"])
         self.steps_per_epoch = math.ceil(self.sampler.num_samples / self.batch_size)
         self.loss_fn = loss_function(self.task)
@@ -204,15 +195,21 @@ class Run:
         dist.all_reduce(total)
         return float(total[0] / total[1])
 
-    def validate(self) -> float:
-        """The validation metric on the whole validation split (rank 0 only: no collectives here)."""
+    def validate(self) -> float | None:
+        """The validation metric on the whole validation split: rank 0's alone (no collective), or with every rank's
+        share of a table, gathered to rank 0 (the others get None)."""
         module = self.model.module
         module.eval()
         with torch.no_grad():
             out = module(self.X_val).cpu()
         module.train()
-        pred = predictions(out, self.task, float(self.stats["y_mean"]), float(self.stats["y_std"]))
-        return safe_score(self.job["metric"], self.ds.y_val, pred)
+        pred, y = predictions(out, self.task, float(self.stats["y_mean"]), float(self.stats["y_std"])), self.ds.y_val
+        if self.ds.shared:
+            gathered = torch_rows.gather_scored(pred, y, self.rank, self.world_size)
+            if gathered is None:
+                return None
+            pred, y = gathered
+        return safe_score(self.job["metric"], y, pred)
 
     def checkpoint(self, epoch: int, rng: list[dict[str, Any]]) -> dict[str, Any]:
         model = self.model.module
@@ -275,16 +272,19 @@ def train_job(
     state = Run(job, rank, world_size, device, ds)
     setup_seconds = time.perf_counter() - t0
     history: list[dict[str, float]] = []
-    t0 = time.perf_counter()
+    t0, value = time.perf_counter(), None
     for epoch in range(state.start_epoch, int(job["resource"])):
         train_loss = state.train_epoch(epoch)
+        if rank == 0 or state.ds.shared:
+            value = state.validate()
         if rank == 0:
-            history.append({"step": epoch + 1, "train_loss": train_loss, f"val_{job['metric']}": state.validate()})
+            history.append({"step": epoch + 1, "train_loss": train_loss, f"val_{job['metric']}": value})
     train_seconds = time.perf_counter() - t0
     rng: list[Any] = [None] * world_size
     dist.all_gather_object(rng, rng_state())
     if rank == 0:
-        save_atomic(state.checkpoint(int(job["resource"]), rng), job["out"])
+        # the last validation with the model: what ``measure`` reports where the controller holds no rows
+        save_atomic({**state.checkpoint(int(job["resource"]), rng), "validation": value}, job["out"])
         epochs = max(1, int(job["resource"]) - state.start_epoch)
         write_json_atomic(
             job.get("result") or Path(job["workdir"]) / "result.json",
@@ -296,6 +296,7 @@ def train_job(
                 "epoch_seconds": train_seconds / epochs,
                 "world_size": world_size,
                 "backend": backend,
+                "train_rows": state.train_rows,
             },
         )
     dist.barrier()
@@ -334,7 +335,7 @@ def serve(pool_dir: Path, rank: int, world_size: int, local_rank: int, owner: in
     device, backend = device_for(local_rank)
     dist.init_process_group(backend, timeout=SERVE_PG_TIMEOUT)
     meta = read_job(str(pool_dir / "pool.json"))
-    ds = Arrays(meta["data"])
+    ds = Arrays(meta["data"], rank, world_size)
     torch.set_num_threads(int(meta["threads_per_rank"]))
     idle_seconds = float(meta.get("idle_seconds") or math.inf)
     dist.barrier()

@@ -36,8 +36,8 @@ import numpy as np
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_sidecar
 from prefect_hyperband.trainers import external_memory as extmem
-from prefect_hyperband.trainers import tables
-from prefect_hyperband.trainers.data import BUILTIN, DataSpec, Dataset, check_metric, layout_of, load, score
+from prefect_hyperband.trainers.data import (DataSpec, Dataset, check_metric, example_rows, layout_of, load, score,
+                                             table_of)
 from prefect_hyperband.trainers.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class XGBoostTrainer:
         self.info = layout_of(spec)
         self._data: Dataset | None = None
         #: a table in parts, which a Dask cluster's workers read themselves (``partition``); None: data in memory
-        self._table = tables.find(spec.data) if spec.data not in BUILTIN and tables.in_parts(spec.data) else None
+        self._table = table_of(spec)
         self._validation: tuple[Any, Any, np.ndarray] | None = None  # on the cluster: X and y; y's values here
         if external_memory and (self._table is None or placement is not None or workers > 1):
             raise InputError("external memory trains a table read in parts (Parquet, or a folder or glob of CSV or "
@@ -167,11 +167,7 @@ class XGBoostTrainer:
         """A few validation rows, encoded (a registered model's input example): of a table's first 1,000 rows only."""
         if self._table is None or self._data is not None:
             return self.data.X_val[:n]
-        from prefect_hyperband.trainers.layout import read_part
-
-        X_train, _, X_val, _ = read_part(self._table, self._table.parts[0], self.info, self.spec.seed,
-                                         self.spec.validation_fraction, limit=1000)
-        return (X_val if len(X_val) else X_train)[:n]
+        return example_rows(self.spec, self._table, n)
 
     # -- distribution -------------------------------------------------------------------------
     def partition(self, client: Any, group: tuple[str, ...]) -> Any:

@@ -90,7 +90,7 @@ def test_digits_default_config_two_workers_reaches_95_percent(digits_runs):
     assert info["effective_lr"] == pytest.approx(2 * DEFAULT_CONFIG["lr"])
     assert 0 < info["startup_seconds"] < full.seconds and info["train_seconds"] > 0
     # the model the tracker will log: raw rows in, probabilities out
-    X = trainer.dataset.X_val[:5]
+    X = trainer.data.X_val[:5]
     proba = predict(full.checkpoint, X)
     assert proba.shape == (5, 10) and np.allclose(proba.sum(axis=1), 1.0)
     model = load_model(full.checkpoint)

@@ -48,14 +48,14 @@ def log_model(trainer: Any, checkpoint: str, tags: dict[str, str] | None = None)
     import torch
     from mlflow.models import infer_signature
 
-    data = trainer.data
+    example = trainer.example(5)
     module = trainer.load_model(checkpoint)
     with torch.no_grad():
-        signature = infer_signature(data.X_val[:5], module(torch.from_numpy(data.X_val[:5])).numpy())
+        signature = infer_signature(example, module(torch.from_numpy(example)).numpy())
     with tempfile.TemporaryDirectory() as tmp:
         return mlflow.pytorch.log_model(
             module, name="model", code_paths=[_model_code(tmp)], signature=signature,
-            input_example=data.X_val[:5], pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"], tags=tags,
+            input_example=example, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"], tags=tags,
         )
 
 
