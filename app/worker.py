@@ -19,6 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "what it is sent; the job's --concurrency bounds them): Prefect's task worker takes a run "
                         "off the server before it has a free slot, so a run sent to a full worker waits there "
                         "while others may be free")
+    worker.add_argument("--storage", metavar="PATH|URL", help="the jobs' --storage (a folder every machine mounts, "
+                        "or s3://...): their trial-rungs' parameters travel there; without it, Prefect's "
+                        "task-scheduling storage (PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -49,10 +52,12 @@ def main(args: argparse.Namespace) -> int:
     trainers = factory.Trainers()
     task_workers._warm.append(trainers)
     print(f"hyperband: worker serving {task_workers.TASK_NAME} on {PREFECT_API_URL.value()}, "
-          f"{args.limit or 'what it is sent'} at once (task key {task_workers.trial_rung.task_key})",
+          f"{args.limit or 'what it is sent'} at once (task key {task_workers.trial_rung.task_key}"
+          f"{', parameters from ' + args.storage if args.storage else ''})",
           file=sys.stderr, flush=True)
     try:
-        serve(task_workers.trial_rung, limit=args.limit or None)
+        served = task_workers.trial_rung.with_options(result_storage=task_workers.parameter_storage(args.storage))
+        serve(served, limit=args.limit or None)
     except KeyboardInterrupt:
         print("hyperband: worker stopped", file=sys.stderr, flush=True)
     finally:

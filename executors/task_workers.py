@@ -21,8 +21,11 @@ What Prefect leaves to the caller, done here:
   runs. A trial-rung no worker took within the pickup timeout, with no worker of this code, makes the job say in one
   line which task workers the server knows and whether any serves other code.
 
-Parameters travel through Prefect's result storage (``PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK``; by default
-a local folder, which workers on other machines cannot read: give them a shared block, docs/scale-out.md).
+- **Parameters.** Prefect passes a background task run's parameters through storage: with ``--storage``, the job's
+  storage (``<storage>/task-parameters``, ``parameter_storage``; the workers are started with the same
+  ``--storage``), else Prefect's task-scheduling storage (a local folder unless
+  ``PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK`` names a shared one). A worker that cannot read them deletes the
+  task run (Prefect's default): the job says so in one line and runs the trial-rung again.
 """
 
 from __future__ import annotations
@@ -101,7 +104,8 @@ def run_on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evalua
 
     beat_every = min(work_pool.HEARTBEAT_SECONDS, work_pool.heartbeat_timeout() / 4)
     submitted = trial_rung.with_options(task_run_name=f"{one.trial_id} to r={one.resource}",
-                                        tags=["hyperband", f"job:{job.job_id}"])
+                                        tags=["hyperband", f"job:{job.job_id}"],
+                                        result_storage=parameter_storage(job.task_storage))
     future = contextvars.copy_context().run(_outside_runs, submitted, job=job.to_json(), rung=asdict(one),
                                             heartbeat_seconds=beat_every)
     run_id, store = future.task_run_id, job.store()
@@ -109,7 +113,7 @@ def run_on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evalua
         time.monotonic(), False
     with get_client(sync_client=True) as client:
         while True:
-            state = client.read_task_run(run_id).state
+            state = _state(client, run_id, job)
             if stopping.requested():
                 client.set_task_run_state(run_id, Cancelled(message="the hyperband job is stopping"), force=True)
                 return None, None, "Stopped: the job is stopping", None, None
@@ -137,6 +141,37 @@ def run_on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evalua
         raise work_pool.TrialRunLost(f"task run {run_id} ended {state.type.value}: {state.message or 'no result'}")
     store.delete(f"results/{run_id}.json")
     return work_pool.outcome_of(result)
+
+
+def _state(client: Any, run_id: Any, job: Job) -> Any:
+    """The task run's state; ``TrialRunLost`` naming the likely cause when a worker deleted it (Prefect's task worker
+    deletes a run whose parameters it cannot read)."""
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        return client.read_task_run(run_id).state
+    except ObjectNotFound:
+        where = f"--storage {job.task_storage}" if job.task_storage else "the default task-scheduling storage"
+        raise work_pool.TrialRunLost(
+            f"task run {run_id} was deleted: a task worker could not read its parameters ({where}); start "
+            f"`hyperband worker{' --storage ' + job.task_storage if job.task_storage else ''}` where that storage "
+            "is reachable") from None
+
+
+def parameter_storage(root: str | None) -> Any:
+    """Where background task runs' parameters travel (Prefect's result storage for ``trial_rung``):
+    ``<root>/task-parameters`` (a local or shared folder, or any fsspec URL); None for Prefect's default."""
+    if not root:
+        return None
+    from pathlib import Path
+
+    from prefect.filesystems import RemoteFileSystem
+
+    from prefect_hyperband.tasks.storage import is_local, join
+
+    if is_local(root):
+        return Path(root.removeprefix("file://")).resolve() / "task-parameters"
+    return RemoteFileSystem(basepath=join(root, "task-parameters"))
 
 
 def _outside_runs(submitted: Any, **parameters: Any) -> Any:

@@ -127,6 +127,7 @@ def prepare(params: TuneParams) -> Job:
             storage=None if store.local else store.root,
             trial_pool=params.trial_pool,
             task_workers=params.task_workers,
+            task_storage=_task_storage(params),
         )
         return parents.plan(job, params, record)  # --warm-start: the earlier jobs checked, what they give decided
     except Exception:
@@ -271,6 +272,15 @@ def _objectives(params: TuneParams, model, spec: datasets.DataSpec) -> tuple[str
     except ValueError as why:
         raise InputError(str(why)) from None
     return metric, direction, chosen
+
+
+def _task_storage(params: TuneParams) -> str | None:
+    """``--storage`` as every machine names it (a local path made absolute), for ``--task-workers`` only."""
+    if not (params.task_workers and params.storage):
+        return None
+    from prefect_hyperband.tasks.storage import is_local
+
+    return str(Path(params.storage.removeprefix("file://")).resolve()) if is_local(params.storage) else params.storage
 
 
 def _concurrency(params: TuneParams) -> int:

@@ -43,6 +43,9 @@ class Job:
     trial_pool: str | None = None
     #: trial-rungs as background task runs that ``hyperband worker`` processes take (``executors.task_workers``)
     task_workers: bool = False
+    #: with ``task_workers`` and ``--storage``: the storage's root, where the background task runs' parameters travel
+    #: (``<root>/task-parameters``; ``hyperband worker --storage`` the same); None: Prefect's task-scheduling storage
+    task_storage: str | None = None
     #: several objectives: (name in MLflow, direction) each, ``metric_key`` first; (): the one metric
     objectives: tuple[tuple[str, Direction], ...] = ()
     #: several objectives: which point of the Pareto front is the champion (``flows.objectives.parse_select``)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,8 +21,9 @@ BIN = Path(sys.executable).parent
 
 
 @contextlib.contextmanager
-def workers(tmp_path: Path, n: int, limit: int = 2) -> Iterator[list[subprocess.Popen]]:
-    """``n`` ``hyperband worker`` processes on the session's Prefect server, each in a folder of its own."""
+def workers(tmp_path: Path, n: int, limit: int = 2, storage: str | None = None) -> Iterator[list[subprocess.Popen]]:
+    """``n`` ``hyperband worker`` processes on the session's Prefect server, each in a folder of its own (with
+    ``storage``: ``--storage``, and Prefect's local storage a folder of each one's, as on machines of their own)."""
     from prefect.settings import PREFECT_API_URL, get_current_settings
 
     env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
@@ -31,7 +33,10 @@ def workers(tmp_path: Path, n: int, limit: int = 2) -> Iterator[list[subprocess.
         for i in range(n):
             (tmp_path / f"machine-{i}").mkdir()
             log = open(tmp_path / f"machine-{i}" / "worker.log", "w")
-            started.append(subprocess.Popen([str(BIN / "hyperband"), "worker", "--limit", str(limit)], env=env,
+            own = {"PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(tmp_path / f"machine-{i}" / "prefect")} if storage else {}
+            where = ["--storage", storage] if storage else []
+            started.append(subprocess.Popen([str(BIN / "hyperband"), "worker", "--limit", str(limit), *where],
+                                            env={**env, **own},
                                             cwd=tmp_path / f"machine-{i}", stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True))
         for i in range(n):  # each subscribed to the server: its first line after the start
@@ -95,3 +100,71 @@ def test_two_workers_train_the_job_as_its_threads_do_and_a_killed_one_s_trial_ru
     assert first.poll() is not None and second.poll() is not None
     assert killed_at, "the first worker never trained a trial-rung of the job"
     assert _rows(killed) == _rows(here)  # each trial-rung once, the same scores
+
+
+OTHER_CODE = '''
+from prefect import task
+from prefect.task_worker import serve
+
+
+@task(name="hyperband-trial-rung")
+def trial_rung(job, rung, heartbeat_seconds):  # the same task's name, other code: another task key
+    raise RuntimeError("never sent the job's trial-rungs")
+
+
+if __name__ == "__main__":
+    serve(trial_rung)
+'''
+
+
+def test_a_worker_of_other_code_is_named_in_one_line_and_a_worker_started_mid_job_takes_its_trial_rungs(
+        tracking_uri, tmp_path, monkeypatch):
+    """Only a worker of other code at first (a task key of another hash, as another version of the package has):
+    the job says so in one warning line once the pickup timeout passes, and waits; a ``hyperband worker`` started
+    then takes the trial-rungs and the job ends with every one recorded. The job and the worker share ``--storage``
+    and nothing else (the worker's Prefect local storage is its own, as on another machine): the parameters travel
+    through the shared storage."""
+    import threading
+
+    from prefect.settings import PREFECT_API_URL, get_current_settings
+
+    from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.flows.tune import tune
+
+    monkeypatch.setenv("HYPERBAND_TASK_PICKUP_TIMEOUT", "3")
+    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+           "PREFECT_API_URL": PREFECT_API_URL.value()}
+    lines: list[str] = []
+    keep = logging.Handler()
+    keep.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("prefect_hyperband.executors.task_workers")
+    logger.addHandler(keep)
+    (tmp_path / "other.py").write_text(OTHER_CODE)
+    other_log = open(tmp_path / "other.log", "w")
+    other = subprocess.Popen([sys.executable, str(tmp_path / "other.py")], env=env, cwd=tmp_path, stdout=other_log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    done: dict = {}
+    try:
+        deadline = time.monotonic() + 60
+        while "Subscribing to runs" not in (tmp_path / "other.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        job = threading.Thread(target=lambda: done.update(tune(TuneParams(
+            model="synthetic", max_resource=3, eta=3, seed=4, baseline=False, register_model=False, unit_seconds=0.0,
+            job_dir=str(tmp_path / "jobs"), storage=str(tmp_path / "shared"), job_id="late", task_workers=True))),
+            daemon=True)
+        job.start()
+        deadline = time.monotonic() + 60
+        while not any("serve other code" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        said = [line for line in lines if "serve other code" in line]
+        assert len(said) == 1 and "1 hyperband worker(s) serve other code" in said[0], lines
+        assert "start `hyperband worker` from the same version" in said[0] and not done
+        with workers(tmp_path, 1, storage=str(tmp_path / "shared")):
+            job.join(timeout=120)
+    finally:
+        logger.removeHandler(keep)
+        os.killpg(other.pid, signal.SIGKILL)
+        other.wait(timeout=30)
+    assert not job.is_alive() and len(_rows(done)) == 6  # R=3, eta 3: 3 configs at r=1 and 1 promoted; 2 at r=3
+    assert "Traceback" not in (tmp_path / "other.log").read_text()  # it never received the job's task runs
+    assert len(list((tmp_path / "shared" / "task-parameters" / "parameters").iterdir())) == 6  # where they went

@@ -52,3 +52,33 @@ def test_a_worker_without_a_server_or_with_a_bad_limit_is_one_line_exit_2(capsys
                                        "PREFECT_API_URL (http://host:4200/api)\n")
     assert main(["worker", "--limit", "-1"]) == 2
     assert capsys.readouterr().err == "hyperband: error: --limit must be >= 0, got -1\n"
+
+
+def test_parameters_travel_through_the_jobs_storage_where_one_is_given(tmp_path):
+    from prefect.filesystems import RemoteFileSystem
+
+    assert task_workers.parameter_storage(None) is None  # Prefect's task-scheduling storage
+    assert task_workers.parameter_storage(str(tmp_path)) == tmp_path.resolve() / "task-parameters"
+    assert task_workers.parameter_storage(f"file://{tmp_path}") == tmp_path.resolve() / "task-parameters"
+    remote = task_workers.parameter_storage("s3://bucket/jobs/")
+    assert isinstance(remote, RemoteFileSystem) and remote.basepath == "s3://bucket/jobs/task-parameters"
+
+
+def test_a_task_run_a_worker_deleted_is_lost_with_the_likely_cause_in_one_line():
+    """Prefect's task worker deletes a task run whose parameters it cannot read: the trial-rung runs again, and the
+    line names the storage the worker needs."""
+    from types import SimpleNamespace
+
+    from prefect.exceptions import ObjectNotFound
+
+    from prefect_hyperband.executors.work_pool import TrialRunLost
+
+    class Gone:
+        def read_task_run(self, run_id):
+            raise ObjectNotFound(http_exc=Exception("404"))
+
+    with pytest.raises(TrialRunLost, match=r"could not read its parameters \(--storage s3://b/j\); start "
+                                           r"`hyperband worker --storage s3://b/j`"):
+        task_workers._state(Gone(), "run-1", SimpleNamespace(task_storage="s3://b/j"))
+    with pytest.raises(TrialRunLost, match=r"\(the default task-scheduling storage\); start `hyperband worker` "):
+        task_workers._state(Gone(), "run-1", SimpleNamespace(task_storage=None))
