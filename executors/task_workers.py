@@ -53,6 +53,8 @@ TASK_NAME = "hyperband-trial-rung"
 #: seconds between reads of a trial-rung's task run (a work pool's flow run is read every 0.5 s: it takes seconds to
 #: start; a warm worker finishes a short trial-rung in less)
 POLL_SECONDS = 0.2
+#: seconds between looks for a trial-rung's result in a folder (``_landed``)
+RESULT_LOOK = 0.02
 #: how ``who_serves`` begins when some worker serves the job's code
 SERVED = "workers serve this code"
 log = logging.getLogger(__name__)
@@ -135,12 +137,28 @@ def run_on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evalua
                 client.set_task_run_state(run_id, Crashed(message=dead), force=True)
                 store.delete(beats.key)
                 raise work_pool.TrialRunLost(f"task run {one.trial_id} to r={one.resource} ({run_id}): {dead}")
-            time.sleep(POLL_SECONDS)
+            if _landed(store, f"results/{run_id}.json", POLL_SECONDS):  # before the server hears the run end
+                break
     result = store.read_json(f"results/{run_id}.json")  # the task run's id, as the worker's context gives it
     if result is None:
         raise work_pool.TrialRunLost(f"task run {run_id} ended {state.type.value}: {state.message or 'no result'}")
     store.delete(f"results/{run_id}.json")
     return work_pool.outcome_of(result)
+
+
+def _landed(store: Any, key: str, seconds: float) -> bool:
+    """Whether the trial-rung's result is in the job's storage, looked for over ``seconds``: in a folder every
+    ``RESULT_LOOK`` seconds (a stat: the job hears of the result without the task run's end reaching the server
+    and a poll of it, 0.2-0.3 s a trial-rung), on an object store not at all (a request costs what a state read does)."""
+    if not store.local:
+        time.sleep(seconds)
+        return False
+    path, ends = store.url(key), time.monotonic() + seconds
+    while time.monotonic() < ends:
+        if os.path.exists(path):
+            return True
+        time.sleep(RESULT_LOOK)
+    return os.path.exists(path)
 
 
 def _state(client: Any, run_id: Any, job: Job) -> Any:

@@ -82,3 +82,16 @@ def test_a_task_run_a_worker_deleted_is_lost_with_the_likely_cause_in_one_line()
         task_workers._state(Gone(), "run-1", SimpleNamespace(task_storage="s3://b/j"))
     with pytest.raises(TrialRunLost, match=r"\(the default task-scheduling storage\); start `hyperband worker` "):
         task_workers._state(Gone(), "run-1", SimpleNamespace(task_storage=None))
+
+
+def test_the_job_sees_a_trial_rungs_result_in_its_folder_before_the_server_hears_the_run_end(tmp_path, monkeypatch):
+    from prefect_hyperband.tasks.storage import Storage
+
+    store = Storage(str(tmp_path), str(tmp_path))
+    assert not task_workers._landed(store, "results/a.json", 0.05)
+    store.write_json("results/a.json", {"done": True})
+    assert task_workers._landed(store, "results/a.json", 60)  # at once, not after the 60 s
+    slept = []
+    monkeypatch.setattr(task_workers.time, "sleep", slept.append)
+    remote = type("Remote", (), {"local": False})()
+    assert not task_workers._landed(remote, "results/a.json", 0.2) and slept == [0.2]  # an object store: no looks
