@@ -318,7 +318,7 @@ class Loop:
         """The orchestration failed, not the trainer (the Prefect API, the tracking store past its retries): the
         trial-rung runs again, or, past its retries, the trial fails (recorded when the tracker answers). A full disk
         or a tracking store that does not answer stops the job instead: --resume trains the trial-rung again."""
-        if no_space(exc) or unavailable(exc):
+        if no_space(exc) or (unavailable(exc) and not getattr(exc, "run_again", False)):
             self._service_down(exc)
             return
         key = (trial_rung.trial_id, trial_rung.resource)

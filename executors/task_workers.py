@@ -17,6 +17,9 @@ What Prefect leaves to the caller, done here:
 - **Taken, never begun.** A task run a worker took and died before beginning stays SCHEDULED or PENDING: one still
   SCHEDULED after ``HYPERBAND_TASK_PICKUP_TIMEOUT`` seconds (120) while workers serve the job's code is cancelled and
   sent again; one PENDING for twice the heartbeat timeout is taken for dead.
+- **The API away.** A Prefect API that does not answer is waited for (``_answering``: one warning line, up to
+  ``--service-wait``); a restarted server forgets its queue of task runs (it is in memory), and workers' runs that
+  needed the API meanwhile fail: those trial-rungs are sent again (``_AfterOutage``).
 - **Code.** A served task's key holds a hash of its code: a worker of other code never receives the job's task
   runs. A trial-rung no worker took within the pickup timeout, with no worker of this code, makes the job say in one
   line which task workers the server knows and whether any serves other code.
@@ -33,9 +36,10 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -57,7 +61,18 @@ POLL_SECONDS = 0.2
 RESULT_LOOK = 0.02
 #: how ``who_serves`` begins when some worker serves the job's code
 SERVED = "workers serve this code"
+#: seconds between tries of a Prefect API that does not answer, and the least a trial-rung waits for it
+API_RETRY_SECONDS = 1.0
+API_WAIT_AT_LEAST = 60.0
+#: Prefect's client's own retries of a request while the trial-rungs wait (its backoff: about 6 s for 2)
+API_CLIENT_RETRIES = 2
+#: times a trial-rung lost to an outage of the API is sent again before the loop hears of it
+OUTAGE_RESENDS = 2
+#: when the Prefect API stopped answering this process's trial-rungs (None: it answers): said once per outage
+_OUTAGE: dict[str, float | None] = {"since": None}
+_OUTAGE_LOCK = threading.Lock()
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def pickup_timeout() -> float:
@@ -89,18 +104,44 @@ def trial_rung(job: dict[str, Any], rung: dict[str, Any], heartbeat_seconds: flo
 
 
 def _given_up(run_id: str) -> str | None:
-    """Why the controller marked this task run ``Crashed``, or None while it has not."""
+    """Why the controller gave this task run up (``Crashed``: taken for dead; ``Cancelled``: sent again, or the job
+    stopping), or None while it has not."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
         state = client.read_task_run(run_id).state
-    return (state.message or "marked Crashed") if state is not None and state.type.value == "CRASHED" else None
+    if state is None or state.type.value not in ("CRASHED", "CANCELLED"):
+        return None
+    return state.message or f"marked {state.type.value.title()}"
 
 
 def run_on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluation | None, str | None,
                                                       float | None, float | None]:
     """One trial-rung as a background task run: (trained, evaluated, error, started, ended). Raises
-    ``work_pool.TrialRunLost`` when its worker is lost; a stop (Ctrl-C, a timeout) cancels it."""
+    ``work_pool.TrialRunLost`` when its worker is lost; a stop (Ctrl-C, a timeout) cancels it. Prefect's client
+    retries a server that does not answer for up to half an hour, silently (the CLI's 10 retries): here a few
+    seconds (``API_CLIENT_RETRIES``), then ``_answering`` waits with one line, bounded by ``--service-wait``."""
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: API_CLIENT_RETRIES}):
+        for attempt in range(OUTAGE_RESENDS + 1):
+            try:
+                return _on_workers(job, one)
+            except _AfterOutage as lost:  # the outage was said once; its casualties are sent again quietly
+                if attempt == OUTAGE_RESENDS:
+                    raise
+                log.info("trial %s at r=%d: %s; sent again", one.trial_id, one.resource, lost)
+    raise AssertionError("unreachable")
+
+
+class _AfterOutage(work_pool.TrialRunLost):
+    """A trial-rung's task run lost to an outage of the Prefect API that the job waited through: still queued when
+    the server restarted (its queue is in memory), or failed in its worker, whose client could not reach the API
+    either. Sent again by ``run_on_workers`` itself, without a line of its own."""
+
+
+def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluation | None, str | None,
+                                                   float | None, float | None]:
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelled, Crashed
 
@@ -108,40 +149,50 @@ def run_on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evalua
     submitted = trial_rung.with_options(task_run_name=f"{one.trial_id} to r={one.resource}",
                                         tags=["hyperband", f"job:{job.job_id}"],
                                         result_storage=parameter_storage(job.task_storage))
-    future = contextvars.copy_context().run(_outside_runs, submitted, job=job.to_json(), rung=asdict(one),
-                                            heartbeat_seconds=beat_every)
-    run_id, store = future.task_run_id, job.store()
+    future, _ = _answering(lambda: contextvars.copy_context().run(
+        _outside_runs, submitted, job=job.to_json(), rung=asdict(one), heartbeat_seconds=beat_every))
+    run_id, store, name = future.task_run_id, job.store(), f"task run {one.trial_id} to r={one.resource}"
+    outage = False  # the API was waited for while this task run was out
     beats, began, said = work_pool.Beats(store, f"heartbeats/{run_id}.json", work_pool.heartbeat_timeout()), \
         time.monotonic(), False
     with get_client(sync_client=True) as client:
+        def end(state: Any) -> None:
+            _answering(lambda: client.set_task_run_state(run_id, state, force=True))
+
         while True:
-            state = _state(client, run_id, job)
+            state, waited = _state(client, run_id, job)
+            outage |= waited
             if stopping.requested():
-                client.set_task_run_state(run_id, Cancelled(message="the hyperband job is stopping"), force=True)
+                end(Cancelled(message="the hyperband job is stopping"))
                 return None, None, "Stopped: the job is stopping", None, None
             if state is not None and state.is_final():
                 break
             waiting = state is None or state.type.value == "SCHEDULED"
+            if waiting and waited:  # the server's queue of task runs is in memory: a restart forgot this one
+                end(Cancelled(message="the Prefect API was away: sent again"))
+                raise _AfterOutage(f"{name} ({run_id}): still waiting for a worker after the Prefect API was away "
+                                   "(a restarted server forgets the task runs it had queued)")
             if waiting and time.monotonic() - began > pickup_timeout():
                 why = who_serves(client, trial_rung.task_key)
                 if why.startswith(SERVED):  # sent to a worker that died before it began (delivery is at most once)
-                    client.set_task_run_state(run_id, Cancelled(message="not begun in time: sent again"), force=True)
-                    raise work_pool.TrialRunLost(f"task run {one.trial_id} to r={one.resource} ({run_id}): not "
-                                                 f"begun in {time.monotonic() - began:.0f} s while {why}")
+                    end(Cancelled(message="not begun in time: sent again"))
+                    raise work_pool.TrialRunLost(f"{name} ({run_id}): not begun in "
+                                                 f"{time.monotonic() - began:.0f} s while {why}")
                 if not said:
                     log.warning("trial %s at r=%d: no task worker took it in %.0f s; %s", one.trial_id,
                                 one.resource, time.monotonic() - began, why)
                 said, began = True, time.monotonic()  # the server asked again a timeout later, not every poll
             dead = None if waiting else beats.dead(state)  # PENDING too long, or RUNNING without a heartbeat
             if dead:
-                client.set_task_run_state(run_id, Crashed(message=dead), force=True)
+                end(Crashed(message=dead))
                 store.delete(beats.key)
-                raise work_pool.TrialRunLost(f"task run {one.trial_id} to r={one.resource} ({run_id}): {dead}")
+                raise work_pool.TrialRunLost(f"{name} ({run_id}): {dead}")
             if _landed(store, f"results/{run_id}.json", POLL_SECONDS):  # before the server hears the run end
                 break
     result = store.read_json(f"results/{run_id}.json")  # the task run's id, as the worker's context gives it
     if result is None:
-        raise work_pool.TrialRunLost(f"task run {run_id} ended {state.type.value}: {state.message or 'no result'}")
+        lost = _AfterOutage if outage and state.type.value in ("FAILED", "CRASHED") else work_pool.TrialRunLost
+        raise lost(f"task run {run_id} ended {state.type.value}: {state.message or 'no result'}")
     store.delete(f"results/{run_id}.json")
     return work_pool.outcome_of(result)
 
@@ -161,19 +212,52 @@ def _landed(store: Any, key: str, seconds: float) -> bool:
     return os.path.exists(path)
 
 
-def _state(client: Any, run_id: Any, job: Job) -> Any:
-    """The task run's state; ``TrialRunLost`` naming the likely cause when a worker deleted it (Prefect's task worker
-    deletes a run whose parameters it cannot read)."""
+def _state(client: Any, run_id: Any, job: Job) -> tuple[Any, bool]:
+    """The task run's state, and whether the API was waited for (``_answering``); ``TrialRunLost`` naming the likely
+    cause when a worker deleted the run (Prefect's task worker deletes one whose parameters it cannot read)."""
     from prefect.exceptions import ObjectNotFound
 
     try:
-        return client.read_task_run(run_id).state
+        run, waited = _answering(lambda: client.read_task_run(run_id))
+        return run.state, waited
     except ObjectNotFound:
         where = f"--storage {job.task_storage}" if job.task_storage else "the default task-scheduling storage"
         raise work_pool.TrialRunLost(
             f"task run {run_id} was deleted: a task worker could not read its parameters ({where}); start "
             f"`hyperband worker{' --storage ' + job.task_storage if job.task_storage else ''}` where that storage "
             "is reachable") from None
+
+
+def _answering(call: Callable[[], T]) -> tuple[T, bool]:
+    """``call()`` (a request to the Prefect API), tried again every ``API_RETRY_SECONDS`` while the API does not
+    answer (its server or database restarting), for as long as the job waits for MLflow (``--service-wait``:
+    ``service_wait.client_waits``), and whether it waited. One warning line per outage for the whole process (its
+    trial-rungs all wait); past the bound, the error (the loop stops the job: exit 75, ``--resume``)."""
+    from prefect_hyperband.tasks.service_wait import client_waits
+    from prefect_hyperband.trainers.errors import first_line, unavailable
+
+    began, waited = time.monotonic(), False
+    while True:
+        try:
+            value = call()
+        except Exception as exc:
+            bound = max(client_waits(), API_WAIT_AT_LEAST)
+            if not unavailable(exc) or time.monotonic() - began > bound:
+                raise
+            with _OUTAGE_LOCK:
+                if _OUTAGE["since"] is None:
+                    _OUTAGE["since"] = time.monotonic()
+                    log.warning("the Prefect API does not answer (%s: %s); the trial-rungs wait for it, up to %.0f s",
+                                type(exc).__name__, first_line(exc), bound)
+            waited = True
+            time.sleep(API_RETRY_SECONDS)
+            continue
+        if waited:
+            with _OUTAGE_LOCK:
+                if _OUTAGE["since"] is not None:
+                    log.info("the Prefect API answers again, after %.0f s", time.monotonic() - _OUTAGE["since"])
+                    _OUTAGE["since"] = None
+        return value, waited
 
 
 def parameter_storage(root: str | None) -> Any:

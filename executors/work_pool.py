@@ -55,6 +55,9 @@ def heartbeat_timeout() -> float:
 class TrialRunLost(RuntimeError):
     """The trial-rung's flow run ended without a result (crashed, cancelled, its worker gone): run it again."""
 
+    #: the loop runs it again, whatever its message quotes (a worker's "Connection refused" is not the job's outage)
+    run_again = True
+
 
 class TrialRunGivenUp(RuntimeError):
     """This flow run's controller took it for dead (no heartbeat in time) and ran its trial-rung again: its

@@ -314,6 +314,24 @@ def test_an_orchestration_error_runs_the_trial_rung_again_and_past_its_retries_f
     assert sum(1 for t in sim.submitted if t.trial_id == "s1-0000") == ORCHESTRATION_RETRIES + 1
 
 
+def test_a_remote_trial_rung_lost_with_a_workers_connection_error_runs_again_and_does_not_stop_the_job():
+    """A task worker's run ended Failed while the Prefect API was away ("Connection refused" in its message): the
+    job's own API answers again, so the trial-rung runs again, as any lost remote run; the job is not stopped."""
+    class Lost(RuntimeError):
+        run_again = True  # executors.work_pool.TrialRunLost's
+
+    def behave(trial_rung, attempt):
+        if trial_rung.trial_id == "s2-0001" and attempt == 0:
+            return 1.0, Lost("task run 7c7c ended FAILED: Task run encountered an exception ConnectError: [Errno 111] "
+                             "Connection refused")
+        return 1.0, trained(trial_rung, 1.0)
+
+    sim, tracker, sched = Sim(behave), Tracker(), hyperband()
+    drive = make(sched, sim, tracker, concurrency=2).run()
+    assert sched.done and len(drive.rows) == 22 and not tracker.failures
+    assert sum(1 for t in sim.submitted if (t.trial_id, t.resource) == ("s2-0001", 1)) == 2
+
+
 def test_a_tracking_store_down_past_its_retries_stops_the_job_not_the_trial():
     """Its client retried for minutes (MLflow's), then the writer (1, 5, 15 s): the job stops and names it (exit 75,
     --resume goes on); the trial-rung is not a row and no trial failed."""

@@ -168,3 +168,72 @@ def test_a_worker_of_other_code_is_named_in_one_line_and_a_worker_started_mid_jo
     assert not job.is_alive() and len(_rows(done)) == 6  # R=3, eta 3: 3 configs at r=1 and 1 promoted; 2 at r=3
     assert "Traceback" not in (tmp_path / "other.log").read_text()  # it never received the job's task runs
     assert len(list((tmp_path / "shared" / "task-parameters" / "parameters").iterdir())) == 6  # where they went
+
+
+def test_a_prefect_server_restarted_under_the_job_is_waited_for_in_one_line_and_the_job_completes(tmp_path):
+    """A server of its own (the session's stays up), two workers and a CLI job on it; the server stopped once the job
+    records results, and started again 20 s later. Its queue of task runs is in memory: what it had queued is gone,
+    and what the workers ran while it was away failed there. The job says so in one warning line, waits, sends
+    those trial-rungs again, and ends with every trial-rung recorded once, as the same job on threads records them."""
+    import socket
+    import urllib.request
+
+    from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.flows.tune import tune
+
+    here = tune(TuneParams(model="synthetic", max_resource=9, eta=3, seed=4, baseline=False, register_model=False,
+                           job_dir=str(tmp_path / "threads"), unit_seconds=0.0, concurrency=4, job_id="threads"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
+               PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'prefect.db'}",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", HYPERBAND_NO_LIVE="1")
+
+    def server() -> subprocess.Popen:
+        started = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                                   env=env, cwd=tmp_path, stdout=open(tmp_path / "server.log", "a"),
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2)
+                return started
+            time.sleep(0.5)
+        raise AssertionError("the Prefect server did not start in 120 s")
+
+    procs = [server()]
+    try:
+        for i in range(2):
+            (tmp_path / f"m{i}").mkdir()
+            procs.append(subprocess.Popen([str(BIN / "hyperband"), "worker"], env=env, cwd=tmp_path / f"m{i}",
+                                          stdout=open(tmp_path / f"worker-{i}.log", "w"), stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+        err = tmp_path / "job.err"
+        job = subprocess.Popen([str(BIN / "hyperband"), "tune", "--model", "synthetic", "--max-resource", "9",
+                                "--eta", "3", "--unit-seconds", "0.5", "--seed", "4", "--no-baseline",
+                                "--no-register-model", "--task-workers", "--concurrency", "4", "--job-id", "away",
+                                "--job-dir", str(tmp_path / "jobs"), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"],
+                               env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=open(err, "w"))
+        journal = tmp_path / "jobs" / "away"
+        deadline = time.monotonic() + 180
+        while not any(p.stat().st_size for p in journal.glob("journal.*")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # trial-rungs recorded: the job is under way on the workers
+        os.killpg(procs[0].pid, signal.SIGTERM)
+        procs[0].wait(timeout=60)
+        time.sleep(20)
+        procs[0] = server()
+        assert job.wait(timeout=300) == 0, err.read_text()[-3000:]
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+    lines = err.read_text().splitlines()
+    said = [line for line in lines if "WARNING" in line]
+    assert len(said) == 1 and "the Prefect API does not answer" in said[0], said
+    assert "Traceback" not in err.read_text()
+    rows = json.loads((journal / "state.json").read_text())["rows"]
+    assert len(rows) == len({(r["trial_id"], r["resource"]) for r in rows}) == 22
+    assert {(r["trial_id"], r["resource"]): r["score"] for r in rows} == _rows(here)

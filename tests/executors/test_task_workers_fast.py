@@ -95,3 +95,44 @@ def test_the_job_sees_a_trial_rungs_result_in_its_folder_before_the_server_hears
     monkeypatch.setattr(task_workers.time, "sleep", slept.append)
     remote = type("Remote", (), {"local": False})()
     assert not task_workers._landed(remote, "results/a.json", 0.2) and slept == [0.2]  # an object store: no looks
+
+
+def test_a_prefect_api_away_for_a_while_is_waited_for_with_one_line_and_past_the_bound_is_the_jobs_error(
+        monkeypatch):
+    import logging
+
+    import httpx
+
+    records: list[logging.LogRecord] = []
+    keep = logging.Handler(logging.INFO)
+    keep.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("prefect_hyperband.executors.task_workers")
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    monkeypatch.setattr(logger, "disabled", False)  # a logging.config of another test's may have disabled it
+    logger.addHandler(keep)
+    monkeypatch.setitem(task_workers._OUTAGE, "since", None)
+    monkeypatch.setattr(task_workers.time, "sleep", lambda seconds: None)
+    answers = iter([httpx.ConnectError("All connection attempts failed")] * 3 + ["state"])
+
+    def call():
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    try:
+        assert task_workers._answering(call) == ("state", True)
+        assert task_workers._answering(lambda: "again") == ("again", False)
+    finally:
+        logger.removeHandler(keep)
+    said = [r for r in records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and "the Prefect API does not answer (ConnectError" in said[0].getMessage()
+    assert any("answers again" in r.getMessage() for r in records)
+    with pytest.raises(ValueError):  # not an outage: at once
+        task_workers._answering(lambda: (_ for _ in ()).throw(ValueError("bad request")))
+    monkeypatch.setattr(task_workers, "API_WAIT_AT_LEAST", 0.0)
+    monkeypatch.setattr("prefect_hyperband.tasks.service_wait.client_waits", lambda: 0.0)
+    clock = iter(range(0, 100, 10))
+    monkeypatch.setattr(task_workers.time, "monotonic", lambda: next(clock))
+    with pytest.raises(httpx.ConnectError):  # past --service-wait: the loop stops the job (exit 75)
+        task_workers._answering(lambda: (_ for _ in ()).throw(httpx.ConnectError("refused")))
