@@ -2,8 +2,9 @@
 
 It serves the trial-rung task (``executors.task_workers.trial_rung``: train, then evaluate, as a local trial-rung)
 on the Prefect server at ``PREFECT_API_URL`` (what it is sent at once, or ``--limit``), and keeps its trainers between them
-(the data loaded once per job's settings, a torch pool kept). SIGTERM and Ctrl-C stop it: what it holds is lost to
-it, and each job runs those trial-rungs again once their heartbeat stops.
+(the data loaded once per job's settings, a torch pool kept). SIGTERM and Ctrl-C stop it: the trial-rungs it holds
+are marked Crashed on the server as it goes, and their jobs run them again at once (a worker killed outright: once
+their heartbeats stop).
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM or Ctrl-C; one line and exit 2 without a Prefect server to serve."""
+    """Serve until SIGTERM or Ctrl-C, then hand back the trial-rungs it holds (``task_workers.hand_back``); one line
+    and exit 2 without a Prefect server to serve."""
     import os
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # a background task run has no flow run: Prefect warns at each log line it cannot send (they stay here)
+    # its own log lines outside a task run have no flow run to go to (a task run's carry the job's settings, which
+    # say the same: ``task_workers._outside_runs``)
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
     from prefect.settings import PREFECT_API_URL
 
@@ -58,9 +61,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         served = task_workers.trial_rung.with_options(result_storage=task_workers.parameter_storage(args.storage))
         serve(served, limit=args.limit or None)
-    except KeyboardInterrupt:
-        print("hyperband: worker stopped", file=sys.stderr, flush=True)
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (Prefect's task worker handles it, and exits)
+        pass
     finally:
+        held = task_workers.hand_back()
         task_workers._warm.clear()
         trainers.close_all()
+    print(f"hyperband: worker stopped; {held} trial-rung(s) it ran handed back to their jobs", file=sys.stderr,
+          flush=True)
     return 0

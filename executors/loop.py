@@ -207,6 +207,9 @@ class Loop:
     save: Callable[..., None]  # save(rows, elapsed, lost, final=False)
     concurrency: int
     workers: int = 1
+    #: the slots now, asked at each fill where they change while the job runs (task workers coming and going:
+    #: ``executors.task_workers.LiveSlots``); None: ``concurrency``
+    slots: Callable[[], int] | None = None
     trial_timeout: float | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     spent: float = 0.0  # seconds of earlier runs of the job (a resume)
@@ -263,7 +266,8 @@ class Loop:
 
     def _fill(self) -> None:
         """Trial-rungs into the free slots, unless the job is stopping."""
-        while self.stop_began is None and not self.stop.requested() and self._busy() < self.concurrency:
+        limit = max(1, self.slots()) if self.slots is not None else self.concurrency
+        while self.stop_began is None and not self.stop.requested() and self._busy() < limit:
             trial_rung = self.retry.pop(0) if self.retry else self.scheduler.next_trial_rung()
             if trial_rung is None:
                 return

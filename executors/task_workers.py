@@ -68,6 +68,8 @@ API_WAIT_AT_LEAST = 60.0
 API_CLIENT_RETRIES = 2
 #: times a trial-rung lost to an outage of the API is sent again before the loop hears of it
 OUTAGE_RESENDS = 2
+#: seconds between counts of the workers serving the job's code (``LiveSlots``)
+SLOTS_EVERY = 5.0
 #: when the Prefect API stopped answering this process's trial-rungs (None: it answers): said once per outage
 _OUTAGE: dict[str, float | None] = {"since": None}
 _OUTAGE_LOCK = threading.Lock()
@@ -80,8 +82,14 @@ def pickup_timeout() -> float:
     return seconds_from_env("HYPERBAND_TASK_PICKUP_TIMEOUT", 120.0)
 
 
-#: in a ``hyperband worker``'s process only: its trainers, kept between trial-rungs (``app.worker``)
+#: in a ``hyperband worker``'s process only: its trainers, kept between trial-rungs (``app.worker``), and the task runs
+#: it runs now (handed back at its stop: ``hand_back``)
 _warm: list[factory.Trainers] = []
+_running: dict[str, stopping.StopToken] = {}
+#: seconds a stopping worker waits for the trial-rungs it handed back to end (each at its next unit), and what their
+#: task runs' state says
+HAND_BACK_WAIT = 15.0
+HANDED_BACK = "its hyperband worker stopped: the job runs it again"
 
 
 @task(name=TASK_NAME, cache_policy=NO_CACHE, persist_result=False, log_prints=False)
@@ -91,16 +99,48 @@ def trial_rung(job: dict[str, Any], rung: dict[str, Any], heartbeat_seconds: flo
     spec, one = work_pool.on_this_machine(job, rung)
     run_id = str(TaskRunContext.get().task_run.id)  # type: ignore[union-attr]
     trainers = _warm[0] if _warm else None
-    with factory.scope(trainers, close=trainers is None), stopping.bind(stopping.StopToken()) as token:
-        with work_pool.heartbeat(spec, run_id, heartbeat_seconds, token, given_up=_given_up):
-            from prefect_hyperband.executors import runner
+    try:
+        with factory.scope(trainers, close=trainers is None), stopping.bind(stopping.StopToken()) as token:
+            _running[run_id] = token
+            with work_pool.heartbeat(spec, run_id, heartbeat_seconds, token, given_up=_given_up):
+                from prefect_hyperband.executors import runner
 
-            out = runner.work(spec, one)
+                out = runner.work(spec, one)
+    finally:
+        _running.pop(run_id, None)
     why = _given_up(run_id)
+    if why == HANDED_BACK:  # this worker is stopping: the job runs it again; nothing to say here
+        return {"host": os.uname().nodename, "pid": os.getpid(), "handed_back": True}
     if why is not None:  # taken for dead while it trained: its rerun's result is the trial-rung's
         raise work_pool.TrialRunGivenUp(f"given up by the job's controller ({why}); its trial-rung ran again")
     spec.store().write_json(f"results/{run_id}.json", work_pool.result_of(out))
     return {"host": os.uname().nodename, "pid": os.getpid()}
+
+
+def hand_back(why: str = HANDED_BACK, wait: float = HAND_BACK_WAIT) -> int:
+    """The task runs this worker runs now marked ``Crashed`` (``why``), as it stops: their jobs run those trial-rungs
+    again at once, not a heartbeat timeout later (a late result of theirs is refused: ``_given_up``). Their trainings
+    are asked to stop, and waited for up to ``wait`` seconds (each ends at its next unit). How many."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    held = dict(_running)
+    if held:
+        with get_client(sync_client=True) as client:
+            for run_id, token in held.items():
+                try:
+                    client.set_task_run_state(UUID(run_id), Crashed(message=why), force=True)
+                except Exception:  # noqa: BLE001  (the server away: the job takes the run for dead by its heartbeat)
+                    pass
+                token.request(reason=why)
+    ends = time.monotonic() + wait
+    while _running and time.monotonic() < ends:
+        time.sleep(0.1)
+    if held:  # Prefect's engine sends each one's end after our function returns: a second, before the process ends
+        time.sleep(min(1.0, wait))
+    return len(held)
 
 
 def _given_up(run_id: str) -> str | None:
@@ -124,14 +164,12 @@ def run_on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evalua
     from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
     with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: API_CLIENT_RETRIES}):
-        for attempt in range(OUTAGE_RESENDS + 1):
+        for _ in range(OUTAGE_RESENDS):
             try:
                 return _on_workers(job, one)
             except _AfterOutage as lost:  # the outage was said once; its casualties are sent again quietly
-                if attempt == OUTAGE_RESENDS:
-                    raise
                 log.info("trial %s at r=%d: %s; sent again", one.trial_id, one.resource, lost)
-    raise AssertionError("unreachable")
+        return _on_workers(job, one)
 
 
 class _AfterOutage(work_pool.TrialRunLost):
@@ -281,10 +319,14 @@ def _outside_runs(submitted: Any, **parameters: Any) -> Any:
     context with a background task's parameters, and the job's (its bracket's subflow run, whose parameters hold the
     scheduler's callbacks) does not pickle. The settings and tags stay (the caller's context is a copy)."""
     from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.settings import PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
 
     FlowRunContext.__var__.set(None)
     TaskRunContext.__var__.set(None)
-    return submitted.delay(**parameters)
+    # the worker runs the task run in the settings sent with it, these: a background task run has no flow run, and
+    # Prefect warned at each of its log lines in the worker that it could not send them to the API (they stay there)
+    with temporary_settings(updates={PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore"}):
+        return submitted.delay(**parameters)
 
 
 def serving(client: Any) -> dict[str, list[str]]:
@@ -309,6 +351,27 @@ def who_serves(client: Any, task_key: str) -> str:
         return (f"{len(other)} hyperband worker(s) serve other code (task key {task_key} here): start `hyperband "
                 "worker` from the same version of prefect-hyperband as the job's")
     return "no hyperband worker is connected to this Prefect server: start `hyperband worker` on a machine"
+
+
+class LiveSlots:
+    """A job's slots on task workers: one per worker serving its code, counted again every ``SLOTS_EVERY`` seconds
+    (a worker started mid-job takes work at once; one that leaves gives its slot back). Between counts, and while
+    the server does not answer, the last count."""
+
+    def __init__(self, first: int, count: Callable[[], int] | None = None) -> None:
+        self.value, self.count, self.at = max(1, first), count or worker_count, time.monotonic()
+
+    def __call__(self) -> int:
+        from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+        if time.monotonic() - self.at >= SLOTS_EVERY:
+            self.at = time.monotonic()
+            try:  # asked from the loop's thread: no silent retries of a server that does not answer
+                with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0}):
+                    self.value = self.count()
+            except Exception:  # noqa: BLE001  (the server away: the job's reads say so; the slots stay as they were)
+                pass
+        return self.value
 
 
 def worker_count(task_key: str | None = None) -> int:

@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from prefect import get_run_logger
 
@@ -74,7 +74,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     goal = Stopping(journaled, criteria, job.direction, job.max_resource, cost=spent_ws, clock=clock, rows=rows,
                     metric=job.metric_key) if criteria is not None and criteria.any() else None
     loop = Loop(goal or journaled, executor, tracker, RealClock(), token, events, save=state.save,
-                concurrency=job.concurrency, workers=job.settings.workers,
+                concurrency=job.concurrency, workers=job.settings.workers, slots=_slots(job),
                 trial_timeout=job.trial_timeout, rows=rows, spent=spent, lost=lost, grace=stop_grace())
     try:
         result = loop.run()
@@ -87,6 +87,16 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
         events.close()
         groups.close()
         display.stop()
+
+
+def _slots(job: Job) -> Callable[[], int] | None:
+    """The slots of a job on task workers with no ``--concurrency``: one per worker serving its code, as they come and
+    go; None: ``job.concurrency``."""
+    if not (job.task_workers and job.follow_workers):
+        return None
+    from prefect_hyperband.executors.task_workers import LiveSlots
+
+    return LiveSlots(job.concurrency)
 
 
 class _WorkerSeconds:

@@ -128,6 +128,7 @@ def prepare(params: TuneParams) -> Job:
             trial_pool=params.trial_pool,
             task_workers=params.task_workers,
             task_storage=_task_storage(params),
+            follow_workers=params.task_workers and not params.concurrency,
         )
         return parents.plan(job, params, record)  # --warm-start: the earlier jobs checked, what they give decided
     except Exception:

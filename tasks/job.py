@@ -46,6 +46,8 @@ class Job:
     #: with ``task_workers`` and ``--storage``: the storage's root, where the background task runs' parameters travel
     #: (``<root>/task-parameters``; ``hyperband worker --storage`` the same); None: Prefect's task-scheduling storage
     task_storage: str | None = None
+    #: with ``task_workers`` and no ``--concurrency``: as many trial-rungs at once as workers serve the job's code now
+    follow_workers: bool = False
     #: several objectives: (name in MLflow, direction) each, ``metric_key`` first; (): the one metric
     objectives: tuple[tuple[str, Direction], ...] = ()
     #: several objectives: which point of the Pareto front is the champion (``flows.objectives.parse_select``)

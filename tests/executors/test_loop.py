@@ -454,3 +454,21 @@ def test_the_backlog_of_an_outage_that_ended_is_not_said_again():
     assert len(said) == 3 and "has not answered for 10 s" in said[2]
     backlog[-1].set_result("ok")
     assert said[3] == "MLflow at http://mlflow:5000 answers again after 15 s"
+
+
+def test_slots_that_change_while_the_job_runs_are_filled_as_they_come_and_given_back_as_they_go():
+    """Task workers coming and going (``Loop.slots``): one slot at first, four once workers join, one again."""
+    calls = []
+
+    def slots():
+        calls.append(1)
+        return 1 if len(calls) < 5 else 4 if len(calls) < 20 else 1
+
+    sim, sched = Sim(), hyperband()
+    flying: list[tuple[int, int]] = []  # (the slots' count asked so far, trial-rungs in flight) at each submission
+    sim.on_submit = lambda trial_rung: flying.append((len(calls), sim.flying))
+    drive = make(sched, sim, concurrency=1, slots=slots).run()
+    assert len(drive.rows) == 22 and sched.done
+    assert max(n for asked, n in flying if asked < 5) == 0  # one slot: each submitted with none in flight
+    assert sim.most == 4  # the slots that joined were used at once
+    assert max(n for asked, n in flying if asked >= 21) == 0  # given back: one at a time again

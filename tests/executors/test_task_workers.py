@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,6 +53,32 @@ def workers(tmp_path: Path, n: int, limit: int = 2, storage: str | None = None) 
             p.wait(timeout=30)
 
 
+class _once_it_trains:  # noqa: N801  (a thread, named for what it waits for)
+    """Sends ``sig`` to ``worker``'s process group at its first heartbeat for a trial-rung of the job at ``job_dir``
+    (a trial-rung of its is training), once."""
+
+    def __init__(self, job_dir: Path, worker: subprocess.Popen, sig: int) -> None:
+        import threading
+
+        self.signalled: list[str] = []
+        self.thread = threading.Thread(target=self._watch, args=(job_dir / "heartbeats", worker, sig), daemon=True)
+        self.thread.start()
+
+    def _watch(self, beats: Path, worker: subprocess.Popen, sig: int) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for beat in list(beats.glob("*.json")) if beats.exists() else []:
+                with contextlib.suppress(OSError, ValueError):
+                    if json.loads(beat.read_text())["pid"] == worker.pid:
+                        os.killpg(worker.pid, sig)
+                        self.signalled.append(beat.name)
+                        return
+            time.sleep(0.05)
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+
+
 def _rows(result: dict) -> dict[tuple[str, int], float]:
     rows = json.loads((Path(result["job_dir"]) / "state.json").read_text())["rows"]
     return {(r["trial_id"], r["resource"]): r["score"] for r in rows}
@@ -77,28 +104,11 @@ def test_two_workers_train_the_job_as_its_threads_do_and_a_killed_one_s_trial_ru
 
         monkeypatch.setenv("HYPERBAND_HEARTBEAT_TIMEOUT", "4")
         monkeypatch.setenv("HYPERBAND_TASK_PICKUP_TIMEOUT", "10")  # what the killed worker took and never began
-        import threading
-
-        killed_at: list[str] = []
-
-        def kill_once_it_trains() -> None:  # a heartbeat of the first worker's: a trial-rung of its is training
-            beats = tmp_path / "jobs" / "killed" / "heartbeats"
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and not killed_at:
-                for beat in list(beats.glob("*.json")) if beats.exists() else []:
-                    with contextlib.suppress(OSError, ValueError):
-                        if json.loads(beat.read_text())["pid"] == first.pid:
-                            os.killpg(first.pid, signal.SIGKILL)
-                            killed_at.append(beat.name)
-                            return
-                time.sleep(0.05)
-
-        killer = threading.Thread(target=kill_once_it_trains, daemon=True)
-        killer.start()
+        killer = _once_it_trains(tmp_path / "jobs" / "killed", first, signal.SIGKILL)
         killed = tune(TuneParams(**common, job_id="killed", unit_seconds=0.3, task_workers=True))
         killer.join(timeout=60)
     assert first.poll() is not None and second.poll() is not None
-    assert killed_at, "the first worker never trained a trial-rung of the job"
+    assert killer.signalled, "the first worker never trained a trial-rung of the job"
     assert _rows(killed) == _rows(here)  # each trial-rung once, the same scores
 
 
@@ -237,3 +247,37 @@ def test_a_prefect_server_restarted_under_the_job_is_waited_for_in_one_line_and_
     rows = json.loads((journal / "state.json").read_text())["rows"]
     assert len(rows) == len({(r["trial_id"], r["resource"]) for r in rows}) == 22
     assert {(r["trial_id"], r["resource"]): r["score"] for r in rows} == _rows(here)
+
+
+def test_a_worker_stopped_with_sigterm_hands_its_trial_rungs_back_and_the_job_runs_them_again_at_once(
+        tracking_uri, tmp_path, monkeypatch):
+    """SIGTERM (systemd's stop, a container's) while a worker trains: it marks what it holds Crashed before it exits,
+    so the job runs those trial-rungs again at once (the heartbeat timeout is 10 minutes here: the job does not wait
+    for it), each recorded once with the scores of the same job on threads; the workers' logs carry no warning of
+    Prefect's per log line."""
+    from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.flows.tune import tune
+
+    common = dict(model="synthetic", max_resource=9, eta=3, seed=4, baseline=False, register_model=False,
+                  job_dir=str(tmp_path / "jobs"), concurrency=4)
+    here = tune(TuneParams(**common, job_id="threads", unit_seconds=0.0))
+    monkeypatch.setenv("HYPERBAND_HEARTBEAT_TIMEOUT", "600")
+    lines: list[str] = []
+    keep = logging.Handler()
+    keep.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("prefect").addHandler(keep)
+    try:
+        with workers(tmp_path, 2) as (first, second):
+            stopper = _once_it_trains(tmp_path / "jobs" / "stopped", first, signal.SIGTERM)
+            stopped = tune(TuneParams(**common, job_id="stopped", unit_seconds=0.3, task_workers=True))
+            stopper.join(timeout=60)
+            assert first.wait(timeout=30) == 0  # it stopped by itself, cleanly
+    finally:
+        logging.getLogger("prefect").removeHandler(keep)
+    assert stopper.signalled, "the first worker never trained a trial-rung of the job"
+    said = (tmp_path / "machine-0" / "worker.log").read_text()
+    assert re.search(r"worker stopped; [1-9]\d* trial-rung\(s\) it ran handed back", said), said[-2000:]
+    assert any("its hyperband worker stopped" in line for line in lines), lines
+    assert _rows(stopped) == _rows(here)
+    for i in range(2):
+        assert "UserWarning" not in (tmp_path / f"machine-{i}" / "worker.log").read_text()

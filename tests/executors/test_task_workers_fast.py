@@ -136,3 +136,56 @@ def test_a_prefect_api_away_for_a_while_is_waited_for_with_one_line_and_past_the
     monkeypatch.setattr(task_workers.time, "monotonic", lambda: next(clock))
     with pytest.raises(httpx.ConnectError):  # past --service-wait: the loop stops the job (exit 75)
         task_workers._answering(lambda: (_ for _ in ()).throw(httpx.ConnectError("refused")))
+
+
+def test_the_jobs_slots_follow_the_workers_counted_every_few_seconds_and_keep_the_last_count_while_the_server_is_away(
+        monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(task_workers.time, "monotonic", lambda: clock[0])
+    counts = iter([3, RuntimeError("the server is away"), 1])
+
+    def count():
+        answer = next(counts)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    slots = task_workers.LiveSlots(2, count)
+    assert slots() == 2  # counted when the job began
+    clock[0] = task_workers.SLOTS_EVERY
+    assert slots() == 3  # a worker joined
+    clock[0] += 1
+    assert slots() == 3  # not counted again before SLOTS_EVERY
+    clock[0] += task_workers.SLOTS_EVERY
+    assert slots() == 3  # the server away: the last count
+    clock[0] += task_workers.SLOTS_EVERY
+    assert slots() == 1  # two left
+
+
+def test_a_stopping_worker_marks_what_it_runs_crashed_and_stops_those_trainings(monkeypatch):
+    from uuid import UUID
+
+    import prefect.client.orchestration as orchestration
+
+    from prefect_hyperband.trainers import stopping
+
+    marked = []
+
+    class Client:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def set_task_run_state(self, run_id, state, force):
+            marked.append((run_id, state.type.value, state.message, force))
+
+    monkeypatch.setattr(orchestration, "get_client", lambda sync_client: Client())
+    token, run_id = stopping.StopToken(), "6f3c1b1e-52f5-4f4a-9a49-2f0c1f3a7c11"
+    monkeypatch.setitem(task_workers._running, run_id, token)
+    assert task_workers.hand_back(wait=0.0) == 1
+    assert marked == [(UUID(run_id), "CRASHED", task_workers.HANDED_BACK, True)] and token.requested()
+    assert task_workers.hand_back(wait=0.0) == 1  # still running: a second stop marks it again
+    task_workers._running.clear()
+    assert task_workers.hand_back(wait=0.0) == 0
