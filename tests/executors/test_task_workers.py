@@ -242,7 +242,10 @@ def test_a_prefect_server_restarted_under_the_job_is_waited_for_in_one_line_and_
             p.wait(timeout=30)
     lines = err.read_text().splitlines()
     said = [line for line in lines if "WARNING" in line]
-    assert len(said) == 1 and "the Prefect API does not answer" in said[0], said
+    # one line of the wait; beside it at most one of the job's log lines the API could not take (flows.patches)
+    assert len([line for line in said if "the Prefect API does not answer" in line]) == 1, said
+    assert len([line for line in said if "did not take the job's log lines" in line]) <= 1, said
+    assert len(said) <= 2, said
     assert "Traceback" not in err.read_text()
     rows = json.loads((journal / "state.json").read_text())["rows"]
     assert len(rows) == len({(r["trial_id"], r["resource"]) for r in rows}) == 22
