@@ -143,7 +143,7 @@ class TorchTrainer(Placed):
         self.spec, self.seed = spec, _as_int("seed", seed)
         self.scratch_dir = scratch_dir
         #: a table in parts (``trainers.tables``): each rank reads its own share, this process only its layout
-        self._table, self._data = table_of(spec), None
+        self._table, self._data, self._sample = table_of(spec), None, None
         self.info = layout_of(spec)
         self.metric = metric or self.info.default_metric
         check_metric(self.metric, self.info.task)
@@ -213,7 +213,7 @@ class TorchTrainer(Placed):
         """The validation metric, and ``predict_ms``: milliseconds per 1,000 validation rows, the model loaded. A
         table's metric is the one its ranks computed on every share (kept in the checkpoint), its latency timed on
         its first 1,000 rows' validation rows."""
-        X = self.data.X_val if self._table is None else example_rows(self.spec, self._table, 1000)
+        X = self.data.X_val if self._table is None else self._timed_rows()
         prediction, seconds = timed_predict(checkpoint, X)
         latency = {"predict_ms": seconds * 1e6 / max(1, len(X))}
         worst = 0.0 if metric_direction(self.metric) == "max" else math.inf
@@ -223,6 +223,12 @@ class TorchTrainer(Placed):
         if not np.all(np.isfinite(prediction)):
             return worst, latency
         return score(self.metric, self.data.y_val, prediction), latency
+
+    def _timed_rows(self) -> np.ndarray:
+        """A table's rows ``predict_ms`` is timed on, read once (not a listing and a read per trial-rung)."""
+        if self._sample is None:
+            self._sample = example_rows(self.spec, self._table, 1000)
+        return self._sample
 
     def load_model(self, checkpoint: str) -> torch.nn.Module:
         return load_model(checkpoint)
