@@ -70,8 +70,14 @@ API_CLIENT_RETRIES = 2
 OUTAGE_RESENDS = 2
 #: seconds between counts of the workers serving the job's code (``LiveSlots``)
 SLOTS_EVERY = 5.0
-#: when the Prefect API stopped answering this process's trial-rungs (None: it answers): said once per outage
-_OUTAGE: dict[str, float | None] = {"since": None}
+#: seconds after the API answers again within which it failing again is the same outage (a restarted server's 503s
+#: while it starts its services): not said again
+OUTAGE_QUIET = 60.0
+#: seconds a task run may stay PENDING after an outage it was out in: its worker took it, then could not begin it
+#: without the API (Prefect's task worker logs "Failed to submit task run" and drops it); a worker begins one in ms
+OUTAGE_PENDING = 15.0
+#: when the Prefect API stopped answering this process's trial-rungs (None: it answers) and last answered again
+_OUTAGE: dict[str, float | None] = {"since": None, "back": None}
 _OUTAGE_LOCK = threading.Lock()
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -190,7 +196,7 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
     future, _ = _answering(lambda: contextvars.copy_context().run(
         _outside_runs, submitted, job=job.to_json(), rung=asdict(one), heartbeat_seconds=beat_every))
     run_id, store, name = future.task_run_id, job.store(), f"task run {one.trial_id} to r={one.resource}"
-    outage = False  # the API was waited for while this task run was out
+    outage, back = False, 0.0  # whether the API was waited for while this task run was out; when it last answered
     beats, began, said = work_pool.Beats(store, f"heartbeats/{run_id}.json", work_pool.heartbeat_timeout()), \
         time.monotonic(), False
     with get_client(sync_client=True) as client:
@@ -199,7 +205,7 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
 
         while True:
             state, waited = _state(client, run_id, job)
-            outage |= waited
+            outage, back = outage or waited, time.monotonic() if waited else back
             if stopping.requested():
                 end(Cancelled(message="the hyperband job is stopping"))
                 return None, None, "Stopped: the job is stopping", None, None
@@ -210,6 +216,11 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
                 end(Cancelled(message="the Prefect API was away: sent again"))
                 raise _AfterOutage(f"{name} ({run_id}): still waiting for a worker after the Prefect API was away "
                                    "(a restarted server forgets the task runs it had queued)")
+            pending = state is not None and state.type.value == "PENDING"
+            if outage and pending and time.monotonic() - back > OUTAGE_PENDING:
+                end(Cancelled(message="its worker could not begin it while the Prefect API was away: sent again"))
+                raise _AfterOutage(f"{name} ({run_id}): pending since the Prefect API was away (its worker could not "
+                                   "begin it without the API)")
             if waiting and time.monotonic() - began > pickup_timeout():
                 why = who_serves(client, trial_rung.task_key)
                 if why.startswith(SERVED):  # sent to a worker that died before it began (delivery is at most once)
@@ -283,6 +294,9 @@ def _answering(call: Callable[[], T]) -> tuple[T, bool]:
             if not unavailable(exc) or time.monotonic() - began > bound:
                 raise
             with _OUTAGE_LOCK:
+                back = _OUTAGE.get("back")
+                if _OUTAGE["since"] is None and back is not None and time.monotonic() - back < OUTAGE_QUIET:
+                    _OUTAGE["since"] = back  # the same outage, already said
                 if _OUTAGE["since"] is None:
                     _OUTAGE["since"] = time.monotonic()
                     log.warning("the Prefect API does not answer (%s: %s); the trial-rungs wait for it, up to %.0f s",
@@ -294,7 +308,7 @@ def _answering(call: Callable[[], T]) -> tuple[T, bool]:
             with _OUTAGE_LOCK:
                 if _OUTAGE["since"] is not None:
                     log.info("the Prefect API answers again, after %.0f s", time.monotonic() - _OUTAGE["since"])
-                    _OUTAGE["since"] = None
+                    _OUTAGE["since"], _OUTAGE["back"] = None, time.monotonic()
         return value, waited
 
 

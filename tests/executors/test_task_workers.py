@@ -180,6 +180,12 @@ def test_a_worker_of_other_code_is_named_in_one_line_and_a_worker_started_mid_jo
     assert len(list((tmp_path / "shared" / "task-parameters" / "parameters").iterdir())) == 6  # where they went
 
 
+#: the job's lines for a Prefect server away, each said once per outage
+OUTAGE_LINES = {"wait": "the Prefect API does not answer", "logs": "the Prefect API did not take the job's log lines",
+                "events-dropped": "the Prefect API's event stream dropped",
+                "events-lost": "the Prefect API's event stream could not"}
+
+
 def test_a_prefect_server_restarted_under_the_job_is_waited_for_in_one_line_and_the_job_completes(tmp_path):
     """A server of its own (the session's stays up), two workers and a CLI job on it; the server stopped once the job
     records results, and started again 20 s later. Its queue of task runs is in memory: what it had queued is gone,
@@ -242,10 +248,12 @@ def test_a_prefect_server_restarted_under_the_job_is_waited_for_in_one_line_and_
             p.wait(timeout=30)
     lines = err.read_text().splitlines()
     said = [line for line in lines if "WARNING" in line]
-    # one line of the wait; beside it at most one of the job's log lines the API could not take (flows.patches)
-    assert len([line for line in said if "the Prefect API does not answer" in line]) == 1, said
-    assert len([line for line in said if "did not take the job's log lines" in line]) <= 1, said
-    assert len(said) <= 2, said
+    # one line of the wait; beside it, at most once each, what the outage cost the Prefect UI: the job's log lines the
+    # API could not take (flows.patches), the events Prefect's client could not send (app.terminal): which of them a
+    # run meets depends on what the job was sending when the server went (as tests/deployments/test_postgres counts)
+    kinds = [kind for line in said for kind, words in OUTAGE_LINES.items() if words in line]
+    assert len(kinds) == len(said) and kinds.count("wait") == 1, "\n".join(said)
+    assert max(map(kinds.count, OUTAGE_LINES)) == 1, "\n".join(said)
     assert "Traceback" not in err.read_text()
     rows = json.loads((journal / "state.json").read_text())["rows"]
     assert len(rows) == len({(r["trial_id"], r["resource"]) for r in rows}) == 22

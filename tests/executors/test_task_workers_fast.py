@@ -120,9 +120,13 @@ def test_a_prefect_api_away_for_a_while_is_waited_for_with_one_line_and_past_the
             raise answer
         return answer
 
+    monkeypatch.setitem(task_workers._OUTAGE, "back", None)
     try:
         assert task_workers._answering(call) == ("state", True)
         assert task_workers._answering(lambda: "again") == ("again", False)
+        # a restarted server's 503s while it starts its services, seconds after it answered: the same outage
+        answers = iter([httpx.HTTPStatusError("503 Service Unavailable", request=None, response=None), "later"])
+        assert task_workers._answering(call) == ("later", True)
     finally:
         logger.removeHandler(keep)
     said = [r for r in records if r.levelno == logging.WARNING]
@@ -189,3 +193,57 @@ def test_a_stopping_worker_marks_what_it_runs_crashed_and_stops_those_trainings(
     assert task_workers.hand_back(wait=0.0) == 1  # still running: a second stop marks it again
     task_workers._running.clear()
     assert task_workers.hand_back(wait=0.0) == 0
+
+
+def test_a_task_run_its_worker_took_as_the_api_went_away_is_sent_again_quietly_once_the_api_answers(
+        tmp_path, monkeypatch):
+    """Prefect's task worker that receives a task run just as the server goes cannot begin it (its "Failed to submit
+    task run") and drops it: PENDING for good. After the outage the job sends it again without a line, not after
+    the PENDING timeout (twice the heartbeat timeout) with a warning."""
+    from types import SimpleNamespace
+
+    import httpx
+    import prefect.client.orchestration as orchestration
+    from prefect.client.schemas.objects import StateType
+
+    from prefect_hyperband.hyperband.trial import TrialRung
+
+    clock = [0.0]
+
+    def sleep(seconds):
+        clock[0] += seconds
+
+    monkeypatch.setattr(task_workers.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(task_workers.time, "sleep", sleep)
+    monkeypatch.setitem(task_workers._OUTAGE, "since", None)
+    monkeypatch.setitem(task_workers._OUTAGE, "back", None)
+    answers = iter([httpx.ConnectError("All connection attempts failed")] * 20)
+    marked: list = []
+
+    class Client:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read_task_run(self, run_id):
+            clock[0] += 0.01
+            answer = next(answers, None)
+            if answer is not None:
+                raise answer
+            return SimpleNamespace(state=SimpleNamespace(type=StateType.PENDING, is_final=lambda: False))
+
+        def set_task_run_state(self, run_id, state, force):
+            marked.append((run_id, state.type, force))
+
+    store = SimpleNamespace(local=True, url=lambda key: str(tmp_path / key), read_json=lambda key: None,
+                            delete=lambda key: None)
+    job = SimpleNamespace(job_id="j", task_storage=None, to_json=lambda: "{}", store=lambda: store)
+    monkeypatch.setattr(orchestration, "get_client", lambda sync_client: Client())
+    monkeypatch.setattr(task_workers, "_outside_runs", lambda submitted, **_: SimpleNamespace(task_run_id="run-1"))
+    one = TrialRung(trial_id="s2-0004", bracket=2, rung=0, resource=1, config={}, checkpoint=None)
+    with pytest.raises(task_workers._AfterOutage, match="pending since the Prefect API was away"):
+        task_workers._on_workers(job, one)
+    assert [(run, kind.value, force) for run, kind, force in marked] == [("run-1", "CANCELLED", True)]
+    assert 0 < clock[0] - 20 * task_workers.API_RETRY_SECONDS < task_workers.OUTAGE_PENDING + 1
