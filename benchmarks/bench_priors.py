@@ -160,7 +160,7 @@ def scheduler(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed
     from prefect_hyperband.hyperband.asha import AshaState
     from prefect_hyperband.hyperband.priorband import PriorBandSampler
     from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
-    from prefect_hyperband.hyperband.first import PriorFirst
+    from prefect_hyperband.hyperband.first import Firsts
     from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler
     from prefect_hyperband.hyperband.space import parse
 
@@ -175,7 +175,9 @@ def scheduler(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed
         inner = HyperbandScheduler(r, big, eta, way, space, seed)
     else:
         inner = HyperbandScheduler(r, big, eta, way, space, seed, chosen, sequential=True)
-    return PriorFirst(inner, priors.mode(space), big) if prior_first else inner
+    if prior_first:
+        inner.first = Firsts.of(None, priors.mode(space), big)
+    return inner
 
 
 def run(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed: int,

@@ -5,10 +5,11 @@ Plain Python over what is passed in: the scheduler (what runs next, what a resul
 ``Tracker`` (where a trial-rung is recorded before its result enters the state), a ``Clock`` and a
 stop token. No Prefect and no MLflow here: ``flows.driver`` wires the real ones, the tests fakes.
 
-One trial-rung's path: ``_fill`` takes it from ``scheduler.next_trial_rung()`` and submits it; once trained,
-``_trained`` hands it to the tracker; once recorded, ``_settle`` reports it to the scheduler, adds its
-row and passes the decisions on; the state is saved after every pass that settled a result (the driver's
-``save`` appends one journal record: ``flows.state.StateWriter``).
+One trial-rung's path: ``_fill`` takes it from ``scheduler.next_trial_rung()`` (unless the job's goal is met:
+``hyperband.criteria.Goal``), writes the call in the journal (``hyperband.journal.Journal``) and submits it; once
+trained, ``_trained`` hands it to the tracker; once recorded, ``_settle`` reports it to the scheduler (and the
+journal, and the goal), adds its row and passes the decisions on; the state is saved after every pass that settled a
+result (the driver's ``save`` appends the journal's calls as one record: ``flows.state.StateWriter``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from prefect_hyperband.hyperband.accounting import RungResult
+from prefect_hyperband.hyperband.criteria import Goal
 from prefect_hyperband.hyperband.first import is_baseline
+from prefect_hyperband.hyperband.journal import Journal
 from prefect_hyperband.hyperband.promotion import first
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, ended
 from prefect_hyperband.hyperband.trial import TrialRung
@@ -162,7 +165,7 @@ class Timeouts:
 @dataclass
 class Drive:
     """What the loop leaves: every finished trial-rung of the search (``RungResult`` fields) and the baseline's (the
-    default config's, ``hyperband.first.Baseline``; None: not trained)."""
+    default config's, ``hyperband.first.Firsts``; None: not trained)."""
 
     rows: list[dict[str, Any]]
     baseline: dict[str, Any] | None
@@ -215,6 +218,8 @@ class Loop:
     spent: float = 0.0  # seconds of earlier runs of the job (a resume)
     lost: float = 0.0
     grace: float = STOP_GRACE
+    journal: Journal = field(default_factory=Journal)  # the scheduler's calls, for the state's next record
+    goal: Goal | None = None  # the job's stopping criteria: no trial-rung handed out once met
     flights: dict[Future, Flight] = field(default_factory=dict, init=False)
     retry: list[TrialRung] = field(default_factory=list, init=False)
     attempts: Counter = field(default_factory=Counter, init=False)
@@ -248,7 +253,9 @@ class Loop:
             if self.stop_began is not None:
                 raise JobStopped(self.stop.signum, sum(not f.recording for f in self.flights.values()),
                                  self.stop.reason)
-            self.to_close += ended(self.scheduler.finish())
+            if self.goal is None or self.goal.reason is None:  # a met goal leaves the waiting trials for a resume
+                self.to_close += ended(self.scheduler.finish())
+                self.journal.finished()
             self._close()
         finally:
             self.executor.shutdown(wait=self.stop_began is None)
@@ -268,11 +275,19 @@ class Loop:
         """Trial-rungs into the free slots, unless the job is stopping."""
         limit = max(1, self.slots()) if self.slots is not None else self.concurrency
         while self.stop_began is None and not self.stop.requested() and self._busy() < limit:
-            trial_rung = self.retry.pop(0) if self.retry else self.scheduler.next_trial_rung()
+            trial_rung = self.retry.pop(0) if self.retry else self._next()
             if trial_rung is None:
                 return
             self.tracker.start(trial_rung)
             self.flights[self.executor.submit(trial_rung)] = Flight(trial_rung, self.timeouts.limit(trial_rung))
+
+    def _next(self) -> TrialRung | None:
+        if self.goal is not None and self.goal.met():
+            return None
+        trial_rung = self.scheduler.next_trial_rung()
+        if trial_rung is not None:
+            self.journal.handed(trial_rung)
+        return trial_rung
 
     def _busy(self) -> int:
         return sum(not f.recording for f in self.flights.values())
@@ -361,7 +376,11 @@ class Loop:
         """A trial-rung's outcome into the scheduler and the rows; its decisions to the watchers."""
         if out.trained is not None and out.error is None:
             self.timeouts.observe(out.trained)
-        decisions = self.scheduler.report(trial_rung.trial_id, trial_rung.resource, out.score, out.checkpoint, out.error)
+        t, r = trial_rung.trial_id, trial_rung.resource
+        decisions = self.scheduler.report(t, r, out.score, out.checkpoint, out.error)
+        self.journal.reported(t, r, out.score, out.checkpoint, out.error)
+        if self.goal is not None:
+            self.goal.see(t, r, out.score)
         self.rows.append(asdict(out.row()))
         self.events.settled(out, decisions)
         self.to_close += ended(decisions)

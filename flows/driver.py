@@ -20,9 +20,9 @@ from prefect_hyperband.flows import progress as display
 from prefect_hyperband.flows.groups import Groups
 from prefect_hyperband.flows.state import StateWriter
 from prefect_hyperband.hyperband import schedule
-from prefect_hyperband.hyperband.criteria import Criteria, Stopping
+from prefect_hyperband.hyperband.criteria import Criteria, Goal
 from prefect_hyperband.hyperband.first import PRIOR_BRACKET, PRIOR_TRIAL, is_baseline
-from prefect_hyperband.hyperband.journal import Journaled
+from prefect_hyperband.hyperband.journal import Journal
 from prefect_hyperband.hyperband.promotion import best_key, failed, first, sort_key
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, best_of
 from prefect_hyperband.tasks import importance_report, report
@@ -65,17 +65,17 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     events = _Events(job, scheduler, logger, progress or report.ProgressBar(None, 0), groups,
                      _live_importance(job, importance))
     _show_start(job, rows, scheduler)
-    journaled = Journaled(scheduler)
-    saved = saved or {}
-    state = StateWriter(job, journaled, runs, int(saved.get("journal") or 0), len(rows), saved.get("writes"),
-                        runs_lock=tracker.lock, on_full=lambda reason: token.request(reason=reason))
+    journal, saved = Journal(), saved or {}
+    state = StateWriter(job, scheduler, runs, int(saved.get("journal") or 0), len(rows), saved.get("writes"),
+                        runs_lock=tracker.lock, on_full=lambda reason: token.request(reason=reason), journal=journal)
     state.start(rows, spent, lost)
     spent_ws = _WorkerSeconds(lambda: loop.rows, lambda: loop.lost)
-    goal = Stopping(journaled, criteria, job.direction, job.max_resource, cost=spent_ws, clock=clock, rows=rows,
-                    metric=job.metric_key) if criteria is not None and criteria.any() else None
-    loop = Loop(goal or journaled, executor, tracker, RealClock(), token, events, save=state.save,
+    goal = Goal(criteria, job.direction, job.max_resource, cost=spent_ws, clock=clock, rows=rows,
+                metric=job.metric_key) if criteria is not None and criteria.any() else None
+    loop = Loop(scheduler, executor, tracker, RealClock(), token, events, save=state.save,
                 concurrency=job.concurrency, workers=job.settings.workers, slots=_slots(job),
-                trial_timeout=job.trial_timeout, rows=rows, spent=spent, lost=lost, grace=stop_grace())
+                trial_timeout=job.trial_timeout, rows=rows, spent=spent, lost=lost, grace=stop_grace(), journal=journal,
+                goal=goal)
     try:
         result = loop.run()
         if goal is not None and goal.reason is not None:
@@ -216,13 +216,10 @@ def _live_importance(job: Job, method: str) -> importance_report.Live | None:
 def _show_start(job: Job, rows: list[dict[str, Any]], scheduler: Scheduler) -> None:
     if not display.active():
         return
-    inner = scheduler
-    while hasattr(inner, "inner"):  # the schedule under its wrappers (the baseline, the prior first)
-        inner = inner.inner
     limits = ""
     if job.mode == "asha":
-        budget = getattr(inner, "time_budget", None)
-        limits = f"up to {getattr(inner, 'max_trials', 0):,} configs" + (f" or {budget:g} s" if budget else "")
+        budget = getattr(scheduler, "time_budget", None)
+        limits = f"up to {getattr(scheduler, 'max_trials', 0):,} configs" + (f" or {budget:g} s" if budget else "")
     plan = schedule.plan_summary(job.min_resource, job.max_resource, job.eta)
     planned = {b["s"]: sum(r["n_configs"] for r in b["rungs"]) for b in plan["brackets"]}
     if job.prior_first:

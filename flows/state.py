@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.asha import AshaState
-from prefect_hyperband.hyperband.first import Baseline, PriorFirst
-from prefect_hyperband.hyperband.journal import Diverged, Journaled, replay
+from prefect_hyperband.hyperband.first import Firsts
+from prefect_hyperband.hyperband.journal import Diverged, Journal, replay
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, Sampler, Scheduler
@@ -81,10 +81,12 @@ class StateWriter:
     snapshot folds the journal in once it has grown as large as the snapshot. ``--resume`` loads the snapshot and
     replays the journal (``load_state``). A result thus costs one appended record, not a rewrite of the job."""
 
-    def __init__(self, job: Job, scheduler: Journaled, runs: dict[str, str], generation: int = 0, rows_saved: int = 0,
+    def __init__(self, job: Job, scheduler: Scheduler, runs: dict[str, str], generation: int = 0, rows_saved: int = 0,
                  written: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic,
-                 runs_lock: threading.Lock | None = None, on_full: Callable[[str], None] | None = None) -> None:
+                 runs_lock: threading.Lock | None = None, on_full: Callable[[str], None] | None = None,
+                 journal: Journal | None = None) -> None:
         self.store, self.scheduler, self.runs, self.clock = job.store(), scheduler, runs, clock
+        self.journal = journal or Journal()  # the scheduler's calls since the last record, written by the loop
         # a full disk: the writer stops (what it took from the scheduler is in no record: nothing may follow it) and
         # ``on_full`` stops the job; the resume replays the journal up to the last whole record
         self.on_full, self.full = on_full, None
@@ -129,7 +131,7 @@ class StateWriter:
 
     def _record(self, rows: list[dict[str, Any]], elapsed: float, lost: float) -> None:
         new_runs = list(self._runs().items())[self.runs_saved:]  # insertion order: the new ones are last
-        calls = self.scheduler.take()
+        calls = self.journal.take()
         if not calls and len(rows) == self.rows_saved and not new_runs:
             return
         record = {"calls": calls, "rows": rows[self.rows_saved:], "runs": dict(new_runs), "elapsed": elapsed,
@@ -161,7 +163,7 @@ class StateWriter:
         """Everything in one new ``state.json``, followed by an empty journal of the next generation; journals
         older than the previous snapshot's are deleted."""
         self._send()  # the journal complete up to this snapshot: the previous one and it lead here
-        if self.scheduler.take() and self.generation:
+        if self.journal.take() and self.generation:
             raise RuntimeError("a snapshot with calls not journaled: save() records them first")
         self.generation += 1
         self.written["snapshots"] += 1
@@ -336,13 +338,11 @@ def make_scheduler(job: Job, max_trials: int, time_budget: float | None, clock: 
     trained straight to R; with ``baseline``, after the default config trained to R (a state saved before the
     baseline was the scheduler's goes on without one)."""
     space = parse(job.space)
-    inner = _schedule(job, space, max_trials, time_budget, clock, saved)
-    if job.prior_first:
-        inner = (PriorFirst.from_json(saved, inner, requeue=False) if saved
-                 else PriorFirst(inner, priors.mode(space), job.max_resource))
-    if saved:
-        return Baseline.from_json(saved, inner, requeue=False) if saved.get("baseline") else inner
-    return Baseline(inner, dict(job.default_config), job.max_resource) if job.baseline else inner
+    scheduler = _schedule(job, space, max_trials, time_budget, clock, saved)
+    scheduler.first = Firsts.from_json(saved, requeue=False) if saved else Firsts.of(
+        dict(job.default_config) if job.baseline else None, priors.mode(space) if job.prior_first else None,
+        job.max_resource)
+    return scheduler
 
 
 def _schedule(job: Job, space: Space, max_trials: int, time_budget: float | None, clock: Callable[[], float],

@@ -49,7 +49,7 @@ class Summary:
     #: measured: worker-seconds of trainings that left no result (failed, stopped, timed out, run again);
     #: part of ``worker_seconds``. A process killed outright (SIGKILL) loses its in-flight work unmeasured.
     lost_worker_seconds: float = 0.0
-    #: measured: worker-seconds of the baseline, the default config trained to R (``hyperband.first.Baseline``); part of
+    #: measured: worker-seconds of the baseline, the default config trained to R (``hyperband.first.Firsts``); part of
     #: ``worker_seconds`` and of its estimate without early stopping (either job trains it)
     baseline_worker_seconds: float = 0.0
     #: several objectives: their names (the metric first), and how many configs are on the Pareto front

@@ -1,7 +1,7 @@
 """A job that ends when its goal is met: a target score, patience at R, a cost or a time budget.
 
-``Stopping`` wraps a scheduler (Hyperband's brackets, ASHA, the priors' mode first) and stops handing out
-trial-rungs once a criterion holds; those in flight finish and report as usual, and the loop ends when none is
+The loop (``executors.loop``) asks the job's ``Goal`` before it asks the scheduler for a trial-rung, and stops
+handing them out once a criterion holds; those in flight finish and report as usual, and the loop ends when none is
 left. Nothing is finished: the trials still waiting in a rung stay as they are in the saved state, so ``--resume``
 with a looser criterion (or none) goes on where the job stopped. The criteria are not part of the saved state:
 they are the job's parameters (each may change on resume), and what they count (the best at R, the results at R
@@ -18,8 +18,6 @@ from typing import Any, Callable, Iterable, Mapping
 
 from prefect_hyperband.hyperband.first import BASELINE_TRIAL
 from prefect_hyperband.hyperband.promotion import Directions, Score, failed, first, sign
-from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, TrialRecord
-from prefect_hyperband.hyperband.trial import TrialRung
 
 
 @dataclass(frozen=True)
@@ -36,60 +34,41 @@ class Criteria:
         return any(v is not None for v in (self.target_score, self.patience, self.max_cost, self.time_budget))
 
 
-class Stopping:
-    """``inner`` until a criterion holds; then no new trial-rung (``reason`` says which criterion, and why).
+class Goal:
+    """The job's criteria (``Criteria``), checked by the loop before it hands out a trial-rung (``met``: then none
+    more) and told each result (``see``); ``reason`` says which criterion held, and why.
 
     ``cost()``: worker-seconds spent so far; ``clock()``: seconds since the job began, across resumes; ``rows``: the
-    job's results so far, in order (a resume's), counted as if they had been reported here."""
+    job's results so far, in order (a resume's), counted as if they had been seen here."""
 
-    def __init__(self, inner: Scheduler, criteria: Criteria, direction: Directions, max_resource: int,
+    def __init__(self, criteria: Criteria, direction: Directions, max_resource: int,
                  cost: Callable[[], float] = lambda: 0.0, clock: Callable[[], float] = lambda: 0.0,
                  rows: Iterable[Mapping[str, Any]] = (), metric: str = "score") -> None:
-        self.inner, self.criteria, self.direction, self.max_resource = inner, criteria, direction, max_resource
+        self.criteria, self.direction, self.max_resource = criteria, direction, max_resource
         self.cost, self.clock, self.metric = cost, clock, metric
         self.target_resource = criteria.target_resource or max_resource
         self.reason: str | None = None
         self.best_at_r: float | None = None
         self.since_best = 0  # results at R in a row that brought no new best at R
         for row in rows:
-            if row["trial_id"] != BASELINE_TRIAL:
-                self._see(str(row["trial_id"]), int(row["resource"]), row["score"])
+            self.see(str(row["trial_id"]), int(row["resource"]), row["score"])
 
-    # -- the scheduler's members
-
-    def next_trial_rung(self) -> TrialRung | None:
+    def met(self) -> bool:
+        """Whether a criterion holds (the target and the patience as results came, the cost and the time now)."""
         if self.reason is None:
             self.reason = self._spent()
-        return None if self.reason is not None else self.inner.next_trial_rung()
+        return self.reason is not None
 
-    def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
-               error: str | None = None) -> list[Decision]:
-        decisions = self.inner.report(trial_id, resource, score, checkpoint, error)
-        if trial_id != BASELINE_TRIAL:  # the default config: the summary's baseline, not a result of the search
+    def see(self, trial_id: str, resource: int, score: Score) -> None:
+        """A result: the target and the patience are checked as it comes. The default config's (the summary's
+        baseline) is no result of the search: not counted."""
+        if trial_id != BASELINE_TRIAL:
             self._see(trial_id, resource, score)
-        return decisions
-
-    def finish(self) -> list[Decision]:
-        """Nothing is finished once a criterion ended the job: its waiting trials stay for a resume."""
-        return [] if self.reason is not None else self.inner.finish()
-
-    @property
-    def done(self) -> bool:
-        return self.reason is not None or self.inner.done
-
-    def records(self, ids: Iterable[str] | None = None) -> list[TrialRecord]:
-        return self.inner.records(ids)
-
-    def requeue(self) -> None:
-        self.inner.requeue()
-
-    def to_json(self) -> dict[str, Any]:
-        return self.inner.to_json()
 
     # -- the criteria
 
     def _see(self, trial_id: str, resource: int, score: Score) -> None:
-        """A result: the target and the patience are checked as it comes (cost and time before each new job)."""
+        """The target and the patience (the cost and the time: ``met``, before each new trial-rung)."""
         if failed(score):
             value = None
         else:
@@ -118,4 +97,4 @@ class Stopping:
         return None
 
 
-__all__ = ["Criteria", "Stopping"]
+__all__ = ["Criteria", "Goal"]

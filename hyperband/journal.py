@@ -2,8 +2,8 @@
 
 Every scheduler here is deterministic given its saved state: the same calls (``next_trial_rung`` handing out the same
 trial-rungs, ``report`` told the same results) leave it in the same state, sampler included. So a job keeps its
-state as a snapshot (``to_json``, now and then) plus the calls made since (``Journaled.take``, appended after
-each result), and ``replay`` makes those calls again on the loaded snapshot. A result costs one appended
+state as a snapshot (``to_json``, now and then) plus the calls made since (``Journal``, written by the loop,
+appended after each result), and ``replay`` makes those calls again on the loaded snapshot. A result costs one appended
 record, not a rewrite of everything the job has learnt.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from prefect_hyperband.hyperband.promotion import Score, as_score
-from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, TrialRecord
+from prefect_hyperband.hyperband.scheduler import Scheduler
 from prefect_hyperband.hyperband.trial import TrialRung
 
 #: a call as journaled: ["job", trial_id, resource] (next_trial_rung handed it out), ["report", trial_id, resource,
@@ -27,41 +27,21 @@ class Diverged(ValueError):
 
 
 @dataclass
-class Journaled:
-    """``inner``, with each call that changed it kept (in order) until ``take``."""
+class Journal:
+    """The calls that changed the job's scheduler, in order, kept until ``take``: the loop writes each as it makes it
+    (``executors.loop``)."""
 
-    inner: Scheduler
     calls: list[Call] = field(default_factory=list)
 
-    def next_trial_rung(self) -> TrialRung | None:
-        trial_rung = self.inner.next_trial_rung()
-        if trial_rung is not None:
-            self.calls.append(["job", trial_rung.trial_id, trial_rung.resource])  # "job": the saved format's word
-        return trial_rung
+    def handed(self, trial_rung: TrialRung) -> None:
+        """``next_trial_rung`` handed out ``trial_rung``."""
+        self.calls.append(["job", trial_rung.trial_id, trial_rung.resource])  # "job": the saved format's word
 
-    def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
-               error: str | None = None) -> list[Decision]:
-        decisions = self.inner.report(trial_id, resource, score, checkpoint, error)
+    def reported(self, trial_id: str, resource: int, score: Score, checkpoint: str | None, error: str | None) -> None:
         self.calls.append(["report", trial_id, resource, _plain(as_score(score)), checkpoint, error])
-        return decisions
 
-    def finish(self) -> list[Decision]:
-        decisions = self.inner.finish()
+    def finished(self) -> None:
         self.calls.append(["finish"])
-        return decisions
-
-    @property
-    def done(self) -> bool:
-        return self.inner.done
-
-    def records(self, ids: Iterable[str] | None = None) -> list[TrialRecord]:
-        return self.inner.records(ids)
-
-    def requeue(self) -> None:
-        self.inner.requeue()
-
-    def to_json(self) -> dict[str, Any]:
-        return self.inner.to_json()
 
     def take(self) -> list[Call]:
         """The calls since the last ``take``."""
@@ -105,21 +85,18 @@ def _make(scheduler: Scheduler, call: Call) -> None:
 def _unbounded(scheduler: Scheduler) -> Iterator[None]:
     """ASHA's stopping rules off while calls are made again: each was allowed when it was first made (a resume
     may bring a tighter ``max_trials``, and the clock of the job is not the clock of the call)."""
-    inner = scheduler
-    while hasattr(inner, "inner"):
-        inner = inner.inner
-    if not hasattr(inner, "bounded"):
+    if not hasattr(scheduler, "bounded"):
         yield
         return
-    inner.bounded = False
+    scheduler.bounded = False  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        inner.bounded = True
+        scheduler.bounded = True  # type: ignore[attr-defined]
 
 
 def _plain(score: float | tuple[float, ...] | None) -> float | list[float] | None:
     return list(score) if isinstance(score, tuple) else score
 
 
-__all__ = ["Call", "Diverged", "Journaled", "replay"]
+__all__ = ["Call", "Diverged", "Journal", "replay"]

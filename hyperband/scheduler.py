@@ -13,8 +13,8 @@ resumes: jobs that were in flight when the state was saved are offered again fir
   the sampler is random, so the same seed gives the same configs in any order of execution.
 * ``AshaScheduler``: ``asha.AshaState`` with its stopping rules (``max_trials``, a time budget
   measured by a clock passed in).
-* ``first.PriorFirst`` and ``first.Baseline`` wrap either of them: one config trained straight to R before the
-  schedule (the priors' mode with ``--prior-first``; the default config, the summary's baseline).
+* Either hands out its first trials before its schedule (``first.Firsts``, ``Schedule``): one config trained
+  straight to R (the priors' mode with ``--prior-first``; the default config, the summary's baseline).
 """
 
 from __future__ import annotations
@@ -28,45 +28,8 @@ from prefect_hyperband.hyperband.priorband import first_rung
 from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, best_key, failed
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 from prefect_hyperband.hyperband.space import Space
-from prefect_hyperband.hyperband.trial import Status, TrialRung
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """A trial as the job reports it, whatever scheduler ran it."""
-
-    trial_id: str
-    bracket: int
-    config: dict[str, Any]
-    status: Status
-    rung: int  # the rung of its latest trial-rung (its result there may be still to come)
-    resource: int  # units its checkpoint holds
-    scores: dict[int, Score]  # resource -> metric or objectives' values (None: failed there)
-    error: str | None = None
-
-
-Kind = Literal["failed", "completed", "stopped", "promoted", "rung_closed"]
-#: the kinds that settle a trial's fate (its tracking run can be closed)
-ENDED: frozenset[str] = frozenset({"failed", "completed", "stopped"})
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One thing a result decided. A trial ``failed``, ``completed`` (reached R), was ``promoted`` to the next
-    rung or ``stopped`` there; or rung ``rung`` of bracket ``bracket`` closed (``rung_closed``, no trial id:
-    synchronous brackets, after the decisions of its trials)."""
-
-    kind: Kind
-    bracket: int
-    rung: int  # index of the rung the decision was taken at
-    resource: int  # that rung's resource
-    trial_id: str | None = None
-    n_rungs: int = 0  # rungs of the bracket
-
-
-def ended(decisions: list[Decision]) -> list[str]:
-    """The trials whose fate ``decisions`` settled."""
-    return [d.trial_id for d in decisions if d.kind in ENDED and d.trial_id is not None]
+from prefect_hyperband.hyperband.first import Firsts
+from prefect_hyperband.hyperband.trial import ENDED, Decision, Kind, Status, TrialRecord, TrialRung, ended
 
 
 class Sampler(Protocol):
@@ -99,8 +62,57 @@ def best_of(records: list[TrialRecord], direction: Directions) -> tuple[TrialRec
 # --------------------------------------------------------------------------------- synchronous
 
 
+class Schedule:
+    """What both schedulers do around their own schedule: their first trials (``first.Firsts``: the baseline, the
+    priors' mode) handed out before it, reported, recorded and saved beside it. A scheduler defines ``_next``,
+    ``_report``, ``_finish``, ``_done``, ``_records``, ``_requeue`` and ``_json``; ``first`` is its field."""
+
+    first: Firsts
+
+    def next_trial_rung(self) -> TrialRung | None:
+        return self.first.next_trial_rung() or self._next()
+
+    def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
+               error: str | None = None) -> list[Decision]:
+        trial = self.first.find(trial_id)
+        if trial is not None:
+            return trial.report(resource, score, checkpoint, error)
+        return self._report(trial_id, resource, score, checkpoint, error)
+
+    def finish(self) -> list[Decision]:
+        if self.first.running():
+            raise ValueError(f"cannot finish with trial-rungs in flight: report {', '.join(self.first.running())} first")
+        return self._finish()
+
+    @property
+    def done(self) -> bool:
+        return self.first.done and self._done()
+
+    def records(self, ids: Iterable[str] | None = None) -> list[TrialRecord]:
+        """Every trial's record, or those of ``ids`` (in that order)."""
+        return self.first.records(ids, self._records)
+
+    def requeue(self) -> None:
+        """The trial-rungs in flight (a loaded state's) are pending again: offered first."""
+        self.first.requeue()
+        self._requeue()
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self._json(), **self.first.to_json()}
+
+    # what each scheduler defines
+    def _next(self) -> TrialRung | None: ...
+    def _report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
+                error: str | None) -> list[Decision]: ...
+    def _finish(self) -> list[Decision]: ...
+    def _done(self) -> bool: ...
+    def _records(self, ids: Iterable[str] | None) -> list[TrialRecord]: ...
+    def _requeue(self) -> None: ...
+    def _json(self) -> dict[str, Any]: ...
+
+
 @dataclass
-class HyperbandScheduler:
+class HyperbandScheduler(Schedule):
     """Synchronous successive halving in every bracket of the (r, R, η) schedule (Li et al., JMLR 2018)."""
 
     min_resource: int
@@ -116,6 +128,7 @@ class HyperbandScheduler:
     #: in turn, the narrowest bracket first (s = 0: configs straight to R): what a warm start did before 2026-11-28
     #: (its states resume so) and ``benchmarks/bench_transfer.py --warm-order narrowest`` compares
     narrow_first: bool = False
+    first: Firsts = field(default_factory=Firsts)  # the baseline, the priors' mode: before the brackets
     _plan: list[Bracket] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -126,8 +139,7 @@ class HyperbandScheduler:
             for b in self._plan:
                 self._start(b)
 
-    def requeue(self) -> None:
-        """The trial-rungs in flight (a loaded state's) are pending again: offered first."""
+    def _requeue(self) -> None:
         self.in_flight = set()
 
     def _start(self, b: Bracket) -> BracketState:
@@ -148,7 +160,7 @@ class HyperbandScheduler:
                 return [state]
         return []
 
-    def next_trial_rung(self) -> TrialRung | None:
+    def _next(self) -> TrialRung | None:
         for state in self._open():
             for t in state.pending():
                 if t not in self.in_flight:
@@ -157,8 +169,8 @@ class HyperbandScheduler:
                     return TrialRung(t, state.s, state.rung_index, state.current.resource, dict(trial.config), trial.checkpoint)
         return None
 
-    def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
-               error: str | None = None) -> list[Decision]:
+    def _report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
+                error: str | None) -> list[Decision]:
         """Record a result; the one that completes its rung closes it (the top ⌊n_i/η⌋ go up, the rest stop)."""
         state = self.states[_bracket_of(trial_id)]
         if trial_id not in self.in_flight:
@@ -179,23 +191,21 @@ class HyperbandScheduler:
                       for t in before if t not in up and state.trials[t].status in ("stopped", "completed")]
         return decisions + [Decision("rung_closed", state.s, i, rung.resource, None, n)]
 
-    def finish(self) -> list[Decision]:
+    def _finish(self) -> list[Decision]:
         if self.in_flight:
             raise ValueError(f"cannot finish with trial-rungs in flight: report {', '.join(sorted(self.in_flight))} first")
         return []
 
-    @property
-    def done(self) -> bool:
+    def _done(self) -> bool:
         return len(self.states) == len(self._plan) and all(st.done for st in self.states.values())
 
-    def records(self, ids: Iterable[str] | None = None) -> list[TrialRecord]:
-        """Every trial's record, or those of ``ids`` (in that order)."""
+    def _records(self, ids: Iterable[str] | None) -> list[TrialRecord]:
         trials = ([(self.states[_bracket_of(t)], t) for t in ids] if ids is not None else
                   [(self.states[b.s], t) for b in self._plan if b.s in self.states for t in self.states[b.s].trials])
         return [TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, st.scores(i), t.error)
                 for st, i in trials for t in (st.trials[i],)]
 
-    def to_json(self) -> dict[str, Any]:
+    def _json(self) -> dict[str, Any]:
         return {
             "kind": "hyperband",
             "min_resource": self.min_resource, "max_resource": self.max_resource, "eta": self.eta,
@@ -214,7 +224,7 @@ class HyperbandScheduler:
         states = {int(s): BracketState.from_json(st) for s, st in raw["brackets"].items()}
         loaded = cls(raw["min_resource"], raw["max_resource"], raw["eta"], as_direction(raw["direction"]), space,
                      raw["seed"], sampler, raw["sequential"], states, set(raw.get("in_flight", ())),
-                     raw.get("narrow_first", False))
+                     raw.get("narrow_first", False), Firsts.from_json(raw, requeue=False))
         if requeue:
             loaded.requeue()
         return loaded
@@ -236,7 +246,7 @@ def _bracket_of(trial_id: str) -> int:
 
 
 @dataclass
-class AshaScheduler:
+class AshaScheduler(Schedule):
     """ASHA (Li et al., MLSys 2020, Algorithm 2) with its stopping rules: ``max_trials`` configs, ``time_budget`` seconds."""
 
     state: AshaState
@@ -245,6 +255,7 @@ class AshaScheduler:
     time_budget: float | None = None
     clock: Callable[[], float] = lambda: 0.0  # seconds since the job began, across resumes
     backlog: list[str] = field(default_factory=list)
+    first: Firsts = field(default_factory=Firsts)  # the baseline, the priors' mode: before the schedule
     requeued: InitVar[bool] = True  # a loaded state's in-flight jobs go first (False: they stay out, ``requeue``)
     #: False while a journal is replayed: every call it recorded was allowed when it was made
     bounded: bool = field(default=True, repr=False)
@@ -253,7 +264,7 @@ class AshaScheduler:
         if requeued:
             self.requeue()
 
-    def requeue(self) -> None:
+    def _requeue(self) -> None:
         self.backlog = self.state.in_flight()
 
     def _can_start(self) -> bool:
@@ -261,7 +272,7 @@ class AshaScheduler:
             return True
         return self.state.configs_started < self.max_trials and (self.time_budget is None or self.clock() < self.time_budget)
 
-    def next_trial_rung(self) -> TrialRung | None:
+    def _next(self) -> TrialRung | None:
         if self.backlog:
             t = self.state.trials[self.backlog.pop(0)]
             resource = self.state.plan(t.bracket).rungs[t.rung].resource
@@ -270,8 +281,8 @@ class AshaScheduler:
         ask = _asker(self.sampler, first_rung(st.min_resource, st.max_resource, st.eta, st.next_bracket()))
         return st.next_trial_rung(ask, self._can_start())
 
-    def report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
-               error: str | None = None) -> list[Decision]:
+    def _report(self, trial_id: str, resource: int, score: Score, checkpoint: str | None,
+                error: str | None) -> list[Decision]:
         """Record a result; ASHA never closes a rung (its promotions happen in ``next_trial_rung``)."""
         self.state.report(trial_id, resource, score, checkpoint if not failed(score) else None, error)
         trial = self.state.trials[trial_id]
@@ -281,24 +292,23 @@ class AshaScheduler:
         n = len(self.state.plan(trial.bracket).rungs)
         return [Decision(trial.status, trial.bracket, trial.rung, resource, trial_id, n)]
 
-    def finish(self) -> list[Decision]:
+    def _finish(self) -> list[Decision]:
         """The trials still waiting in a rung are stopped there."""
         stopped = self.state.finish()
         plan = self.state.plan
         return [Decision("stopped", (t := self.state.trials[i]).bracket, t.rung, t.resource, i, len(plan(t.bracket).rungs))
                 for i in stopped]
 
-    @property
-    def done(self) -> bool:
+    def _done(self) -> bool:
         return not self.backlog and self.state.done(self._can_start())
 
-    def records(self, ids: Iterable[str] | None = None) -> list[TrialRecord]:
-        """Every trial's record, or those of ``ids`` (in that order: a few trials cost a few lookups)."""
+    def _records(self, ids: Iterable[str] | None) -> list[TrialRecord]:
+        """A few trials cost a few lookups."""
         st = self.state
         trials = [st.trials[t] for t in ids] if ids is not None else list(st.trials.values())
         return [TrialRecord(t.trial_id, t.bracket, dict(t.config), t.status, t.rung, t.resource, st.scores(t.trial_id),
                             t.error) for t in trials]
 
-    def to_json(self) -> dict[str, Any]:
+    def _json(self) -> dict[str, Any]:
         return {"kind": "asha", "state": self.state.to_json(), "sampler": self.sampler.to_json(),
                 "max_trials": self.max_trials, "time_budget": self.time_budget}

@@ -45,7 +45,7 @@ def time_to_target(rows: Iterable[Mapping[str, Any]], target: float | None, dire
     """Seconds from the job's first trial-rung start until its best-so-far first reached ``target``.
 
     ``rows`` are trial-rungs with ``started``/``ended`` (epoch seconds) and ``score`` (None: failed); the baseline's
-    (the default config's, ``hyperband.first.Baseline``) is not the search's and is left out."""
+    (the default config's, ``hyperband.first.Firsts``) is not the search's and is left out."""
     rows = [r for r in rows if r.get("started") is not None and r.get("ended") is not None
             and not is_baseline(r.get("bracket", 0))]
     if target is None or not rows:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from prefect_hyperband.hyperband.promotion import Score
 
 #: where a trial stands: training on, stopped at a rung (not promoted), failed, or completed (reached R)
 Status = Literal["running", "stopped", "failed", "completed"]
@@ -53,3 +56,41 @@ class TrialRung:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """A trial as the job reports it, whatever scheduler ran it."""
+
+    trial_id: str
+    bracket: int
+    config: dict[str, Any]
+    status: Status
+    rung: int  # the rung of its latest trial-rung (its result there may be still to come)
+    resource: int  # units its checkpoint holds
+    scores: dict[int, Score]  # resource -> metric or objectives' values (None: failed there)
+    error: str | None = None
+
+
+Kind = Literal["failed", "completed", "stopped", "promoted", "rung_closed"]
+#: the kinds that settle a trial's fate (its tracking run can be closed)
+ENDED: frozenset[str] = frozenset({"failed", "completed", "stopped"})
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One thing a result decided. A trial ``failed``, ``completed`` (reached R), was ``promoted`` to the next
+    rung or ``stopped`` there; or rung ``rung`` of bracket ``bracket`` closed (``rung_closed``, no trial id:
+    synchronous brackets, after the decisions of its trials)."""
+
+    kind: Kind
+    bracket: int
+    rung: int  # index of the rung the decision was taken at
+    resource: int  # that rung's resource
+    trial_id: str | None = None
+    n_rungs: int = 0  # rungs of the bracket
+
+
+def ended(decisions: list[Decision]) -> list[str]:
+    """The trials whose fate ``decisions`` settled."""
+    return [d.trial_id for d in decisions if d.kind in ENDED and d.trial_id is not None]

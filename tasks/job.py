@@ -31,9 +31,9 @@ class Job:
     concurrency: int
     mode: Literal["hyperband", "asha"] = "hyperband"
     sampler: Literal["random", "tpe", "priorband"] = "random"
-    #: train the priors' mode straight to R before the schedule (``scheduler.PriorFirst``)
+    #: train the priors' mode straight to R before the schedule (``hyperband.first.Firsts``)
     prior_first: bool = False
-    #: train the default config to R before the schedule, the summary's baseline (``hyperband.first.Baseline``)
+    #: train the default config to R before the schedule, the summary's baseline (``hyperband.first.Firsts``)
     baseline: bool = False
     parent_run_id: str | None = None
     trial_timeout: float | None = None  # seconds a trial-rung may take; None: from the job's measurements

@@ -12,7 +12,7 @@ import pytest
 
 from prefect_hyperband.executors.loop import ORCHESTRATION_RETRIES, POLL, JobStopped, Loop, Outcome
 from prefect_hyperband.hyperband.asha import AshaState
-from prefect_hyperband.hyperband.first import BASELINE_BRACKET, BASELINE_TRIAL, Baseline, PriorFirst
+from prefect_hyperband.hyperband.first import BASELINE_BRACKET, BASELINE_TRIAL, Firsts
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler
 from prefect_hyperband.hyperband import priors
@@ -201,7 +201,9 @@ def priorband(max_resource=9, seed=0):
 
 def prior_first(max_resource=9, seed=0):
     """PriorBand after the priors' mode trained straight to R (``--prior-first``)."""
-    return PriorFirst(priorband(max_resource, seed), priors.mode(PRIORS), max_resource)
+    sched = priorband(max_resource, seed)
+    sched.first = Firsts.of(None, priors.mode(PRIORS), max_resource)
+    return sched
 
 
 def reload(saved):
@@ -209,7 +211,7 @@ def reload(saved):
         inner = HyperbandScheduler.from_json(saved, PRIORS, PriorBandSampler.from_json(PRIORS, saved["sampler"]))
     else:
         inner = HyperbandScheduler.from_json(saved, SPACE, None)
-    return PriorFirst.from_json(saved, inner) if "prior_first" in saved else inner
+    return inner
 
 
 @pytest.mark.parametrize("hyperband", [hyperband, priorband, prior_first], ids=["random", "priorband", "prior-first"])
@@ -362,7 +364,8 @@ def test_a_trainer_error_fails_its_trial_which_is_closed_and_never_promoted():
 
 def test_the_baseline_is_a_trial_rung_of_the_scheduler_in_a_slot_and_its_row_comes_back_apart():
     sim, saves = Sim(), []
-    sched = Baseline(hyperband(), {"x": 0.25}, 9)
+    sched = hyperband()
+    sched.first = Firsts.of({"x": 0.25}, None, 9)
     drive = make(sched, sim, concurrency=2, saves=saves).run()
     first = sim.submitted[0]
     assert (first.trial_id, first.bracket, first.resource, first.config) == (BASELINE_TRIAL, BASELINE_BRACKET, 9, {"x": 0.25})
@@ -380,7 +383,8 @@ def test_a_failed_baseline_leaves_no_default_score_and_the_job_goes_on():
             return 2.0, Outcome(trial_rung, None, None, "ValueError: no default")
         return float(trial_rung.resource), trained(trial_rung, float(trial_rung.resource))
 
-    sched = Baseline(hyperband(), {"x": 0.25}, 9)
+    sched = hyperband()
+    sched.first = Firsts.of({"x": 0.25}, None, 9)
     drive = make(sched, Sim(behave)).run()
     assert drive.default_score is None and drive.baseline["score"] is None and len(drive.rows) == 22 and sched.done
 
@@ -472,3 +476,29 @@ def test_slots_that_change_while_the_job_runs_are_filled_as_they_come_and_given_
     assert max(n for asked, n in flying if asked < 5) == 0  # one slot: each submitted with none in flight
     assert sim.most == 4  # the slots that joined were used at once
     assert max(n for asked, n in flying if asked >= 21) == 0  # given back: one at a time again
+
+
+def test_the_loop_asks_the_goal_before_each_trial_rung_journals_every_call_and_leaves_a_met_goals_trials_waiting():
+    """The loop writes the scheduler's calls in the journal itself (``hyperband.journal.Journal``) and asks the job's
+    goal (``hyperband.criteria.Goal``) before it hands out a trial-rung: once met, none more; those in flight finish
+    and report; nothing is finished (the waiting trials stay for a resume with a looser goal)."""
+    from prefect_hyperband.hyperband.criteria import Criteria, Goal
+    from prefect_hyperband.hyperband.journal import Journal
+
+    sched, journal = hyperband(), Journal()
+    sched.first = Firsts.of({"x": 0.25}, None, 9)
+    goal = Goal(Criteria(patience=1), "min", 9)
+    drive = make(sched, Sim(), concurrency=1, journal=journal, goal=goal).run()
+    calls = journal.take()
+    handed = [c[1:] for c in calls if c[0] == "job"]
+    reported = [c[1:3] for c in calls if c[0] == "report"]
+    assert handed == reported and handed[0] == [BASELINE_TRIAL, 9]  # every trial-rung handed out reported, in order
+    assert ["finish"] not in calls and not sched.done  # the schedule's waiting trials stay
+    assert goal.reason.startswith("patience: 1 results at R=9 in a row")
+    assert drive.rows[-1]["resource"] == 9  # one slot: the result at R that met it was the last handed out
+    assert len(drive.rows) == len(handed) - 1  # every row but the baseline's (apart)
+
+    whole, journal = hyperband(), Journal()
+    make(whole, Sim(), concurrency=2, journal=journal).run()
+    calls = journal.take()
+    assert calls[-1] == ["finish"] and whole.done and sum(c[0] == "job" for c in calls) == 22

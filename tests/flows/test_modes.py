@@ -330,7 +330,7 @@ def test_a_job_ends_when_its_goal_is_met_and_a_resume_with_a_looser_goal_finishe
 
 
 def test_the_baseline_trains_once_in_a_slot_across_a_stop_and_a_resume_and_is_no_trial_of_the_search(tracking_uri, tmp_path):
-    """The default config trained to R is the scheduler's first trial-rung (``hyperband.first.Baseline``): its metric is the
+    """The default config trained to R is the scheduler's first trial-rung (``hyperband.first.Firsts``): its metric is the
     summary's and the parent run's, its seconds are the job's cost, it meets no goal, has no child run, and the
     job's state keeps it: the resume does not train it again."""
     from prefect_hyperband.flows.tune import tune

@@ -14,7 +14,7 @@ import pytest
 from prefect_hyperband.flows import state as state_mod
 from prefect_hyperband.flows.state import StateWriter, journal_key, load_state, saved_rows
 from prefect_hyperband.hyperband.asha import AshaState
-from prefect_hyperband.hyperband.journal import Journaled
+from prefect_hyperband.hyperband.journal import Journal
 from prefect_hyperband.hyperband.sampler import RandomSampler
 from prefect_hyperband.hyperband.scheduler import AshaScheduler
 from prefect_hyperband.hyperband.space import parse
@@ -37,9 +37,10 @@ class Job:
     """A job of ``n`` results at ``width`` in flight, saved the way the loop saves (``save`` after each pass)."""
 
     def __init__(self, store: Storage, width: int = 4, clock=lambda: 0.0) -> None:
-        self.store_, self.scheduler = store, Journaled(new_scheduler())
+        self.store_, self.scheduler, self.journal = store, new_scheduler(), Journal()
         self.rows, self.runs, self.flying, self.rng = [], {}, [], np.random.default_rng(0)
-        self.writer = StateWriter(SimpleNamespace(store=lambda: store), self.scheduler, self.runs, clock=clock)
+        self.writer = StateWriter(SimpleNamespace(store=lambda: store), self.scheduler, self.runs, clock=clock,
+                                  journal=self.journal)
         self.width = width
         self.writer.start(self.rows, 0.0, 0.0)
 
@@ -50,6 +51,7 @@ class Job:
         for _ in range(n):
             while len(self.flying) < self.width and (job := self.scheduler.next_trial_rung()) is not None:
                 self.flying.append(job)
+                self.journal.handed(job)
                 self.runs.setdefault(job.trial_id, f"run-{job.trial_id}")
             for _ in range(int(self.rng.integers(1, 3))):  # one or two results a pass, as they arrive
                 if not self.flying:
@@ -57,6 +59,7 @@ class Job:
                 job = self.flying.pop(int(self.rng.integers(len(self.flying))))
                 h = zlib.crc32(f"{job.trial_id}@{job.resource}".encode())
                 self.scheduler.report(job.trial_id, job.resource, (h % 1000) / 1000, f"ck/{job.trial_id}", None)
+                self.journal.reported(job.trial_id, job.resource, (h % 1000) / 1000, f"ck/{job.trial_id}", None)
                 self.rows.append({"trial_id": job.trial_id, "resource": job.resource, "score": (h % 1000) / 1000})
             self.writer.save(self.rows, float(len(self.rows)), 0.0)
 
@@ -117,8 +120,7 @@ def test_a_resumed_job_snapshots_first_and_keeps_on_where_it_was(tmp_path, monke
     job.passes(20)
     said: list[str] = []
     saved, scheduler = loaded(store, said, monkeypatch)
-    again = Journaled(scheduler)
-    writer = StateWriter(SimpleNamespace(store=lambda: store), again, dict(saved["runs"]), saved["journal"],
+    writer = StateWriter(SimpleNamespace(store=lambda: store), scheduler, dict(saved["runs"]), saved["journal"],
                          len(saved["rows"]), saved.get("writes"))
     writer.start(saved["rows"], saved["elapsed"], 0.0)
     assert json.loads((tmp_path / "state.json").read_text())["journal"] == 2

@@ -7,15 +7,19 @@ import json
 
 import pytest
 
-from prefect_hyperband.hyperband.first import BASELINE_BRACKET, BASELINE_TRIAL, Baseline
+from prefect_hyperband.hyperband.first import BASELINE_BRACKET, BASELINE_TRIAL, FirstTrial, Firsts
 from prefect_hyperband.hyperband.scheduler import HyperbandScheduler
 from prefect_hyperband.hyperband.space import parse
 
 SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}})
 
 
-def wrapped() -> Baseline:
-    return Baseline(HyperbandScheduler(1, 9, 3, "min", SPACE, seed=0), {"x": 0.5}, 9)
+def wrapped() -> HyperbandScheduler:
+    return HyperbandScheduler(1, 9, 3, "min", SPACE, seed=0, first=Firsts.of({"x": 0.5}, None, 9))
+
+
+def baseline(sched: HyperbandScheduler) -> FirstTrial:
+    return sched.first.find(BASELINE_TRIAL)
 
 
 def test_handed_out_first_at_r_then_the_schedule():
@@ -30,9 +34,9 @@ def test_handed_out_first_at_r_then_the_schedule():
 def test_its_result_decides_nothing_and_is_no_record_of_the_search():
     sched = wrapped()
     sched.next_trial_rung()
-    assert sched.score is None
+    assert baseline(sched).score is None
     assert sched.report(BASELINE_TRIAL, 9, 0.42, "ck/default/9") == []
-    assert sched.status == "completed" and sched.score == 0.42
+    assert baseline(sched).status == "completed" and baseline(sched).score == 0.42
     assert all(t.trial_id != BASELINE_TRIAL for t in sched.records())
     with pytest.raises(ValueError, match="report each once"):
         sched.report(BASELINE_TRIAL, 9, 0.42, "ck/default/9")
@@ -50,7 +54,8 @@ def test_failed_it_has_no_score_and_the_job_is_done_when_the_schedule_is():
             sched.report(t.trial_id, t.resource, None, None, "ValueError: no default")
         else:
             sched.report(t.trial_id, t.resource, t.config["x"], f"ck/{t.trial_id}/{t.resource}")
-    assert sched.done and sched.status == "failed" and sched.score is None and sched.error.startswith("ValueError")
+    lost = baseline(sched)
+    assert sched.done and lost.status == "failed" and lost.score is None and lost.error.startswith("ValueError")
     assert sched.finish() == []
 
 
@@ -59,12 +64,12 @@ def test_saved_with_the_scheduler_and_handed_out_again_only_when_it_was_in_fligh
     sched.next_trial_rung()
     raw = json.loads(json.dumps(sched.to_json()))
     inner = lambda: HyperbandScheduler.from_json(raw, SPACE, None)  # noqa: E731
-    again = Baseline.from_json(raw, inner())
+    again = inner()
     assert again.next_trial_rung().trial_id == BASELINE_TRIAL  # in flight when saved: trained again
     sched.report(BASELINE_TRIAL, 9, 0.42, "ck/default/9")
     raw = json.loads(json.dumps(sched.to_json()))
-    done = Baseline.from_json(raw, inner())
-    assert done.status == "completed" and done.score == 0.42
+    done = inner()
+    assert baseline(done).status == "completed" and baseline(done).score == 0.42
     assert done.next_trial_rung().trial_id != BASELINE_TRIAL  # kept: not trained again
     in_flight = wrapped()
     in_flight.next_trial_rung()

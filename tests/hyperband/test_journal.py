@@ -11,8 +11,8 @@ import pytest
 
 from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.asha import AshaState
-from prefect_hyperband.hyperband.first import Baseline, PriorFirst
-from prefect_hyperband.hyperband.journal import Diverged, Journaled, replay
+from prefect_hyperband.hyperband.first import Firsts
+from prefect_hyperband.hyperband.journal import Diverged, Journal, replay
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler
@@ -30,21 +30,25 @@ def outcome(trial_id: str, resource: int) -> float | None:
 
 
 class Run:
-    """The loop in plain Python: ``width`` trial-rungs in flight, results told in a seeded, shuffled order."""
+    """The loop in plain Python: ``width`` trial-rungs in flight, results told in a seeded, shuffled order, each
+    call written in ``journal`` as the loop writes it."""
 
-    def __init__(self, scheduler, width: int = 4, seed: int = 0) -> None:
+    def __init__(self, scheduler, width: int = 4, seed: int = 0, journal: Journal | None = None) -> None:
         self.scheduler, self.width, self.rng, self.flying = scheduler, width, np.random.default_rng(seed), []
+        self.journal = journal or Journal()
 
     def steps(self, n: int) -> bool:
         for _ in range(n):
             while len(self.flying) < self.width and (job := self.scheduler.next_trial_rung()) is not None:
                 self.flying.append(job)
+                self.journal.handed(job)
             if not self.flying:
                 return False
             job = self.flying.pop(int(self.rng.integers(len(self.flying))))
             value = outcome(job.trial_id, job.resource)
-            self.scheduler.report(job.trial_id, job.resource, value, f"ck/{job.trial_id}/{job.resource}",
-                                  None if value is not None else "boom")
+            error, checkpoint = None if value is not None else "boom", f"ck/{job.trial_id}/{job.resource}"
+            self.scheduler.report(job.trial_id, job.resource, value, checkpoint, error)
+            self.journal.reported(job.trial_id, job.resource, value, checkpoint, error)
         return True
 
 
@@ -65,18 +69,24 @@ KINDS = {
     "hyperband-tpe": lambda: hyperband("tpe"),
     "priorband": lambda: hyperband("priorband"),
     "asha": asha,
-    "prior-first-asha": lambda: PriorFirst(asha(), priors.mode(PRIORS), 27),
-    "baseline-hyperband-tpe": lambda: Baseline(hyperband("tpe"), {"x": 0.5, "y": 25}, 27),
-    "baseline-prior-first-asha": lambda: Baseline(PriorFirst(asha(), priors.mode(PRIORS), 27), {"x": 0.5, "y": 25}, 27),
+    "prior-first-asha": lambda: first(asha(), None, priors.mode(PRIORS)),
+    "baseline-hyperband-tpe": lambda: first(hyperband("tpe"), {"x": 0.5, "y": 25}, None),
+    "baseline-prior-first-asha": lambda: first(asha(), {"x": 0.5, "y": 25}, priors.mode(PRIORS)),
 }
+
+
+def first(scheduler, baseline, prior):
+    """``scheduler`` with the default config and the priors' mode first (``hyperband.first``)."""
+    scheduler.first = Firsts.of(baseline, prior, 27)
+    return scheduler
 
 
 def load(raw: dict, requeue: bool):
     """As ``flows.state.make_scheduler`` loads a saved scheduler."""
-    inner_raw = raw
     if raw["kind"] == "asha":
-        inner = AshaScheduler(AshaState.from_json(raw["state"]), RandomSampler.from_json(SPACE, raw["sampler"]),
-                              raw["max_trials"], raw["time_budget"], requeued=requeue)
+        return AshaScheduler(AshaState.from_json(raw["state"]), RandomSampler.from_json(SPACE, raw["sampler"]),
+                             raw["max_trials"], raw["time_budget"], first=Firsts.from_json(raw, requeue),
+                             requeued=requeue)
     else:
         sampler = None
         if raw.get("sampler"):
@@ -84,9 +94,7 @@ def load(raw: dict, requeue: bool):
             sampler = (TPESampler.from_json(SPACE, raw["sampler"]) if kind == "tpe"
                        else PriorBandSampler.from_json(PRIORS, raw["sampler"]))
         space = PRIORS if raw.get("sampler") and raw["sampler"]["kind"] == "priorband" else SPACE
-        inner = HyperbandScheduler.from_json(inner_raw, space, sampler, requeue=requeue)
-    inner = PriorFirst.from_json(raw, inner, requeue=requeue) if "prior_first" in raw else inner
-    return Baseline.from_json(raw, inner, requeue=requeue) if "baseline" in raw else inner
+        return HyperbandScheduler.from_json(raw, space, sampler, requeue=requeue)
 
 
 def roundtrip(raw: dict) -> dict:
@@ -96,13 +104,13 @@ def roundtrip(raw: dict) -> dict:
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("cut", [7, 40])
 def test_a_snapshot_and_the_calls_since_replay_to_the_same_scheduler(kind, cut):
-    original = Journaled(KINDS[kind]())
-    run = Run(original)
+    original, journal = KINDS[kind](), Journal()
+    run = Run(original, journal=journal)
     run.steps(cut)
     snapshot = roundtrip(original.to_json())  # jobs are in flight now: their results come after it
-    original.take()
+    journal.take()
     run.steps(25)
-    calls = roundtrip(original.take())
+    calls = roundtrip(journal.take())
     flying = set(snapshot_in_flight(snapshot))
     assert flying or cut != 7  # early on, every scheduler has trial-rungs in flight at the snapshot
     assert all(any(c[0] == "report" and c[1] == t for c in calls) for t in flying)  # told after it
@@ -127,16 +135,16 @@ def snapshot_in_flight(raw: dict) -> list[str]:
 
 
 def test_a_replay_ignores_asha_stopping_rules_that_a_resume_tightened():
-    original = Journaled(asha(max_trials=40))
-    Run(original).steps(30)
+    original, journal = asha(max_trials=40), Journal()
+    Run(original, journal=journal).steps(30)
     snapshot = roundtrip(original.to_json())
-    original.take()
-    Run(original).steps(30)
-    calls = original.take()
+    journal.take()
+    Run(original, journal=journal).steps(30)
+    calls = journal.take()
     tighter = {**snapshot, "max_trials": 1, "time_budget": 0.0}
     loaded = load(tighter, requeue=False)
     assert replay(loaded, calls) == len(calls)
-    assert loaded.state.to_json() == original.inner.state.to_json()
+    assert loaded.state.to_json() == original.state.to_json()
     assert loaded.bounded  # the rules hold again for what comes next
     loaded.requeue()
     started = loaded.state.configs_started
@@ -145,9 +153,9 @@ def test_a_replay_ignores_asha_stopping_rules_that_a_resume_tightened():
 
 
 def test_a_journal_of_another_state_diverges_with_the_call_named():
-    original = Journaled(asha())
-    Run(original).steps(10)
-    calls = original.take()
+    original, journal = asha(), Journal()
+    Run(original, journal=journal).steps(10)
+    calls = journal.take()
     other = AshaScheduler(AshaState.create(1, 27, 3, "min"), RandomSampler(SPACE, 99), max_trials=60)
     Run(other).steps(3)
     with pytest.raises(Diverged, match="the journal handed out s3-0000"):

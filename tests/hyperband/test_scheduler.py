@@ -11,7 +11,7 @@ from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler
-from prefect_hyperband.hyperband.first import PRIOR_BRACKET, PRIOR_TRIAL, PriorFirst
+from prefect_hyperband.hyperband.first import PRIOR_BRACKET, PRIOR_TRIAL, Firsts
 from prefect_hyperband.hyperband.scheduler import (AshaScheduler, Decision, HyperbandScheduler, TrialRecord, best_of,
                                                    ended)
 from prefect_hyperband.hyperband.space import parse
@@ -154,7 +154,8 @@ def prior_first(mode="hyperband"):
     sampler = PriorBandSampler(PRIORS, 0, "min", 1, 9, 3)
     inner = (HyperbandScheduler(1, 9, 3, "min", PRIORS, seed=0, sampler=sampler, sequential=True) if mode == "hyperband"
              else AshaScheduler(AshaState.create(1, 9, 3, "min"), sampler, max_trials=10))
-    return PriorFirst(inner, priors.mode(PRIORS), 9), sampler
+    inner.first = Firsts.of(None, priors.mode(PRIORS), 9)
+    return inner, sampler
 
 
 @pytest.mark.parametrize("mode", ["hyperband", "asha"])
@@ -177,12 +178,12 @@ def test_the_prior_first_is_offered_again_after_a_kill_and_never_twice():
     first = sched.next_trial_rung()
     assert first.trial_id == PRIOR_TRIAL
     saved = json.loads(json.dumps(sched.to_json()))  # killed while it trains
-    again = PriorFirst.from_json(saved, HyperbandScheduler.from_json(saved, PRIORS, None))
+    again = HyperbandScheduler.from_json(saved, PRIORS, None)
     assert again.next_trial_rung() == first
     decisions = again.report(PRIOR_TRIAL, 9, 0.3, "ck/prior/9")
     assert decisions == [Decision("completed", PRIOR_BRACKET, 0, 9, PRIOR_TRIAL, 1)]
     saved = json.loads(json.dumps(again.to_json()))
-    resumed = PriorFirst.from_json(saved, HyperbandScheduler.from_json(saved, PRIORS, None))
+    resumed = HyperbandScheduler.from_json(saved, PRIORS, None)
     assert resumed.next_trial_rung().trial_id != PRIOR_TRIAL
     assert [t.scores for t in resumed.records() if t.trial_id == PRIOR_TRIAL] == [{9: 0.3}]
     with pytest.raises(ValueError, match="report each once"):
