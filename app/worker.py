@@ -46,7 +46,6 @@ def main(args: argparse.Namespace) -> int:
     from prefect.task_worker import serve
 
     from prefect_hyperband.executors import task_workers
-    from prefect_hyperband.tasks import storage
     from prefect_hyperband.trainers import factory
 
     def stop(signum, frame):  # noqa: ARG001  (a signal handler's signature)
@@ -60,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
           f"{', parameters from ' + args.storage if args.storage else ''})",
           file=sys.stderr, flush=True)
     try:
-        served = task_workers.trial_rung.with_options(result_storage=storage.parameter_storage(args.storage))
+        served = task_workers.trial_rung.with_options(result_storage=task_workers.parameter_storage(args.storage))
         serve(served, limit=args.limit or None)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (Prefect's task worker handles it, and exits)
         pass

@@ -2,33 +2,37 @@
 
 ``hyperband tune --task-workers`` makes the job flow the controller, as ``--trial-pool`` does, and submits each
 trial-rung with ``Task.delay`` (Prefect's background tasks): a long-lived ``hyperband worker`` on any machine
-(``prefect.task_worker.serve`` underneath) takes it over a websocket, trains and evaluates it with the same tasks as a
-local trial-rung, and leaves its result in the job's storage. A worker keeps its trainers between trial-rungs: no
-process starts per trial-rung, which a work pool's flow run pays (13.8 s each, ``benchmarks/bench_trial_pool.py``).
+(``prefect.task_worker.serve`` underneath) takes it from the server over a websocket, trains and evaluates it with
+the same ``train`` and ``evaluate`` tasks as a local trial-rung, and leaves its result in the job's storage. A
+worker keeps its trainers between trial-rungs (the data loaded once, a torch pool kept): no process starts per
+trial-rung, which a work pool's flow run pays (13.8 s each, ``benchmarks/bench_trial_pool.py``).
 
 What Prefect leaves to the caller, done here:
 
-- **Liveness.** Delivery is at most once and task runs have no heartbeat: the trial-rung beats in the job's storage
-  (``work_pool.heartbeat``); a RUNNING one whose beat stops for ``HYPERBAND_HEARTBEAT_TIMEOUT`` seconds is marked
-  Crashed and run again by the loop (a new task run; a late one sees its mark and leaves no result).
-- **No cache.** The task's cache key is none (``_NoCache``): a trial-rung submitted again runs again.
-- **Taken, never begun.** One still SCHEDULED after ``HYPERBAND_TASK_PICKUP_TIMEOUT`` seconds (120) while workers
-  serve the job's code is cancelled and sent again; one PENDING for twice the heartbeat timeout is taken for dead.
-- **The API away.** It is waited for (``_answering``: one warning line, up to ``--service-wait``); a restarted server
-  forgets its queue of task runs (in memory), and workers' runs that needed the API meanwhile fail: those
-  trial-rungs are sent again (``_AfterOutage``).
-- **Code.** A served task's key holds a hash of its code: a worker of other code never receives the job's task runs.
-  A trial-rung no worker took within the pickup timeout makes the job say in one line which workers the server knows.
-- **In the UI.** In the trial-rung's group subflow run (``_outside_runs``), named for its worker (``_named``).
-- **Parameters.** Through the job's storage with ``--storage`` (``<storage>/task-parameters``,
-  ``tasks.storage.parameter_storage``; the workers get the same ``--storage``), else Prefect's task-scheduling
-  storage. A worker that cannot read them deletes the task run: the job says so in one line and runs it again.
-"""
+- **Liveness.** Delivery is at most once: a task run whose worker dies stays RUNNING, and task runs have no
+  heartbeat. The trial-rung beats in the job's storage (``work_pool.heartbeat``); a RUNNING one whose beat stops
+  for ``HYPERBAND_HEARTBEAT_TIMEOUT`` seconds is marked Crashed and run again by the loop (a new task run; a late
+  one sees its mark and leaves no result), as a work pool's flow run.
+- **No cache.** The task has no cache policy and persists no result: a trial-rung submitted again runs again.
+- **Taken, never begun.** A task run a worker took and died before beginning stays SCHEDULED or PENDING: one still
+  SCHEDULED after ``HYPERBAND_TASK_PICKUP_TIMEOUT`` seconds (120) while workers serve the job's code is cancelled and
+  sent again; one PENDING for twice the heartbeat timeout is taken for dead.
+- **The API away.** A Prefect API that does not answer is waited for (``_answering``: one warning line, up to
+  ``--service-wait``); a restarted server forgets its queue of task runs (it is in memory), and workers' runs that
+  needed the API meanwhile fail: those trial-rungs are sent again (``_AfterOutage``).
+- **Code.** A served task's key holds a hash of its code: a worker of other code never receives the job's task
+  runs. A trial-rung no worker took within the pickup timeout, with no worker of this code, makes the job say in one
+  line which task workers the server knows and whether any serves other code.
 
+- **Parameters.** Prefect passes a background task run's parameters through storage: with ``--storage``, the job's
+  storage (``<storage>/task-parameters``, ``parameter_storage``; the workers are started with the same
+  ``--storage``), else Prefect's task-scheduling storage (a local folder unless
+  ``PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK`` names a shared one). A worker that cannot read them deletes the
+  task run (Prefect's default): the job says so in one line and runs the trial-rung again.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import logging
 import os
@@ -38,12 +42,11 @@ from dataclasses import asdict
 from typing import Any, Callable, TypeVar
 
 from prefect import task
-from prefect.cache_policies import CachePolicy
+from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 
 from prefect_hyperband.executors import work_pool
 from prefect_hyperband.hyperband.trial import TrialRung
-from prefect_hyperband.tasks import storage
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
@@ -51,24 +54,27 @@ from prefect_hyperband.trainers.base import TrainResult
 from prefect_hyperband.trainers.errors import seconds_from_env
 
 TASK_NAME = "hyperband-trial-rung"
-#: seconds between reads of a trial-rung's task run (a warm worker finishes a short trial-rung in less than 0.5 s)
+#: seconds between reads of a trial-rung's task run (a work pool's flow run is read every 0.5 s: it takes seconds to
+#: start; a warm worker finishes a short trial-rung in less)
 POLL_SECONDS = 0.2
 #: seconds between looks for a trial-rung's result in a folder (``_landed``)
 RESULT_LOOK = 0.02
 #: how ``who_serves`` begins when some worker serves the job's code
 SERVED = "workers serve this code"
 #: seconds between tries of a Prefect API that does not answer, and the least a trial-rung waits for it
-API_RETRY_SECONDS, API_WAIT_AT_LEAST = 1.0, 60.0
+API_RETRY_SECONDS = 1.0
+API_WAIT_AT_LEAST = 60.0
 #: Prefect's client's own retries of a request while the trial-rungs wait (its backoff: about 6 s for 2)
 API_CLIENT_RETRIES = 2
 #: times a trial-rung lost to an outage of the API is sent again before the loop hears of it
 OUTAGE_RESENDS = 2
 #: seconds between counts of the workers serving the job's code (``LiveSlots``)
 SLOTS_EVERY = 5.0
-#: seconds after the API answers again within which a failure is the same outage (a restarted server's 503s): unsaid
+#: seconds after the API answers again within which it failing again is the same outage (a restarted server's 503s
+#: while it starts its services): not said again
 OUTAGE_QUIET = 60.0
-#: seconds a task run may stay PENDING after an outage it was out in (its worker took it, could not begin it without
-#: the API: Prefect's "Failed to submit task run", and dropped it); a worker begins one in milliseconds
+#: seconds a task run may stay PENDING after an outage it was out in: its worker took it, then could not begin it
+#: without the API (Prefect's task worker logs "Failed to submit task run" and drops it); a worker begins one in ms
 OUTAGE_PENDING = 15.0
 #: when the Prefect API stopped answering this process's trial-rungs (None: it answers) and last answered again
 _OUTAGE: dict[str, float | None] = {"since": None, "back": None}
@@ -92,20 +98,12 @@ HAND_BACK_WAIT = 15.0
 HANDED_BACK = "its hyperband worker stopped: the job runs it again"
 
 
-class _NoCache(CachePolicy):
-    """No cache key, as ``NO_CACHE``, but kept by Prefect's task worker: it gives a task of ``NO_CACHE`` its
-    ``DEFAULT`` policy, whose key (the inputs and the flow run's id) served a trial-rung sent again from the cache."""
-
-    def compute_key(self, task_ctx: Any, inputs: Any, flow_parameters: Any, **kwargs: Any) -> None:
-        return None
-
-
-@task(name=TASK_NAME, cache_policy=_NoCache(), log_prints=False)
+@task(name=TASK_NAME, cache_policy=NO_CACHE, persist_result=False, log_prints=False)
 def trial_rung(job: dict[str, Any], rung: dict[str, Any], heartbeat_seconds: float) -> dict[str, Any]:
     """Train one trial-rung (resuming its checkpoint) and evaluate it, in a task worker; its result goes to the
     job's storage, ``results/<task run id>.json``."""
     spec, one = work_pool.on_this_machine(job, rung)
-    run_id = _named(TaskRunContext.get().task_run, f"{one.trial_id} to r={one.resource}")  # type: ignore[union-attr]
+    run_id = str(TaskRunContext.get().task_run.id)  # type: ignore[union-attr]
     trainers = _warm[0] if _warm else None
     try:
         with factory.scope(trainers, close=trainers is None), stopping.bind(stopping.StopToken()) as token:
@@ -123,16 +121,6 @@ def trial_rung(job: dict[str, Any], rung: dict[str, Any], heartbeat_seconds: flo
         raise work_pool.TrialRunGivenUp(f"given up by the job's controller ({why}); its trial-rung ran again")
     spec.store().write_json(f"results/{run_id}.json", work_pool.result_of(out))
     return {"host": os.uname().nodename, "pid": os.getpid()}
-
-
-def _named(run: Any, name: str) -> str:
-    """The task run's id; its name now the trial-rung's, and which machine and worker process run it (the UI's)."""
-    from prefect.client.orchestration import get_client
-
-    run.name = f"{name} on {os.uname().nodename}:{os.getpid()}"  # the engine's: the events it sends carry it
-    with contextlib.suppress(Exception), get_client(sync_client=True) as client:  # a courtesy: the trial-rung runs
-        client.set_task_run_name(run.id, run.name)
-    return str(run.id)
 
 
 def hand_back(why: str = HANDED_BACK, wait: float = HAND_BACK_WAIT) -> int:
@@ -204,7 +192,7 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
     beat_every = min(work_pool.HEARTBEAT_SECONDS, work_pool.heartbeat_timeout() / 4)
     submitted = trial_rung.with_options(task_run_name=f"{one.trial_id} to r={one.resource}",
                                         tags=["hyperband", f"job:{job.job_id}"],
-                                        result_storage=storage.parameter_storage(job.task_storage))
+                                        result_storage=parameter_storage(job.task_storage))
     future, _ = _answering(lambda: contextvars.copy_context().run(
         _outside_runs, submitted, job=job.to_json(), rung=asdict(one), heartbeat_seconds=beat_every))
     run_id, store, name = future.task_run_id, job.store(), f"task run {one.trial_id} to r={one.resource}"
@@ -324,25 +312,35 @@ def _answering(call: Callable[[], T]) -> tuple[T, bool]:
         return value, waited
 
 
-def _outside_runs(submitted: Any, **parameters: Any) -> Any:
-    """``submitted.delay(**parameters)`` as a task run of the caller's flow run (the trial-rung's group subflow run,
-    where the Prefect UI shows it), with no run in the context Prefect pickles with the parameters (the subflow run's
-    hold the scheduler's callbacks: no pickle). ``Task.apply_async``, the flow run given to ``create_run``."""
-    from prefect.context import FlowRunContext, TaskRunContext
-    from prefect.futures import PrefectDistributedFuture
-    from prefect.settings import PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
-    from prefect.utilities.asyncutils import run_coro_as_sync
-    from prefect.utilities.engine import emit_task_run_state_change_event
+def parameter_storage(root: str | None) -> Any:
+    """Where background task runs' parameters travel (Prefect's result storage for ``trial_rung``):
+    ``<root>/task-parameters`` (a local or shared folder, or any fsspec URL); None for Prefect's default."""
+    if not root:
+        return None
+    from pathlib import Path
 
-    flow_run = FlowRunContext.get()  # detached: a key of its own (a shared counter's twin is the same task run)
-    flow_run = flow_run.model_copy(update={"detached": True}) if flow_run is not None else None
+    from prefect.filesystems import RemoteFileSystem
+
+    from prefect_hyperband.tasks.storage import is_local, join
+
+    if is_local(root):
+        return Path(root.removeprefix("file://")).resolve() / "task-parameters"
+    return RemoteFileSystem(basepath=join(root, "task-parameters"))
+
+
+def _outside_runs(submitted: Any, **parameters: Any) -> Any:
+    """``submitted.delay(**parameters)`` with no flow or task run in its context: Prefect pickles the caller's run
+    context with a background task's parameters, and the job's (its bracket's subflow run, whose parameters hold the
+    scheduler's callbacks) does not pickle. The settings and tags stay (the caller's context is a copy)."""
+    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.settings import PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
+
     FlowRunContext.__var__.set(None)
     TaskRunContext.__var__.set(None)
-    # sent with it, for the worker: its train and evaluate task runs have no flow run there (else a warning a line)
+    # the worker runs the task run in the settings sent with it, these: a background task run has no flow run, and
+    # Prefect warned at each of its log lines in the worker that it could not send them to the API (they stay there)
     with temporary_settings(updates={PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore"}):
-        run = run_coro_as_sync(submitted.create_run(parameters=parameters, deferred=True, flow_run_context=flow_run))
-    emit_task_run_state_change_event(task_run=run, initial_state=None, validated_state=run.state)
-    return PrefectDistributedFuture(task_run_id=run.id)
+        return submitted.delay(**parameters)
 
 
 def serving(client: Any) -> dict[str, list[str]]:

@@ -257,6 +257,8 @@ def outcome_of(result: dict[str, Any]) -> tuple[TrainResult | None, Evaluation |
                                                  float | None]:
     """A trial-rung's result as a remote run leaves it in the storage: (trained, evaluated, error, started, ended)."""
     trained = TrainResult(**result["trained"]) if result["trained"] else None
+    if trained is not None and result.get("host"):  # the machine and process that trained it, for MLflow's run
+        trained.info["worker"] = f"{result['host']}:{result.get('pid', '?')}"
     raw = result["evaluated"]
     evaluated = Evaluation(**{**raw, "score": tuple(raw["score"]) if isinstance(raw["score"], list) else raw["score"]}) \
         if raw else None

@@ -203,7 +203,9 @@ def log_trial_rung(job: Job, run_id: str, resource: int, trained: TrainResult | 
     metrics.update({k: v for k, v in (measured or {}).items() if k != metric})
     if score is not None and not any(row.get("step") == resource and metric in row for row in history):
         metrics[metric] = score  # unless the per-unit history already holds it at this step
-    retrying(tracking.log_result, job.tracking_uri, run_id, history, metrics, resource, params)
+    worker = trained.info.get("worker") if trained is not None else None  # a remote trial-rung's (``work_pool``)
+    retrying(tracking.log_result, job.tracking_uri, run_id, history, metrics, resource, params,
+             {"hyperband.worker": str(worker)} if worker else None)
 
 
 #: runs a tracking server ends at once (each run's two writes stay in order) when a call ends at least

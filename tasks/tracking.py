@@ -236,12 +236,14 @@ def create_child(uri: str, parent_run_id: str, run_name: str, tags: Mapping[str,
     return run.info.run_id
 
 
-def _log_batches(c: Any, run_id: str, params: list[Any], metrics: list[Any]) -> None:
-    """``log_batch`` within MLflow's limits: 100 params, 1000 metrics, 1000 entities per call."""
-    while params or metrics:
+def _log_batches(c: Any, run_id: str, params: list[Any], metrics: list[Any], tags: list[Any] | None = None) -> None:
+    """``log_batch`` within MLflow's limits: 100 params, 1000 metrics, 1000 entities per call (``tags``: the first's)."""
+    tags = list(tags or [])
+    while params or metrics or tags:
         p, params = params[:100], params[100:]
-        m, metrics = metrics[: 1000 - len(p)], metrics[1000 - len(p) :]
-        c.log_batch(run_id, params=p, metrics=m)
+        m, metrics = metrics[: 1000 - len(p) - len(tags)], metrics[1000 - len(p) - len(tags) :]
+        c.log_batch(run_id, params=p, metrics=m, tags=tags)
+        tags = []
 
 
 def existing_children(uri: str, parent_run_id: str) -> dict[str, str]:
@@ -296,14 +298,15 @@ def result_metrics(history: Iterable[Mapping[str, float]], metrics: Mapping[str,
 @_one_writer
 def log_result(
     uri: str, run_id: str, history: Iterable[Mapping[str, float]], metrics: Mapping[str, float], step: int,
-    params: Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None,
 ) -> None:
     """A trial-rung in one write, with the run's ``params`` on its first (more writes only past
-    MLflow's limits: 100 params, 1000 metrics a batch)."""
-    from mlflow.entities import Param
+    MLflow's limits: 100 params, 1000 metrics a batch) and ``tags`` set (each write's the latest)."""
+    from mlflow.entities import Param, RunTag
 
     items = [Param(str(k), _fmt(v)) for k, v in (params or {}).items()]
-    _log_batches(client(uri), run_id, items, result_metrics(history, metrics, step))
+    _log_batches(client(uri), run_id, items, result_metrics(history, metrics, step),
+                 [RunTag(k, v) for k, v in (tags or {}).items()])
 
 
 @_one_writer

@@ -33,8 +33,9 @@ class TrainResult:
     workers: int
     #: per-unit metrics recorded while training, e.g. [{"step": 4, "train_loss": 0.3, "val_accuracy": 0.9}]
     history: list[dict[str, float]] = field(default_factory=list)
-    #: one-off figures of the call, e.g. {"startup_seconds": 1.2, "global_batch_size": 128}
-    info: dict[str, float] = field(default_factory=dict)
+    #: one-off figures of the call, e.g. {"startup_seconds": 1.2, "global_batch_size": 128}; a remote trial-rung's
+    #: also its "worker" (machine:pid, ``executors.work_pool.outcome_of``: MLflow's ``hyperband.worker`` tag)
+    info: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

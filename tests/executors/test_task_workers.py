@@ -98,10 +98,9 @@ def test_two_workers_train_the_job_as_its_threads_do_and_a_killed_one_s_trial_ru
     with workers(tmp_path, 2) as (first, second):
         on_workers = tune(TuneParams(**common, job_id="workers", unit_seconds=0.0, task_workers=True))
         assert _rows(on_workers) == _rows(here) and len(_rows(here)) == 22
-        took = [len(re.findall(r"hyperband-trial-rung-[0-9a-f-]+' - Finished", (tmp_path / f"machine-{i}" / "worker.log").read_text()))
+        took = [(tmp_path / f"machine-{i}" / "worker.log").read_text().count("hyperband-trial-rung' - Finished")
                 for i in range(2)]
         assert sum(took) == 22 and min(took) > 0, took  # both workers took trial-rungs
-        _in_the_jobs_flow_run("workers", 22)
 
         monkeypatch.setenv("HYPERBAND_HEARTBEAT_TIMEOUT", "4")
         monkeypatch.setenv("HYPERBAND_TASK_PICKUP_TIMEOUT", "10")  # what the killed worker took and never began
@@ -111,22 +110,6 @@ def test_two_workers_train_the_job_as_its_threads_do_and_a_killed_one_s_trial_ru
     assert first.poll() is not None and second.poll() is not None
     assert killer.signalled, "the first worker never trained a trial-rung of the job"
     assert _rows(killed) == _rows(here)  # each trial-rung once, the same scores
-
-
-def _in_the_jobs_flow_run(job_id: str, n: int) -> None:
-    """Where a Prefect user looks: every trial-rung's task run in a group subflow run of the job (per rung, as the
-    threads' task runs), named with the machine and the worker process that ran it."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterTags
-
-    from prefect_hyperband.flows.groups import FLOW_NAME
-
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(task_run_filter=TaskRunFilter(tags=TaskRunFilterTags(all_=[f"job:{job_id}"])))
-        ours = [r for r in runs if re.fullmatch(r"s\d-\d{4} to r=\d+ on .+:\d+", r.name)]
-        assert len(ours) == n and all(r.flow_run_id is not None for r in ours), [r.name for r in runs]
-        flows = {client.read_flow(client.read_flow_run(f).flow_id).name for f in {r.flow_run_id for r in ours}}
-    assert flows == {FLOW_NAME}, flows
 
 
 OTHER_CODE = '''

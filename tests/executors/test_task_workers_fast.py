@@ -57,12 +57,10 @@ def test_a_worker_without_a_server_or_with_a_bad_limit_is_one_line_exit_2(capsys
 def test_parameters_travel_through_the_jobs_storage_where_one_is_given(tmp_path):
     from prefect.filesystems import RemoteFileSystem
 
-    from prefect_hyperband.tasks import storage
-
-    assert storage.parameter_storage(None) is None  # Prefect's task-scheduling storage
-    assert storage.parameter_storage(str(tmp_path)) == tmp_path.resolve() / "task-parameters"
-    assert storage.parameter_storage(f"file://{tmp_path}") == tmp_path.resolve() / "task-parameters"
-    remote = storage.parameter_storage("s3://bucket/jobs/")
+    assert task_workers.parameter_storage(None) is None  # Prefect's task-scheduling storage
+    assert task_workers.parameter_storage(str(tmp_path)) == tmp_path.resolve() / "task-parameters"
+    assert task_workers.parameter_storage(f"file://{tmp_path}") == tmp_path.resolve() / "task-parameters"
+    remote = task_workers.parameter_storage("s3://bucket/jobs/")
     assert isinstance(remote, RemoteFileSystem) and remote.basepath == "s3://bucket/jobs/task-parameters"
 
 
@@ -249,19 +247,3 @@ def test_a_task_run_its_worker_took_as_the_api_went_away_is_sent_again_quietly_o
         task_workers._on_workers(job, one)
     assert [(run, kind.value, force) for run, kind, force in marked] == [("run-1", "CANCELLED", True)]
     assert 0 < clock[0] - 20 * task_workers.API_RETRY_SECONDS < task_workers.OUTAGE_PENDING + 1
-
-
-def test_the_served_trial_rung_task_keeps_a_cache_key_of_none_so_a_trial_rung_sent_again_runs_again():
-    """Prefect's task worker gives a task of ``NO_CACHE`` its ``DEFAULT`` policy (inputs + code + the flow run's id):
-    a trial-rung sent again within its group's subflow run came back ``Cached``, untrained. Ours is kept, keyless."""
-    import asyncio
-
-    from prefect.cache_policies import NO_CACHE
-    from prefect.task_worker import TaskWorker
-
-    async def worker():
-        return TaskWorker(task_workers.trial_rung).tasks[0]
-
-    served = asyncio.run(worker())
-    assert served.cache_policy is task_workers.trial_rung.cache_policy and served.cache_policy != NO_CACHE
-    assert served.cache_policy.compute_key(None, {"job": {}, "rung": {}}, {}) is None

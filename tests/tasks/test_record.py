@@ -264,3 +264,24 @@ def test_a_tracking_server_out_of_database_connections_is_named_once_with_its_se
     said = [r.getMessage() for r in heard if "database pool is exhausted" in r.getMessage()]
     assert len(said) == 1 and "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW=40" in said[0] and "QueuePool limit" in said[0]
     assert "\n" not in said[0]
+
+
+def test_a_remote_trial_rungs_worker_is_the_trial_runs_hyperband_worker_tag_in_its_one_write(tmp_path):
+    """A trial-rung a task worker or a work pool's flow run trained: its result names the machine and process
+    (``work_pool.result_of``); the trial's run is tagged with it in the same ``log_batch`` as its metrics."""
+    from mlflow import MlflowClient
+
+    from prefect_hyperband.executors.work_pool import outcome_of
+
+    trained, _, _, _, _ = outcome_of({"trained": {"checkpoint": "ck", "resource": 3, "resource_trained": 3,
+                                                  "seconds": 1.5, "workers": 1}, "evaluated": None, "error": None,
+                                      "started": None, "ended": None, "host": "gpu-7", "pid": 4242})
+    assert trained.info == {"worker": "gpu-7:4242"}
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("e"))
+    job = SimpleNamespace(tracking_uri=uri, metric_key="val_loss")
+    record.log_trial_rung(job, run.info.run_id, 3, trained, 0.25)
+    data = client.get_run(run.info.run_id).data
+    assert data.tags["hyperband.worker"] == "gpu-7:4242" and data.metrics["val_loss"] == 0.25
+    assert "worker" not in data.metrics
