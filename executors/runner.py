@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 
 from prefect import tags
 from prefect.context import FlowRunContext
@@ -20,27 +21,31 @@ from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
 from prefect_hyperband.trainers import factory
-from prefect_hyperband.trainers.base import placement
+from prefect_hyperband.trainers.base import Trainer, placement
 
 
-def work(job: Job, trial_rung: TrialRung) -> Outcome:
-    """The ``train`` and ``evaluate`` tasks of one trial-rung; a trainer's error is the outcome's, not raised.
+def work(job: Job, trial_rung: TrialRung, trainer: Trainer) -> Outcome:
+    """The ``train`` and ``evaluate`` tasks of one trial-rung with the job's ``trainer`` (handed to both, the way the
+    job is); a trainer's error is the outcome's, not raised.
 
     On a cluster's workers (a Dask group), the group is taken first, and both task runs are tagged with its
     workers' addresses: the Prefect UI shows where each trial-rung trained. The job goes in ``quote``: Prefect
     walks every parameter of a task run for futures to resolve, and walking the job (its settings, space and
-    store) took 56 of 884 GIL samples of a 256-slot job (py-spy); the task gets the job itself."""
+    store) took 56 of 884 GIL samples of a 256-slot job (py-spy); the task gets the job itself (the trainer too)."""
     with contextlib.ExitStack() as held:
-        group = _reserve(job, held)
+        group = _reserve(trainer, held)
         with tags(*group):
-            trained_state = train_trial(quote(job), trial_rung.trial_id, trial_rung.config, trial_rung.resource, trial_rung.checkpoint, return_state=True)
+            trained_state = train_trial(quote(job), quote(trainer), trial_rung.trial_id, trial_rung.config, trial_rung.resource,
+                                        trial_rung.checkpoint, return_state=True)
     trained = trained_state.result(raise_on_failure=False)
     if isinstance(trained, BaseException) or not trained_state.is_completed():
         return Outcome(trial_rung, None, None, _describe(trained, trained_state))
     with tags(*group):
-        evaluated_state = evaluate_trial(quote(job), trial_rung.trial_id, trial_rung.resource, trained, return_state=True)
+        evaluated_state = evaluate_trial(quote(job), quote(trainer), trial_rung.trial_id, trial_rung.resource, trained,
+                                         return_state=True)
     evaluated = evaluated_state.result(raise_on_failure=False)
     _forget(trained, evaluated)
+    trained = replace(trained, model=None)  # measured: the outcome keeps the checkpoint, not the model in memory
     if isinstance(evaluated, BaseException) or not evaluated_state.is_completed():
         return Outcome(trial_rung, trained, None, _describe(evaluated, evaluated_state))
     ended = time.time()
@@ -61,13 +66,24 @@ def _forget(*results: object) -> None:
             context.run_results.pop(id(value), None)
 
 
-def _reserve(job: Job, held: contextlib.ExitStack) -> tuple[str, ...]:
-    """The workers the trial-rung will train on, reserved until ``held`` closes; () when it trains here, or when
-    the trainer does not build or no group comes (the train task then fails with it: the trial's error)."""
+def _reserve(trainer: Trainer, held: contextlib.ExitStack) -> tuple[str, ...]:
+    """The workers the trial-rung will train on, reserved until ``held`` closes; () when it trains here, or when no
+    group comes (the train task then fails with it: the trial's error)."""
     try:
-        return held.enter_context(placement(factory.get(job.settings)))
+        return held.enter_context(placement(trainer))
     except Exception:
         return ()
+
+
+def here(job: Job, trial_rung: TrialRung) -> Outcome:
+    """A remote trial-rung (a work pool's flow run, a task worker's task run) on this machine, with the trainer of
+    the scope it runs in (``factory``: built on the first trial-rung, kept warm by a task worker); a trainer that does
+    not build here is the trial's error, as a training's is."""
+    try:
+        trainer = factory.get(job.settings)
+    except Exception as exc:
+        return Outcome(trial_rung, None, None, _describe(exc, None))
+    return work(job, trial_rung, trainer)
 
 
 def remote(job: Job, trial_rung: TrialRung) -> Outcome:

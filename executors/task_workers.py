@@ -111,7 +111,7 @@ def trial_rung(job: dict[str, Any], rung: dict[str, Any], heartbeat_seconds: flo
             with work_pool.heartbeat(spec, run_id, heartbeat_seconds, token, given_up=_given_up):
                 from prefect_hyperband.executors import runner
 
-                out = runner.work(spec, one)
+                out = runner.here(spec, one)
     finally:
         _running.pop(run_id, None)
     why = _given_up(run_id)

@@ -75,7 +75,7 @@ def trial(job: dict[str, Any], trial_rung: dict[str, Any], heartbeat_seconds: fl
         with heartbeat(spec, run_id, heartbeat_seconds, token):  # beating before the trainer's imports
             from prefect_hyperband.executors import runner
 
-            out = runner.work(spec, trial_rung)
+            out = runner.here(spec, trial_rung)
         _go_on_unless_given_up(run_id)  # given up while it trained (a machine too busy to beat in time)
         result = result_of(out)
         store.write_json(f"results/{run_id}.json", result)

@@ -57,8 +57,10 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     logger = get_run_logger()
     trainers = factory.current()
     groups = Groups(job.mode, warn=logger.warning)  # the trial-rungs' subflow runs (``flows.groups``)
-    where = runner.remote if job.trial_pool else runner.on_task_workers if job.task_workers else runner.work
-    executor = ThreadExecutor(functools.partial(where, job), token,
+    where = functools.partial(runner.remote, job) if job.trial_pool else \
+        functools.partial(runner.on_task_workers, job) if job.task_workers else \
+        functools.partial(runner.work, job, trainer=trainers.get(job.settings))  # built by the job flow, before
+    executor = ThreadExecutor(where, token,
                               interrupt=lambda: trainers.interrupt(job.settings), place=groups.enter)
     tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning, writer)
     tracker.wait_ready()

@@ -11,17 +11,18 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.trainers import factory, registry, stopping
-from prefect_hyperband.trainers.base import Evaluation, TrainResult, checkpoint_damage, size_of
+from prefect_hyperband.trainers import registry, stopping
+from prefect_hyperband.trainers.base import Evaluation, Trainer, TrainResult, checkpoint_damage, size_of
 from prefect_hyperband.trainers.errors import full_disk, no_space
 
 
 @task(name="train", task_run_name="train {trial_id} to r={resource}", cache_policy=NO_CACHE,
       persist_result=False)  # a task worker's trial-rung persists (Prefect's background tasks do): not these
-def train_trial(job: Job, trial_id: str, config: dict[str, Any], resource: int, checkpoint: str | None) -> TrainResult:
-    """Train one config to ``resource`` units, resuming from its checkpoint (fetched from the job's storage, the
-    new one published there: both no-ops on a folder). A damaged checkpoint is trained again first."""
-    trainer = factory.get(job.settings)
+def train_trial(job: Job, trainer: Trainer, trial_id: str, config: dict[str, Any], resource: int,
+                checkpoint: str | None) -> TrainResult:
+    """Train one config to ``resource`` units with the job's ``trainer``, resuming from its checkpoint (fetched from
+    the job's storage, the new one published there: both no-ops on a folder). A damaged checkpoint is trained again
+    first."""
     store = job.store()
     local = store.fetch(checkpoint) if checkpoint else None
     rebuilt: TrainResult | None = None
@@ -58,7 +59,7 @@ def _stop_full(path: str) -> stopping.Stopped:
     return stopping.Stopped(reason)
 
 
-def rebuild(job: Job, trainer: Any, trial_id: str, config: dict[str, Any], resource: int) -> TrainResult:
+def rebuild(job: Job, trainer: Trainer, trial_id: str, config: dict[str, Any], resource: int) -> TrainResult:
     """The trial's checkpoint at ``resource`` written again by the calls that first wrote it: from its newest
     whole checkpoint below (or from scratch where the trial began), one rung at a time, so a deterministic trainer
     writes the same bytes. Its ``resource_trained`` and ``seconds`` add up every call."""
@@ -101,13 +102,12 @@ def _resource_of(job: Job, checkpoint: str) -> int:
 
 
 @task(name="evaluate", task_run_name="evaluate {trial_id} at r={resource}", cache_policy=NO_CACHE, persist_result=False)
-def evaluate_trial(job: Job, trial_id: str, resource: int, trained: TrainResult) -> Evaluation:
+def evaluate_trial(job: Job, trainer: Trainer, trial_id: str, resource: int, trained: TrainResult) -> Evaluation:
     """The validation metric of a checkpoint, on the whole validation set; with several objectives, each of them
     (the costs measured here: the rung's training seconds, the checkpoint's bytes, the trainer's prediction ms)."""
     began = time.perf_counter()
     local = job.store().fetch(trained.checkpoint)
-    trainer = factory.get(job.settings)
-    value, measured = trainer.measure(local)  # the metric, and what else it measures (``predict_ms``)
+    value, measured = trainer.measure(local, trained.model)  # the metric, what else it measures (``predict_ms``)
     if not job.objectives:
         return Evaluation(value, time.perf_counter() - began)
     figures = {"train_seconds": trained.seconds, "model_bytes": float(size_of(local)), **measured, job.metric_key: value}

@@ -7,7 +7,7 @@ import fcntl
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol
 
@@ -36,9 +36,12 @@ class TrainResult:
     #: one-off figures of the call, e.g. {"startup_seconds": 1.2, "global_batch_size": 128}; a remote trial-rung's
     #: also its "worker" (machine:pid, ``executors.work_pool.outcome_of``: MLflow's ``hyperband.worker`` tag)
     info: dict[str, Any] = field(default_factory=dict)
+    #: the trained model in this process (XGBoost's booster), handed to ``measure`` with the checkpoint so that it is
+    #: not loaded again; never saved, sent or compared (``to_json`` leaves it out), dropped once measured
+    model: Any = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(replace(self, model=None)).items() if k != "model"}
 
 
 class Trainer(Protocol):
@@ -53,9 +56,10 @@ class Trainer(Protocol):
         """Train ``config`` up to ``resource`` units, resuming from ``checkpoint`` (never from scratch when given);
         write the new checkpoint to ``out``."""
 
-    def measure(self, checkpoint: str) -> tuple[float, dict[str, float]]:
+    def measure(self, checkpoint: str, model: Any = None) -> tuple[float, dict[str, float]]:
         """The validation metric of a checkpoint, computed centrally on the whole validation set, and what else
         the trainer measured of it (the built-ins: ``predict_ms``; a user's code: its other reported figures).
+        ``model``: the ``TrainResult.model`` that ``train`` returned with the checkpoint, when it gave one.
         The built-in trainers also have ``evaluate(checkpoint)``, the value alone."""
 
     def close(self) -> None:

@@ -239,7 +239,7 @@ class FunctionTrainer(Placed):
     def evaluate(self, checkpoint: str) -> float:
         return self.measure(checkpoint)[0]
 
-    def measure(self, checkpoint: str) -> tuple[float, dict[str, float]]:
+    def measure(self, checkpoint: str, model: Any = None) -> tuple[float, dict[str, float]]:
         """The job's metric, and every metric the code reported with it (for several objectives)."""
         metrics = {k: float(v) for k, v in json.loads(Path(checkpoint).read_text())["metrics"].items()}
         return metrics[self.metric], metrics

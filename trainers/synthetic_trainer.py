@@ -152,7 +152,7 @@ class SyntheticTrainer:
         write_sidecar(out, resource)
         return TrainResult(out, resource, resource - start, time.perf_counter() - began, self.workers, history)
 
-    def measure(self, checkpoint: str) -> tuple[float, dict[str, float]]:
+    def measure(self, checkpoint: str, model: Any = None) -> tuple[float, dict[str, float]]:
         """The loss at the checkpoint's resource (nothing else measured)."""
         held = _read(checkpoint)
         return self.curve(held["config"], int(held["resource"])), {}

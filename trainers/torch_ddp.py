@@ -209,7 +209,7 @@ class TorchTrainer(Placed):
         """The validation metric of ``checkpoint`` on the whole validation split, computed here."""
         return self.measure(checkpoint)[0]
 
-    def measure(self, checkpoint: str) -> tuple[float, dict[str, float]]:
+    def measure(self, checkpoint: str, model: Any = None) -> tuple[float, dict[str, float]]:
         """The validation metric, and ``predict_ms``: milliseconds per 1,000 validation rows, the model loaded. A
         table's metric is the one its ranks computed on every share (kept in the checkpoint), its latency timed on
         its first 1,000 rows' validation rows."""

@@ -142,7 +142,6 @@ class XGBoostTrainer:
         self.nthread = nthread or max(1, (os.cpu_count() or 1))
         self.device = device
         self.objective = self._objective()
-        self._local = threading.local()
         self._key = f"hyperband-{os.getpid()}-{id(self):x}-{time.time_ns():x}"  # this trainer's, on Dask's workers
         #: this machine's training matrices not in use (``_dtrain_local``), and how many were built
         self._free: list[Any] = []
@@ -319,9 +318,8 @@ class XGBoostTrainer:
             stopping.check()  # a stop came mid-segment: the booster holds fewer rounds than due, save nothing
         booster.save_model(out)
         write_sidecar(out, resource, rounds=booster.num_boosted_rounds())
-        self._local.last = (out, booster)  # evaluate() of this checkpoint, next in this thread, skips loading it
         seconds = time.perf_counter() - began
-        return TrainResult(out, resource, resource - start, seconds, self.workers)
+        return TrainResult(out, resource, resource - start, seconds, self.workers, model=booster)  # measure's: not loaded again
 
     def _train_dask(self, params: dict[str, Any], rounds: int, booster):
         from xgboost import dask as dxgb
@@ -343,17 +341,16 @@ class XGBoostTrainer:
 
         return xgb.Booster(model_file=checkpoint)
 
-    def _loaded(self, checkpoint: str):
-        """The checkpoint's booster: the one this thread just trained and saved there, else loaded from it."""
-        last = getattr(self._local, "last", None)
-        return last[1] if last is not None and last[0] == checkpoint else self.booster(checkpoint)
+    def _loaded(self, checkpoint: str, model: Any = None):
+        """The checkpoint's booster: ``model``, the one ``train`` returned with it, else loaded from it."""
+        return model if model is not None else self.booster(checkpoint)
 
     def predict(self, checkpoint: str, X: np.ndarray) -> np.ndarray:
         return self._timed_predict(checkpoint, X)[0]
 
-    def _timed_predict(self, checkpoint: str, X: np.ndarray) -> tuple[np.ndarray, float]:
+    def _timed_predict(self, checkpoint: str, X: np.ndarray, model: Any = None) -> tuple[np.ndarray, float]:
         """The predictions, and the seconds the loaded booster took for them."""
-        booster = self._loaded(checkpoint)
+        booster = self._loaded(checkpoint, model)
         booster.set_param({"nthread": self.nthread})
         began = time.perf_counter()
         prediction = booster.inplace_predict(X)
@@ -363,20 +360,21 @@ class XGBoostTrainer:
         """The validation metric on the whole validation set, computed here (not per worker)."""
         return self.measure(checkpoint)[0]
 
-    def measure(self, checkpoint: str) -> tuple[float, dict[str, float]]:
+    def measure(self, checkpoint: str, model: Any = None) -> tuple[float, dict[str, float]]:
         """The validation metric, and ``predict_ms``: milliseconds per 1,000 validation rows, the booster loaded (a
-        table on Dask: predicted by the workers that hold its validation rows, only the predictions come here)."""
+        table on Dask: predicted by the workers that hold its validation rows, only the predictions come here);
+        ``model``: the booster ``train`` returned with the checkpoint (not loaded again)."""
         if self._validation is not None and self._dask is not None:
             from xgboost import dask as dxgb
 
             X_val, _, y_val = self._validation
-            booster = self._loaded(checkpoint)
+            booster = self._loaded(checkpoint, model)
             began = time.perf_counter()
             prediction = dxgb.inplace_predict(self._dask.client, booster, X_val).compute()
             latency = {"predict_ms": (time.perf_counter() - began) * 1e6 / max(1, len(y_val))}
             return score(self.metric, y_val, np.asarray(prediction)), latency
         if self.external_memory:  # the validation rows on disk, a part at a time
-            booster = self._loaded(checkpoint)
+            booster = self._loaded(checkpoint, model)
             booster.set_param({"nthread": self.nthread})
             matrix, began = self._external(), time.perf_counter()
             prediction = matrix.predict(booster.inplace_predict)
@@ -385,6 +383,6 @@ class XGBoostTrainer:
             del prediction
             extmem.give_back_freed()
             return value, latency
-        prediction, seconds = self._timed_predict(checkpoint, self.data.X_val)
+        prediction, seconds = self._timed_predict(checkpoint, self.data.X_val, model)
         latency = {"predict_ms": seconds * 1e6 / max(1, len(self.data.X_val))}
         return score(self.metric, self.data.y_val, prediction), latency

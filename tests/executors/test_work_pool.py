@@ -131,7 +131,7 @@ def test_a_run_its_controller_gave_up_while_it_trained_ends_failed_and_leaves_no
 
     trained = []
 
-    def work(job, trial_rung):  # what run_remote does on a heartbeat it found too old, while this run trains
+    def work(job, trial_rung, trainer):  # what run_remote does on a heartbeat it found too old, while this run trains
         run_id = FlowRunContext.get().flow_run.id
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(run_id, Crashed(message="no heartbeat for 21 s: its worker or machine is gone"),

@@ -171,10 +171,10 @@ def test_orchestration_failing_past_its_retries_fails_the_trial_only(tracking_ur
 
     real = driver.runner.work
 
-    def broken_for_one(job, trial_rung, *args):
+    def broken_for_one(job, trial_rung, **kwargs):
         if trial_rung.trial_id == "s1-0000":
             raise RuntimeError("simulated: API down for this trial")
-        return real(job, trial_rung, *args)
+        return real(job, trial_rung, **kwargs)
 
     monkeypatch.setattr(driver.runner, "work", broken_for_one)
     result = tune(TuneParams(model="synthetic", max_resource=3, eta=3, concurrency=2, seed=2,

@@ -35,6 +35,19 @@ def test_resume_3_then_9_equals_9_at_once(local, tmp_path):
     assert local.booster(resumed.checkpoint).num_boosted_rounds() == 9 * local.rounds_per_unit
 
 
+def test_the_model_train_returns_is_the_one_measured_without_loading_its_checkpoint(local, tmp_path, monkeypatch):
+    """The trained booster goes to ``measure`` as a value of the train result (no thread-local, no reload); it is left
+    out of the result's JSON (a remote trial-rung's) and of its equality."""
+    trained = local.train(CONFIG, 3, None, str(tmp_path / "m3.ubj"))
+    assert trained.model is not None and "model" not in trained.to_json()
+    loaded = local.measure(trained.checkpoint)
+    monkeypatch.setattr(local, "booster", lambda checkpoint: pytest.fail("the checkpoint was loaded again"))
+    assert local.measure(trained.checkpoint, trained.model)[0] == loaded[0]
+    from dataclasses import replace
+
+    assert replace(trained, model=None) == trained
+
+
 def test_resume_never_retrains_from_scratch(local, tmp_path):
     three = local.train(CONFIG, 3, None, str(tmp_path / "c3.ubj"))
     with pytest.raises(ValueError, match="must exceed the checkpoint's 3"):
