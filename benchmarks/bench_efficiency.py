@@ -180,7 +180,7 @@ def job_loop(params: Any, out: Path, nthread: int | None = None) -> dict[str, An
     from prefect_hyperband.executors.threads import RealClock
     from prefect_hyperband.flows.prepare import prepare
     from prefect_hyperband.executors.loop import Loop, Outcome
-    from prefect_hyperband.flows.state import make_scheduler
+    from prefect_hyperband.executors.schedulers import make_scheduler
     from prefect_hyperband.hyperband import schedule
     from prefect_hyperband.trainers import data as datasets
     from prefect_hyperband.trainers.base import Evaluation

@@ -153,7 +153,7 @@ def with_prior(space: dict[str, dict[str, Any]], values: dict[str, Any]) -> dict
 
 def scheduler(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed: int, mode: str = "hyperband",
               prior_first: bool = False):
-    """The job's scheduler as the job makes it (flows/state.make_scheduler): synchronous brackets (in turn for TPE
+    """The job's scheduler as the job makes it (executors/schedulers.make_scheduler): synchronous brackets (in turn for TPE
     and PriorBand), or ASHA with as many configs as the brackets would draw; after the priors' mode trained to R
     with ``prior_first`` (``--prior-first``)."""
     from prefect_hyperband.hyperband import priors, schedule

@@ -109,7 +109,8 @@ def results(job: Job) -> list[warm.Result]:
 def _parent(job: Job, pid: str) -> tuple[str, dict[str, Any], list[tuple[Any, ...]]]:
     """A parent's id, facts and results (``warm.Result`` and the trial's id), from this job's store (its folder's
     root, or its storage URL)."""
-    from prefect_hyperband.flows.state import job_store, load_job_record, load_state, make_scheduler
+    from prefect_hyperband.executors.schedulers import make_scheduler
+    from prefect_hyperband.flows.state import job_store, load_job_record, load_state
 
     if pid == job.job_id:
         raise InputError(f"--warm-start {pid}: a job cannot start from itself")

@@ -17,7 +17,8 @@ from prefect_hyperband.flows.prepare import prepare, resolve
 from prefect_hyperband.flows.params import TuneParams, mlflow_params
 from prefect_hyperband.flows.lock import job_lock, took_over
 from prefect_hyperband.flows.process import big_blocks_to_the_os, job_lines_in_ui, stop_on_signals
-from prefect_hyperband.flows.state import load_state, make_scheduler, save_job_record
+from prefect_hyperband.executors.schedulers import make_scheduler
+from prefect_hyperband.flows.state import load_state, save_job_record
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.criteria import Criteria
 from prefect_hyperband.hyperband.first import is_baseline
@@ -87,7 +88,8 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
                                  "run the same command again")
     clock = lambda: spent + time.perf_counter() - began  # noqa: E731  (ASHA's time budget, across resumes)
     found = load_state(job, lambda state: make_scheduler(job, max_trials, params.time_budget, clock, state))
-    saved, scheduler = found if found else (None, make_scheduler(job, max_trials, params.time_budget, clock))
+    saved, scheduler = found if found else (None, make_scheduler(job, max_trials, params.time_budget, clock,
+                                                                 warm=parents.sampler_for))
     rows, spent = (saved["rows"], float(saved["elapsed"])) if saved else ([], 0.0)
     lost = float(saved.get("lost", 0.0)) if saved else 0.0
     runs: dict[str, str] = dict(saved.get("runs") or {}) if saved else {}  # trial id -> its child run

@@ -28,7 +28,7 @@ def new_scheduler():
 
 
 def build(raw):
-    """As ``flows.state.make_scheduler``: as saved, its trial-rungs in flight still out."""
+    """As ``executors.schedulers.make_scheduler``: as saved, its trial-rungs in flight still out."""
     return AshaScheduler(AshaState.from_json(raw["state"]), RandomSampler.from_json(SPACE, raw["sampler"]),
                          raw["max_trials"], raw["time_budget"], requeued=False)
 
@@ -277,5 +277,29 @@ def test_a_resumed_asha_job_takes_the_time_budget_it_is_resumed_with():
     ran_out = AshaScheduler(AshaState.create(1, 27, 3, "min"), RandomSampler(SPACE, 3), 400, 1.0, lambda: 5.0)
     assert ran_out.next_trial_rung() is None  # 5 s in, a budget of 1 s: no new config
     saved = json.loads(json.dumps(ran_out.to_json()))
-    looser = state_mod.make_scheduler(job, 400, 60.0, lambda: 5.0, saved)
+    from prefect_hyperband.executors.schedulers import make_scheduler
+
+    looser = make_scheduler(job, 400, 60.0, lambda: 5.0, saved)
     assert looser.time_budget == 60.0 and looser.next_trial_rung() is not None
+
+
+def test_a_new_warm_start_jobs_sampler_is_made_warm_by_what_the_job_hands_in():
+    """``executors.schedulers`` reads no parent itself (``flows.parents.sampler_for`` is handed in): a new warm job
+    without it is a programming error, said; with it, the cold sampler (its own seed) goes through it."""
+    from prefect_hyperband.executors.schedulers import make_sampler
+
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Job:  # the fields of tasks.job.Job that a sampler is made from
+        space: dict
+        sampler: str = "random"
+        warm: dict | None = None
+        seed: int = 3
+
+    job = Job(SPACE.to_dict(), warm={"parents": ["a"]})
+    with pytest.raises(ValueError, match="warm="):
+        make_sampler(job)
+    seen = []
+    made = make_sampler(job, warm=lambda j, cold: seen.append((j, cold)) or cold)
+    assert seen == [(job, made)] and isinstance(made, RandomSampler)

@@ -82,7 +82,7 @@ def first(scheduler, baseline, prior):
 
 
 def load(raw: dict, requeue: bool):
-    """As ``flows.state.make_scheduler`` loads a saved scheduler."""
+    """As ``executors.schedulers.make_scheduler`` loads a saved scheduler."""
     if raw["kind"] == "asha":
         return AshaScheduler(AshaState.from_json(raw["state"]), RandomSampler.from_json(SPACE, raw["sampler"]),
                              raw["max_trials"], raw["time_budget"], first=Firsts.from_json(raw, requeue),
