@@ -43,8 +43,6 @@ def main(args: argparse.Namespace) -> int:
         print("hyperband: error: a worker serves the Prefect server its jobs use: set PREFECT_API_URL "
               "(http://host:4200/api)", file=sys.stderr)
         return 2
-    from prefect.task_worker import serve
-
     from prefect_hyperband.executors import task_workers
     from prefect_hyperband.trainers import factory
 
@@ -60,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     try:
         served = task_workers.trial_rung.with_options(result_storage=task_workers.parameter_storage(args.storage))
-        serve(served, limit=args.limit or None)
+        _serve(served, args.limit)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (Prefect's task worker handles it, and exits)
         pass
     finally:
@@ -70,3 +68,59 @@ def main(args: argparse.Namespace) -> int:
     print(f"hyperband: worker stopped; {held} trial-rung(s) it ran handed back to their jobs", file=sys.stderr,
           flush=True)
     return 0
+
+
+
+def _serve(served: object, limit: int) -> None:
+    """Prefect's ``task_worker.serve`` with ``_slots_worker()`` for its ``TaskWorker``: on an event loop of its own, in
+    a thread as ``serve``'s is (so that SIGTERM and Ctrl-C reach this thread, not the worker's), until it stops."""
+    import asyncio
+    import threading
+
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(_aserve(served, limit))
+        except BaseException as exc:  # noqa: BLE001  (raised again in the calling thread)
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="hyperband-worker", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.5)
+    if failed:
+        raise failed[0]
+
+
+async def _aserve(served: object, limit: int) -> None:
+    """What ``prefect.task_worker.aserve`` does, with ``_slots_worker()``: a stop (Prefect's ``StopTaskWorker``, a
+    cancel, an interrupt, alone or in the exception group its task group raises) ends it quietly."""
+    import asyncio
+
+    from prefect.task_worker import StopTaskWorker
+
+    worker = _slots_worker()(served, limit=limit or None)  # (a TaskWorker is made inside its event loop)
+    try:
+        await worker.astart()
+    except BaseExceptionGroup as group:  # noqa: F821  (a builtin of Python 3.11)
+        _, unexpected = group.split((StopTaskWorker, asyncio.CancelledError, KeyboardInterrupt, TimeoutError))
+        if unexpected is not None:
+            raise unexpected
+    except (StopTaskWorker, asyncio.CancelledError):
+        pass
+
+
+def _slots_worker() -> type:
+    """Prefect's ``TaskWorker`` whose identifier on the server (``client_id``: ``<machine>-<pid>``) ends in the slots it
+    offers, ``~slots=<--limit>`` (``executors.worker_slots``): a job counts its workers' slots from the server's list."""
+    from prefect.task_worker import TaskWorker
+
+    from prefect_hyperband.executors.worker_slots import SLOTS_MARK
+
+    class SlotsWorker(TaskWorker):
+        @property
+        def client_id(self) -> str:
+            return f"{super().client_id}{SLOTS_MARK}{self.limit}" if self.limit else super().client_id
+
+    return SlotsWorker

@@ -45,7 +45,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 
-from prefect_hyperband.executors import work_pool
+from prefect_hyperband.executors import work_pool, worker_slots
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.trials import Evaluation
@@ -59,8 +59,6 @@ TASK_NAME = "hyperband-trial-rung"
 POLL_SECONDS = 0.2
 #: seconds between looks for a trial-rung's result in a folder (``_landed``)
 RESULT_LOOK = 0.02
-#: how ``who_serves`` begins when some worker serves the job's code
-SERVED = "workers serve this code"
 #: seconds between tries of a Prefect API that does not answer, and the least a trial-rung waits for it
 API_RETRY_SECONDS = 1.0
 API_WAIT_AT_LEAST = 60.0
@@ -68,8 +66,6 @@ API_WAIT_AT_LEAST = 60.0
 API_CLIENT_RETRIES = 2
 #: times a trial-rung lost to an outage of the API is sent again before the loop hears of it
 OUTAGE_RESENDS = 2
-#: seconds between counts of the workers serving the job's code (``LiveSlots``)
-SLOTS_EVERY = 5.0
 #: seconds after the API answers again within which it failing again is the same outage (a restarted server's 503s
 #: while it starts its services): not said again
 OUTAGE_QUIET = 60.0
@@ -222,8 +218,8 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
                 raise _AfterOutage(f"{name} ({run_id}): pending since the Prefect API was away (its worker could not "
                                    "begin it without the API)")
             if waiting and time.monotonic() - began > pickup_timeout():
-                why = who_serves(client, trial_rung.task_key)
-                if why.startswith(SERVED):  # sent to a worker that died before it began (delivery is at most once)
+                why = worker_slots.who_serves(client, trial_rung.task_key)
+                if why.startswith(worker_slots.SERVED):  # sent to a worker that died before it began (delivery is at most once)
                     end(Cancelled(message="not begun in time: sent again"))
                     raise work_pool.TrialRunLost(f"{name} ({run_id}): not begun in "
                                                  f"{time.monotonic() - began:.0f} s while {why}")
@@ -341,57 +337,3 @@ def _outside_runs(submitted: Any, **parameters: Any) -> Any:
     # Prefect warned at each of its log lines in the worker that it could not send them to the API (they stay there)
     with temporary_settings(updates={PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore"}):
         return submitted.delay(**parameters)
-
-
-def serving(client: Any) -> dict[str, list[str]]:
-    """The task workers the Prefect server knows, each with the task keys it serves (``/task_workers/filter``)."""
-    response = client.request("POST", "/task_workers/filter", json={})
-    return {w["identifier"]: list(w["task_keys"]) for w in response.json()}
-
-
-def who_serves(client: Any, task_key: str) -> str:
-    """One sentence: which workers serve ``task_key`` (this code's), and which the trial-rung task of other code."""
-    try:
-        workers = serving(client)
-    except Exception as exc:  # noqa: BLE001  (a sentence for a warning: the server did not answer)
-        return f"the Prefect server did not list its task workers ({type(exc).__name__})"
-    ours = [w for w, keys in workers.items() if task_key in keys]
-    ours_of_any_code = task_key.rsplit("-", 1)[0] + "-"  # the key: the task function's name, a hash of its code
-    other = [w for w, keys in workers.items() if task_key not in keys
-             and any(k.startswith(ours_of_any_code) for k in keys)]
-    if ours:
-        return f"{SERVED}: {len(ours)} worker(s) serve it"
-    if other:
-        return (f"{len(other)} hyperband worker(s) serve other code (task key {task_key} here): start `hyperband "
-                "worker` from the same version of prefect-hyperband as the job's")
-    return "no hyperband worker is connected to this Prefect server: start `hyperband worker` on a machine"
-
-
-class LiveSlots:
-    """A job's slots on task workers: one per worker serving its code, counted again every ``SLOTS_EVERY`` seconds
-    (a worker started mid-job takes work at once; one that leaves gives its slot back). Between counts, and while
-    the server does not answer, the last count."""
-
-    def __init__(self, first: int, count: Callable[[], int] | None = None) -> None:
-        self.value, self.count, self.at = max(1, first), count or worker_count, time.monotonic()
-
-    def __call__(self) -> int:
-        from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-
-        if time.monotonic() - self.at >= SLOTS_EVERY:
-            self.at = time.monotonic()
-            try:  # asked from the loop's thread: no silent retries of a server that does not answer
-                with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0}):
-                    self.value = self.count()
-            except Exception:  # noqa: BLE001  (the server away: the job's reads say so; the slots stay as they were)
-                pass
-        return self.value
-
-
-def worker_count(task_key: str | None = None) -> int:
-    """How many task workers serve this code's trial-rung task now (the job's default concurrency, at least 1)."""
-    from prefect.client.orchestration import get_client
-
-    key = task_key or trial_rung.task_key
-    with get_client(sync_client=True) as client:
-        return max(1, sum(1 for keys in serving(client).values() if key in keys))

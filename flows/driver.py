@@ -92,11 +92,11 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
 
 
 def _slots(job: Job) -> Callable[[], int] | None:
-    """The slots of a job on task workers with no ``--concurrency``: one per worker serving its code, as they come and
-    go; None: ``job.concurrency``."""
+    """The slots of a job on task workers with no ``--concurrency``: those the workers serving its code offer (each its
+    ``--limit``, or one), as they come and go; None: ``job.concurrency``."""
     if not (job.task_workers and job.follow_workers):
         return None
-    from prefect_hyperband.executors.task_workers import LiveSlots
+    from prefect_hyperband.executors.worker_slots import LiveSlots
 
     return LiveSlots(job.concurrency)
 

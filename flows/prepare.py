@@ -285,15 +285,16 @@ def _task_storage(params: TuneParams) -> str | None:
 
 
 def _concurrency(params: TuneParams) -> int:
-    """Trial-rungs at once: given, the trial pool's limit (or one per online worker), or from the cores."""
+    """Trial-rungs at once: given, the trial pool's limit (or one per online worker), the task workers' slots, or
+    from the cores."""
     if params.trial_pool and not params.concurrency:
         from prefect_hyperband.executors.work_pool import pool_concurrency
 
         return pool_concurrency(params.trial_pool)
     if params.task_workers and not params.concurrency:
-        from prefect_hyperband.executors.task_workers import worker_count
+        from prefect_hyperband.executors.worker_slots import slot_count
 
-        return worker_count()
+        return slot_count()
     size = dask_groups.cluster_size(params.dask_address, params.workers) if params.dask_address else None
     return params.trial_concurrency(size)  # too few workers: one line, before any training
 

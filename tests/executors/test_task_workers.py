@@ -170,6 +170,9 @@ def test_a_worker_of_other_code_is_named_in_one_line_and_a_worker_started_mid_jo
         assert len(said) == 1 and "1 hyperband worker(s) serve other code" in said[0], lines
         assert "start `hyperband worker` from the same version" in said[0] and not done
         with workers(tmp_path, 1, storage=str(tmp_path / "shared")):
+            from prefect_hyperband.executors.worker_slots import slot_count
+
+            assert slot_count() == 2  # its --limit 2, on the server's list: the job's slots (the other code's: none)
             job.join(timeout=120)
     finally:
         logger.removeHandler(keep)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_hyperband.executors import task_workers
+from prefect_hyperband.executors import task_workers, worker_slots
 
 
 class _Client:
@@ -20,11 +20,41 @@ def test_the_job_names_which_workers_serve_its_code_when_none_took_a_trial_rung(
     key = task_workers.trial_rung.task_key
     assert key.startswith("trial_rung-")
     ours = _Client([{"identifier": "a", "task_keys": [key]}])
-    assert task_workers.who_serves(ours, key) == "workers serve this code: 1 worker(s) serve it"
+    assert worker_slots.who_serves(ours, key) == "workers serve this code: 1 worker(s) serve it"
     other = _Client([{"identifier": "b", "task_keys": ["trial_rung-0badc0de"]}])
-    assert "serve other code" in task_workers.who_serves(other, key) and key in task_workers.who_serves(other, key)
-    assert "no hyperband worker is connected" in task_workers.who_serves(_Client([]), key)
-    assert task_workers.serving(ours) == {"a": [key]}
+    assert "serve other code" in worker_slots.who_serves(other, key) and key in worker_slots.who_serves(other, key)
+    assert "no hyperband worker is connected" in worker_slots.who_serves(_Client([]), key)
+    assert worker_slots.serving(ours) == {"a": [key]}
+
+
+def test_a_workers_slots_are_its_limit_on_the_servers_list_of_task_workers(monkeypatch):
+    """``hyperband worker --limit N``'s identifier on the server ends in its slots; a job counts the slots of the
+    workers serving its code (one for a worker that says none: no --limit, another version, Prefect's own)."""
+    import asyncio
+
+    from prefect_hyperband.app.worker import _slots_worker
+
+    async def identifiers():  # (Prefect's TaskWorker is made inside an event loop)
+        return [_slots_worker()(task_workers.trial_rung, limit=n).client_id for n in (3, None)]
+
+    limited, unlimited = asyncio.run(identifiers())
+    assert limited.endswith("~slots=3") and "~slots=" not in unlimited
+    assert [worker_slots.slots_of(w) for w in (limited, unlimited, "h-1~slots=x", "~slots=4", "h-2~slots=0")] == \
+        [3, 1, 1, 1, 1]
+    key = task_workers.trial_rung.task_key
+    client = _Client([{"identifier": limited, "task_keys": [key]}, {"identifier": unlimited, "task_keys": [key]},
+                      {"identifier": "other~slots=8", "task_keys": ["trial_rung-0badc0de"]}])
+    import prefect.client.orchestration as orchestration
+
+    class _Sync:
+        def __enter__(self):
+            return client
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(orchestration, "get_client", lambda sync_client=False: _Sync())
+    assert worker_slots.slot_count() == 4  # 3 + 1; the other code's 8 are not the job's
 
 
 def test_task_workers_need_a_server_the_workers_reach_and_no_trial_pool():
@@ -154,15 +184,15 @@ def test_the_jobs_slots_follow_the_workers_counted_every_few_seconds_and_keep_th
             raise answer
         return answer
 
-    slots = task_workers.LiveSlots(2, count)
+    slots = worker_slots.LiveSlots(2, count)
     assert slots() == 2  # counted when the job began
-    clock[0] = task_workers.SLOTS_EVERY
+    clock[0] = worker_slots.SLOTS_EVERY
     assert slots() == 3  # a worker joined
     clock[0] += 1
     assert slots() == 3  # not counted again before SLOTS_EVERY
-    clock[0] += task_workers.SLOTS_EVERY
+    clock[0] += worker_slots.SLOTS_EVERY
     assert slots() == 3  # the server away: the last count
-    clock[0] += task_workers.SLOTS_EVERY
+    clock[0] += worker_slots.SLOTS_EVERY
     assert slots() == 1  # two left
 
 
