@@ -19,14 +19,13 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
-from prefect_hyperband.hyperband.accounting import RungResult
 from prefect_hyperband.hyperband.criteria import Goal
 from prefect_hyperband.hyperband.first import is_baseline
 from prefect_hyperband.hyperband.journal import Journal
-from prefect_hyperband.hyperband.promotion import first
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, ended
 from prefect_hyperband.hyperband.trial import TrialRung
-from prefect_hyperband.trainers.base import Evaluation, TrainResult
+from prefect_hyperband.tasks.result import Outcome  # (re-exported: the loop's protocol speaks it)
+from prefect_hyperband.trainers.base import TrainResult
 from prefect_hyperband.trainers.errors import first_line, no_space, seconds_from_env, unavailable
 
 #: a trial-rung whose orchestration (not its trainer) failed is run again this many times
@@ -42,41 +41,6 @@ def stop_grace() -> float:
     """The stop's grace for a job: ``HYPERBAND_STOP_GRACE`` seconds, else ``STOP_GRACE`` (a training whose unit takes
     longer, and that should end it rather than be trained again by ``--resume``, wants more)."""
     return seconds_from_env("HYPERBAND_STOP_GRACE", STOP_GRACE)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one trial-rung gave: trained and evaluated, or the error that ended it (the trainer's)."""
-
-    trial_rung: TrialRung
-    trained: TrainResult | None
-    evaluated: Evaluation | None
-    error: str | None
-    started: float | None = None  # epoch seconds: training began, evaluation ended
-    ended: float | None = None
-
-    @property
-    def score(self) -> float | tuple[float, ...] | None:
-        """What the scheduler ranks: the metric, or the objectives' values (several objectives)."""
-        return self.evaluated.score if self.evaluated is not None else None
-
-    @property
-    def metric(self) -> float | None:
-        """The job's metric (of several objectives, the first)."""
-        return first(self.score)
-
-    @property
-    def checkpoint(self) -> str | None:
-        return self.trained.checkpoint if self.trained is not None and self.evaluated is not None else None
-
-    def row(self) -> RungResult:
-        j, t, e = self.trial_rung, self.trained, self.evaluated
-        return RungResult(
-            trial_id=j.trial_id, bracket=j.bracket, rung=j.rung, resource=j.resource,
-            resource_trained=t.resource_trained if t else 0, train_seconds=t.seconds if t else 0.0,
-            eval_seconds=e.seconds if e else 0.0, workers=t.workers if t else 1, score=self.metric,
-            started=self.started, ended=self.ended,
-        )
 
 
 class Executor(Protocol):

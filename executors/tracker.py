@@ -70,15 +70,14 @@ class MlflowTracker:
             kept: Future[Outcome] = Future()
             kept.set_result(out)
             return kept
-        rung = None
+        logged, params = None, None
         if not (out.error is not None and self.stop.requested()):  # stopped, not failed: --resume trains it again
             # a trial's first rung brings its params (again, the same values, when it is trained again after a kill)
             params = trial_params(self.job, trial_rung.trial_id, trial_rung.bracket, trial_rung.config) if trial_rung.rung == 0 else None
-            if out.error is None or params is not None:
-                rung = (trial_rung.resource, out.trained if out.error is None else None, out.metric, params,
-                        out.evaluated.metrics if out.evaluated is not None else None)
+            logged = out if out.error is None or params is not None else None
         written = self.waiting.watch(self.writer.submit("record", self.job, trial_rung.trial_id, trial_rung.bracket,
-                                                        out.started or time.time(), self.runs.get(trial_rung.trial_id), rung))
+                                                        out.started or time.time(), self.runs.get(trial_rung.trial_id),
+                                                        logged, params))
         done: Future[Outcome] = Future()
 
         def settle(f: Future) -> None:

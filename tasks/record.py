@@ -14,8 +14,8 @@ from prefect.states import Failed, State
 from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.tasks import champion, datasets, service_wait, tracking
 from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.result import Outcome
 from prefect_hyperband.trainers import factory, registry
-from prefect_hyperband.trainers.base import TrainResult
 from prefect_hyperband.trainers.errors import causes, first_line, no_space, unavailable
 
 T = TypeVar("T")
@@ -189,23 +189,13 @@ def start_trial_run(job: Job, trial_id: str, bracket: int, started: float | None
                     dataset_inputs(job))
 
 
-def log_trial_rung(job: Job, run_id: str, resource: int, trained: TrainResult | None, score: float | None,
-                   params: dict[str, Any] | None = None, measured: dict[str, float] | None = None) -> None:
-    """A trial-rung's metric at step = cumulative resource, with what the trainer recorded on the way, in one batch
-    (with the run's ``params`` when it is the run's first write); ``measured``: the other objectives' values."""
-    metric = job.metric_key
-    metrics: dict[str, float] = {}
-    history: list[dict[str, float]] = []
-    if trained is not None:
-        history = trained.history
-        metrics = {"train_seconds": trained.seconds, "worker_seconds": trained.seconds * trained.workers}
-        metrics.update({k: v for k, v in trained.info.items() if isinstance(v, (int, float))})
-    metrics.update({k: v for k, v in (measured or {}).items() if k != metric})
-    if score is not None and not any(row.get("step") == resource and metric in row for row in history):
-        metrics[metric] = score  # unless the per-unit history already holds it at this step
-    worker = trained.info.get("worker") if trained is not None else None  # a remote trial-rung's (``work_pool``)
-    retrying(tracking.log_result, job.tracking_uri, run_id, history, metrics, resource, params,
-             {"hyperband.worker": str(worker)} if worker else None)
+def log_trial_rung(job: Job, run_id: str, out: Outcome, params: dict[str, Any] | None = None) -> None:
+    """A trial-rung's result on its trial's run, in one batch at step = its resource (``Outcome.batch``: the metric,
+    what the trainer recorded on the way, a remote worker's tag), with the run's ``params`` when it is its first
+    write."""
+    history, metrics, tags = out.batch(job.metric_key)
+    retrying(tracking.log_result, job.tracking_uri, run_id, history, metrics, out.trial_rung.resource, params,
+             tags or None)
 
 
 #: runs a tracking server ends at once (each run's two writes stay in order) when a call ends at least

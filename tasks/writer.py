@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, Union
 
 from prefect_hyperband.tasks.record import close_trial_runs, log_trial_rung, start_trial_run
+from prefect_hyperband.tasks.result import Outcome
 
 _HEADER = struct.Struct("!I")
 #: the writer process: Ctrl-C and SIGTERM ignored from its first line, not only once its imports (about a second of
@@ -48,13 +49,13 @@ class TrialRuns:
         return run_id
 
     def record(self, job: Any, trial_id: str, bracket: int, started: float, run_id: str | None,
-               rung: tuple | None) -> str:
-        """The trial's run (made now when its creation failed or never came), with ``rung``
-        (``log_trial_rung``'s arguments after the run) logged to it when given."""
+               out: Outcome | None, params: dict[str, Any] | None = None) -> str:
+        """The trial's run (made now when its creation failed or never came), with the trial-rung's result ``out``
+        logged to it when given (``params``: the run's, with its first write)."""
         run_id = run_id or self.created.get(trial_id) or start_trial_run(job, trial_id, bracket, started)
         self.created[trial_id] = run_id
-        if rung is not None:
-            log_trial_rung(job, run_id, *rung)
+        if out is not None:
+            log_trial_rung(job, run_id, out, params)
         return run_id
 
     def close(self, job: Any, records: list, runs: dict[str, str]) -> None:

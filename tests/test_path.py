@@ -5,9 +5,9 @@ added to or taken off the path is a change of the docs too.
 
 A function is a ``def`` or a ``lambda`` (a comprehension is an expression: Python 3.12 inlines it, PEP 709). Each is
 listed once, under the thread it first ran on (the loop's, the trial-rung's, MLflow's writer's, the group subflow's
-start), in the order of its first call; the order inside a thread may differ by a loop pass from run to run (whether
-the trial-rung ended before the loop's next look), so the lists are compared as sets per thread, the docs keeping one
-observed order.
+start), in the order of its first call; the order, and for a function two threads call the thread that came first,
+may differ from run to run (whether the trial-rung ended before the loop's next look), so the lists are compared as
+sets of functions, the docs keeping one observed order.
 
 The job runs in a process of its own (this file run as a script, pointed at the test session's Prefect server): in
 the test's process, earlier tests' caches and threads (a writer, a trial thread of a job gone) changed the path."""
@@ -70,11 +70,13 @@ def path(calls: list[tuple[str, str, str]]) -> dict[str, list[str]]:
     start = next(i for i, c in enumerate(calls) if c[2] == "Schedule.next_trial_rung")
     end = next(i for i, c in enumerate(calls) if i > start and c[2] == "Storage.append")
     threads: dict[str, list[str]] = {}
+    seen: set[str] = set()
     for thread, where, name in calls[start:end + 1]:
         functions = threads.setdefault(re.sub(r"[-_ ]?\d+", "", thread), [])
-        if f"{where} {name}" not in functions:
+        if f"{where} {name}" not in seen:
+            seen.add(f"{where} {name}")
             functions.append(f"{where} {name}")
-    return threads
+    return {thread: functions for thread, functions in threads.items() if functions}
 
 
 def documented() -> tuple[dict[str, list[str]], tuple[int, int]]:
@@ -118,10 +120,11 @@ def test_the_path_of_one_trial_rung_is_the_one_the_docs_walk(tmp_path, tracking_
     assert done.returncode == 0, done.stderr[-3000:]
     ran = path([tuple(c) for c in json.loads(out.read_text())])
     docs, (functions, changes) = documented()
-    observed = {thread: set(f) for thread, f in ran.items()}
-    assert observed == {thread: set(f) for thread, f in docs.items()}, (
+    observed = {f for functions in ran.values() for f in functions}
+    listed = [f for functions in docs.values() for f in functions]
+    assert observed == set(listed), (
         "the path changed: docs/how-it-works.md's path block, as this run went, is\n" + block(ran))
-    assert functions == sum(len(f) for f in docs.values()), "the docs' count is not their list's"
+    assert functions == len(listed) == len(set(listed)), "the docs' count is not their list's, once each"
     assert changes == changes_of_folder(docs), "the docs' changes of folder are not their list's"
 
 

@@ -281,7 +281,12 @@ def test_a_remote_trial_rungs_worker_is_the_trial_runs_hyperband_worker_tag_in_i
     client = MlflowClient(uri)
     run = client.create_run(client.create_experiment("e"))
     job = SimpleNamespace(tracking_uri=uri, metric_key="val_loss")
-    record.log_trial_rung(job, run.info.run_id, 3, trained, 0.25)
+    from prefect_hyperband.hyperband.trial import TrialRung
+    from prefect_hyperband.tasks.result import Outcome
+    from prefect_hyperband.trainers.base import Evaluation
+
+    rung = TrialRung(trial_id="s0-0000", bracket=0, rung=1, resource=3, config={}, checkpoint=None)
+    record.log_trial_rung(job, run.info.run_id, Outcome(rung, trained, Evaluation(0.25, 0.1), None))
     data = client.get_run(run.info.run_id).data
     assert data.tags["hyperband.worker"] == "gpu-7:4242" and data.metrics["val_loss"] == 0.25
     assert "worker" not in data.metrics
