@@ -48,6 +48,7 @@ from prefect.context import TaskRunContext
 from prefect_hyperband.executors import work_pool, worker_slots
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.storage import Storage
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
 from prefect_hyperband.trainers.base import TrainResult
@@ -75,6 +76,8 @@ OUTAGE_PENDING = 15.0
 #: when the Prefect API stopped answering this process's trial-rungs (None: it answers) and last answered again
 _OUTAGE: dict[str, float | None] = {"since": None, "back": None}
 _OUTAGE_LOCK = threading.Lock()
+#: (job id, sentence) of what the job said of its workers (``who_serves``): said once per job, not per trial-rung
+_SAID: set[tuple[str, str]] = set()
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -185,14 +188,9 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelled, Crashed
 
-    beat_every = min(work_pool.HEARTBEAT_SECONDS, work_pool.heartbeat_timeout() / 4)
-    submitted = trial_rung.with_options(task_run_name=f"{one.trial_id} to r={one.resource}",
-                                        tags=["hyperband", f"job:{job.job_id}"],
-                                        result_storage=parameter_storage(job.task_storage))
-    future, _ = _answering(lambda: contextvars.copy_context().run(
-        _outside_runs, submitted, job=job.to_json(), rung=asdict(one), heartbeat_seconds=beat_every))
+    future, _ = _answering(lambda: _send(job, one))
     run_id, store, name = future.task_run_id, job.store(), f"task run {one.trial_id} to r={one.resource}"
-    outage, back = False, 0.0  # whether the API was waited for while this task run was out; when it last answered
+    outage, back, parameters = False, 0.0, None  # the API waited for while it was out; when it last answered
     beats, began, said = work_pool.Beats(store, f"heartbeats/{run_id}.json", work_pool.heartbeat_timeout()), \
         time.monotonic(), False
     with get_client(sync_client=True) as client:
@@ -201,6 +199,7 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
 
         while True:
             state, waited = _state(client, run_id, job)
+            parameters = parameters or getattr(getattr(state, "state_details", None), "task_parameters_id", None)
             outage, back = outage or waited, time.monotonic() if waited else back
             if stopping.requested():
                 end(Cancelled(message="the hyperband job is stopping"))
@@ -223,7 +222,7 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
                     end(Cancelled(message="not begun in time: sent again"))
                     raise work_pool.TrialRunLost(f"{name} ({run_id}): not begun in "
                                                  f"{time.monotonic() - began:.0f} s while {why}")
-                if not said:
+                if not said and _first_time(job.job_id, why):  # the same for its other trial-rungs: once
                     log.warning("trial %s at r=%d: no task worker took it in %.0f s; %s", one.trial_id,
                                 one.resource, time.monotonic() - began, why)
                 said, began = True, time.monotonic()  # the server asked again a timeout later, not every poll
@@ -239,7 +238,38 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
         lost = _AfterOutage if outage and state.type.value in ("FAILED", "CRASHED") else work_pool.TrialRunLost
         raise lost(f"task run {run_id} ended {state.type.value}: {state.message or 'no result'}")
     store.delete(f"results/{run_id}.json")
+    _drop_parameters(job, parameters)
     return work_pool.outcome_of(result)
+
+
+def _send(job: Job, one: TrialRung) -> Any:
+    """The trial-rung as a background task run of ``trial_rung`` (its future), its parameters in the job's storage."""
+    beat_every = min(work_pool.HEARTBEAT_SECONDS, work_pool.heartbeat_timeout() / 4)
+    submitted = trial_rung.with_options(task_run_name=f"{one.trial_id} to r={one.resource}",
+                                        tags=["hyperband", f"job:{job.job_id}"],
+                                        result_storage=parameter_storage(job.task_storage))
+    return contextvars.copy_context().run(_outside_runs, submitted, job=job.to_json(), rung=asdict(one),
+                                          heartbeat_seconds=beat_every)
+
+
+def _drop_parameters(job: Job, parameters_id: Any) -> None:
+    """The trial-rung's parameters in the job's ``--storage`` deleted once its result is in: they no longer pile up
+    there, a file a trial-rung. Their name is in the task run's SCHEDULED state, the job's first look at it (one a
+    worker took before that look keeps its file). Without ``--storage`` they are in Prefect's own storage, left as
+    Prefect leaves them."""
+    if job.task_storage and parameters_id:
+        try:
+            Storage(job.task_storage, job.job_dir).delete(f"task-parameters/parameters/{parameters_id}")
+        except OSError as exc:  # a file left behind costs its bytes, not the trial-rung
+            log.debug("parameters %s not deleted (%s)", parameters_id, exc)
+
+
+def _first_time(job_id: str, sentence: str) -> bool:
+    """Whether the job has not said ``sentence`` of its workers yet (it is said now)."""
+    with _OUTAGE_LOCK:
+        first = (job_id, sentence) not in _SAID
+        _SAID.add((job_id, sentence))
+    return first
 
 
 def _landed(store: Any, key: str, seconds: float) -> bool:

@@ -277,3 +277,11 @@ def test_a_task_run_its_worker_took_as_the_api_went_away_is_sent_again_quietly_o
         task_workers._on_workers(job, one)
     assert [(run, kind.value, force) for run, kind, force in marked] == [("run-1", "CANCELLED", True)]
     assert 0 < clock[0] - 20 * task_workers.API_RETRY_SECONDS < task_workers.OUTAGE_PENDING + 1
+
+
+def test_what_a_job_says_of_its_workers_is_said_once_per_job_not_per_trial_rung(monkeypatch):
+    monkeypatch.setattr(task_workers, "_SAID", set())
+    said = "1 hyperband worker(s) serve other code"
+    assert task_workers._first_time("job-a", said) and not task_workers._first_time("job-a", said)
+    assert task_workers._first_time("job-b", said)  # another job says it too
+    assert task_workers._first_time("job-a", "no hyperband worker is connected to this Prefect server")
