@@ -238,7 +238,7 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
         lost = _AfterOutage if outage and state.type.value in ("FAILED", "CRASHED") else work_pool.TrialRunLost
         raise lost(f"task run {run_id} ended {state.type.value}: {state.message or 'no result'}")
     store.delete(f"results/{run_id}.json")
-    _drop_parameters(job, parameters)
+    _drop_parameters(job, run_id, parameters)
     return work_pool.outcome_of(result)
 
 
@@ -252,16 +252,24 @@ def _send(job: Job, one: TrialRung) -> Any:
                                           heartbeat_seconds=beat_every)
 
 
-def _drop_parameters(job: Job, parameters_id: Any) -> None:
+def _drop_parameters(job: Job, run_id: Any, parameters_id: Any) -> None:
     """The trial-rung's parameters in the job's ``--storage`` deleted once its result is in: they no longer pile up
-    there, a file a trial-rung. Their name is in the task run's SCHEDULED state, the job's first look at it (one a
-    worker took before that look keeps its file). Without ``--storage`` they are in Prefect's own storage, left as
-    Prefect leaves them."""
-    if job.task_storage and parameters_id:
-        try:
+    there, a file a trial-rung. Their name is in the task run's SCHEDULED state: the job's first look at it, or (a
+    worker took it before that look) its states read back. Without ``--storage`` they are in Prefect's own storage,
+    left as Prefect leaves them."""
+    if not job.task_storage:
+        return
+    try:
+        if not parameters_id:
+            from prefect.client.orchestration import get_client
+
+            with get_client(sync_client=True) as client:
+                parameters_id = next((st.state_details.task_parameters_id for st in client.read_task_run_states(run_id)
+                                      if st.state_details.task_parameters_id), None)
+        if parameters_id:
             Storage(job.task_storage, job.job_dir).delete(f"task-parameters/parameters/{parameters_id}")
-        except OSError as exc:  # a file left behind costs its bytes, not the trial-rung
-            log.debug("parameters %s not deleted (%s)", parameters_id, exc)
+    except Exception as exc:  # noqa: BLE001  (a file left behind costs its bytes, not the trial-rung)
+        log.debug("task run %s: its parameters not deleted (%s)", run_id, exc)
 
 
 def _first_time(job_id: str, sentence: str) -> bool:

@@ -169,10 +169,15 @@ def test_a_worker_of_other_code_is_named_in_one_line_and_a_worker_started_mid_jo
         said = [line for line in lines if "serve other code" in line]
         assert len(said) == 1 and "1 hyperband worker(s) serve other code" in said[0], lines
         assert "start `hyperband worker` from the same version" in said[0] and not done
-        with workers(tmp_path, 1, storage=str(tmp_path / "shared")):
-            from prefect_hyperband.executors.worker_slots import slot_count
+        with workers(tmp_path, 1, storage=str(tmp_path / "shared")) as (late,):
+            from prefect.client.orchestration import get_client
 
-            assert slot_count() == 2  # its --limit 2, on the server's list: the job's slots (the other code's: none)
+            from prefect_hyperband.executors import worker_slots
+
+            with get_client(sync_client=True) as client:  # its --limit on the server's list, as the job counts it
+                listed = worker_slots.serving(client)  # (a worker an earlier test killed may be listed still)
+            mine = [w for w in listed if w.split(worker_slots.SLOTS_MARK)[0].endswith(f"-{late.pid}")]
+            assert [worker_slots.slots_of(w) for w in mine] == [2], listed
             job.join(timeout=120)
     finally:
         logger.removeHandler(keep)
