@@ -70,7 +70,6 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _serve(served: object, limit: int) -> None:
     """Prefect's ``task_worker.serve`` with ``_slots_worker()`` for its ``TaskWorker``: on an event loop of its own, in
     a thread as ``serve``'s is (so that SIGTERM and Ctrl-C reach this thread, not the worker's), until it stops."""

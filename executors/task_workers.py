@@ -47,8 +47,7 @@ from prefect.context import TaskRunContext
 
 from prefect_hyperband.executors import work_pool, worker_slots
 from prefect_hyperband.hyperband.trial import TrialRung
-from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.storage import Storage
+from prefect_hyperband.tasks.job import Job, storage_at
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
 from prefect_hyperband.trainers.base import TrainResult
@@ -76,8 +75,11 @@ OUTAGE_PENDING = 15.0
 #: when the Prefect API stopped answering this process's trial-rungs (None: it answers) and last answered again
 _OUTAGE: dict[str, float | None] = {"since": None, "back": None}
 _OUTAGE_LOCK = threading.Lock()
-#: (job id, sentence) of what the job said of its workers (``who_serves``): said once per job, not per trial-rung
-_SAID: set[tuple[str, str]] = set()
+#: what each of the latest ``SAID_JOBS`` jobs said of its workers (``who_serves``): said once per job, not per
+#: trial-rung; a long-lived process (a served deployment) forgets the oldest job's sentences, not growing
+_SAID: dict[str, set[str]] = {}
+_SAID_LOCK = threading.Lock()
+SAID_JOBS = 64
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -267,16 +269,19 @@ def _drop_parameters(job: Job, run_id: Any, parameters_id: Any) -> None:
                 parameters_id = next((st.state_details.task_parameters_id for st in client.read_task_run_states(run_id)
                                       if st.state_details.task_parameters_id), None)
         if parameters_id:
-            Storage(job.task_storage, job.job_dir).delete(f"task-parameters/parameters/{parameters_id}")
+            storage_at(job.task_storage, job.job_dir).delete(f"task-parameters/parameters/{parameters_id}")
     except Exception as exc:  # noqa: BLE001  (a file left behind costs its bytes, not the trial-rung)
         log.debug("task run %s: its parameters not deleted (%s)", run_id, exc)
 
 
 def _first_time(job_id: str, sentence: str) -> bool:
     """Whether the job has not said ``sentence`` of its workers yet (it is said now)."""
-    with _OUTAGE_LOCK:
-        first = (job_id, sentence) not in _SAID
-        _SAID.add((job_id, sentence))
+    with _SAID_LOCK:
+        said = _SAID.setdefault(job_id, set())
+        first = sentence not in said
+        said.add(sentence)
+        while len(_SAID) > SAID_JOBS:
+            del _SAID[next(iter(_SAID))]
     return first
 
 

@@ -92,7 +92,7 @@ class Job:
         return f"checkpoints/{trial_id}/r{resource}{registry.get(self.settings.model).checkpoint_suffix}"
 
     def store(self) -> Storage:
-        return _store(self.storage or self.job_dir, self.job_dir)
+        return storage_at(self.storage or self.job_dir, self.job_dir)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (a trial flow run's parameter); ``from_json`` gives the same job back."""
@@ -124,7 +124,8 @@ def _tuple(value: Any) -> Any:
 _stores: dict[tuple[str, str], Storage] = {}
 
 
-def _store(root: str, mirror: str) -> Storage:
+def storage_at(root: str, mirror: str) -> Storage:
+    """The one ``Storage`` of ``root`` with its local mirror ``mirror`` (made on first use)."""
     store = _stores.get((root, mirror))
     if store is None:
         store = _stores[(root, mirror)] = Storage(root, mirror)

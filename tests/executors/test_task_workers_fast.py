@@ -280,8 +280,11 @@ def test_a_task_run_its_worker_took_as_the_api_went_away_is_sent_again_quietly_o
 
 
 def test_what_a_job_says_of_its_workers_is_said_once_per_job_not_per_trial_rung(monkeypatch):
-    monkeypatch.setattr(task_workers, "_SAID", set())
+    monkeypatch.setattr(task_workers, "_SAID", {})
     said = "1 hyperband worker(s) serve other code"
     assert task_workers._first_time("job-a", said) and not task_workers._first_time("job-a", said)
     assert task_workers._first_time("job-b", said)  # another job says it too
+    for n in range(task_workers.SAID_JOBS):  # a long-lived process keeps the latest jobs' sentences only
+        task_workers._first_time(f"job-{n}", said)
+    assert len(task_workers._SAID) == task_workers.SAID_JOBS and "job-a" not in task_workers._SAID
     assert task_workers._first_time("job-a", "no hyperband worker is connected to this Prefect server")
