@@ -44,6 +44,7 @@ def main(args: argparse.Namespace) -> int:
               "(http://host:4200/api)", file=sys.stderr)
         return 2
     from prefect_hyperband.executors import task_workers
+    from prefect_hyperband.tasks import storage
     from prefect_hyperband.trainers import factory
 
     def stop(signum, frame):  # noqa: ARG001  (a signal handler's signature)
@@ -56,13 +57,14 @@ def main(args: argparse.Namespace) -> int:
           f"{args.limit or 'what it is sent'} at once (task key {task_workers.trial_rung.task_key}"
           f"{', parameters from ' + args.storage if args.storage else ''})",
           file=sys.stderr, flush=True)
+    worker: list = []  # the TaskWorker, once made: the runs it took and has not begun are handed back too
     try:
-        served = task_workers.trial_rung.with_options(result_storage=task_workers.parameter_storage(args.storage))
-        _serve(served, args.limit)
+        served = task_workers.trial_rung.with_options(result_storage=storage.parameter_storage(args.storage))
+        _serve(served, args.limit, worker)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (Prefect's task worker handles it, and exits)
         pass
     finally:
-        held = task_workers.hand_back()
+        held = task_workers.hand_back(taken=_taken(worker))
         task_workers._warm.clear()
         trainers.close_all()
     print(f"hyperband: worker stopped; {held} trial-rung(s) it ran handed back to their jobs", file=sys.stderr,
@@ -70,7 +72,17 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(served: object, limit: int) -> None:
+def _taken(worker: list) -> list:
+    """The task runs the worker took from the server and holds, begun or waiting for a slot (``patches.remembering_taken``)."""
+    for _ in range(3):  # its event loop's thread changes the set: a copy that raced it is taken again
+        try:
+            return list(worker[0].taken) if worker else []
+        except RuntimeError:
+            continue
+    return []
+
+
+def _serve(served: object, limit: int, worker: list) -> None:
     """Prefect's ``task_worker.serve`` with ``_slots_worker()`` for its ``TaskWorker``: on an event loop of its own, in
     a thread as ``serve``'s is (so that SIGTERM and Ctrl-C reach this thread, not the worker's), until it stops."""
     import asyncio
@@ -80,7 +92,7 @@ def _serve(served: object, limit: int) -> None:
 
     def run() -> None:
         try:
-            asyncio.run(_aserve(served, limit))
+            asyncio.run(_aserve(served, limit, worker))
         except BaseException as exc:  # noqa: BLE001  (raised again in the calling thread)
             failed.append(exc)
 
@@ -92,7 +104,7 @@ def _serve(served: object, limit: int) -> None:
         raise failed[0]
 
 
-async def _aserve(served: object, limit: int) -> None:
+async def _aserve(served: object, limit: int, made: list) -> None:
     """What ``prefect.task_worker.aserve`` does, with ``_slots_worker()``: a stop (Prefect's ``StopTaskWorker``, a
     cancel, an interrupt, alone or in the exception group its task group raises) ends it quietly."""
     import asyncio
@@ -100,6 +112,7 @@ async def _aserve(served: object, limit: int) -> None:
     from prefect.task_worker import StopTaskWorker
 
     worker = _slots_worker()(served, limit=limit or None)  # (a TaskWorker is made inside its event loop)
+    made.append(worker)
     try:
         await worker.astart()
     except BaseExceptionGroup as group:  # noqa: F821  (a builtin of Python 3.11)
@@ -116,8 +129,9 @@ def _slots_worker() -> type:
     from prefect.task_worker import TaskWorker
 
     from prefect_hyperband.executors.worker_slots import SLOTS_MARK
+    from prefect_hyperband.flows.patches import remembering_taken
 
-    class SlotsWorker(TaskWorker):
+    class SlotsWorker(remembering_taken(TaskWorker)):  # type: ignore[misc]
         @property
         def client_id(self) -> str:
             return f"{super().client_id}{SLOTS_MARK}{self.limit}" if self.limit else super().client_id

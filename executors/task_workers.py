@@ -23,9 +23,8 @@ What Prefect leaves to the caller, done here:
 - **Code.** A served task's key holds a hash of its code: a worker of other code never receives the job's task
   runs. A trial-rung no worker took within the pickup timeout, with no worker of this code, makes the job say in one
   line which task workers the server knows and whether any serves other code.
-
 - **Parameters.** Prefect passes a background task run's parameters through storage: with ``--storage``, the job's
-  storage (``<storage>/task-parameters``, ``parameter_storage``; the workers are started with the same
+  storage (``<storage>/task-parameters``, ``tasks.storage.parameter_storage``; the workers are started with the same
   ``--storage``), else Prefect's task-scheduling storage (a local folder unless
   ``PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK`` names a shared one). A worker that cannot read them deletes the
   task run (Prefect's default): the job says so in one line and runs the trial-rung again.
@@ -47,6 +46,7 @@ from prefect.context import TaskRunContext
 
 from prefect_hyperband.executors import work_pool, worker_slots
 from prefect_hyperband.hyperband.trial import TrialRung
+from prefect_hyperband.tasks import storage
 from prefect_hyperband.tasks.job import Job, storage_at
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
@@ -66,11 +66,10 @@ API_WAIT_AT_LEAST = 60.0
 API_CLIENT_RETRIES = 2
 #: times a trial-rung lost to an outage of the API is sent again before the loop hears of it
 OUTAGE_RESENDS = 2
-#: seconds after the API answers again within which it failing again is the same outage (a restarted server's 503s
-#: while it starts its services): not said again
+#: seconds after the API answers again within which a failure is the same outage (a restarted server's 503s): unsaid
 OUTAGE_QUIET = 60.0
-#: seconds a task run may stay PENDING after an outage it was out in: its worker took it, then could not begin it
-#: without the API (Prefect's task worker logs "Failed to submit task run" and drops it); a worker begins one in ms
+#: seconds a task run may stay PENDING after an outage it was out in (its worker took it, could not begin it without
+#: the API: Prefect's "Failed to submit task run", and dropped it); a worker begins one in milliseconds
 OUTAGE_PENDING = 15.0
 #: when the Prefect API stopped answering this process's trial-rungs (None: it answers) and last answered again
 _OUTAGE: dict[str, float | None] = {"since": None, "back": None}
@@ -124,30 +123,35 @@ def trial_rung(job: dict[str, Any], rung: dict[str, Any], heartbeat_seconds: flo
     return {"host": os.uname().nodename, "pid": os.getpid()}
 
 
-def hand_back(why: str = HANDED_BACK, wait: float = HAND_BACK_WAIT) -> int:
-    """The task runs this worker runs now marked ``Crashed`` (``why``), as it stops: their jobs run those trial-rungs
-    again at once, not a heartbeat timeout later (a late result of theirs is refused: ``_given_up``). Their trainings
-    are asked to stop, and waited for up to ``wait`` seconds (each ends at its next unit). How many."""
+def hand_back(why: str = HANDED_BACK, wait: float = HAND_BACK_WAIT, taken: Any = ()) -> int:
+    """The task runs this worker runs now marked ``Crashed`` (``why``), as it stops, and those it took from the server
+    and had not begun (``taken``: its ``TaskWorker``'s, ``flows.patches.remembering_taken``; the server sends a taken
+    run to no other worker):
+    their jobs run those trial-rungs again at once, not a heartbeat timeout later (a late result is refused:
+    ``_given_up``). Their trainings are asked to stop, and waited for up to ``wait`` seconds (each ends at its next
+    unit). How many."""
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
 
     held = dict(_running)
-    if held:
+    runs = [*held, *({str(run) for run in taken} - set(held))]
+    if runs:
         with get_client(sync_client=True) as client:
-            for run_id, token in held.items():
+            for run_id in runs:
                 try:
                     client.set_task_run_state(UUID(run_id), Crashed(message=why), force=True)
                 except Exception:  # noqa: BLE001  (the server away: the job takes the run for dead by its heartbeat)
                     pass
-                token.request(reason=why)
+                if run_id in held:
+                    held[run_id].request(reason=why)
     ends = time.monotonic() + wait
     while _running and time.monotonic() < ends:
         time.sleep(0.1)
     if held:  # Prefect's engine sends each one's end after our function returns: a second, before the process ends
         time.sleep(min(1.0, wait))
-    return len(held)
+    return len(runs)
 
 
 def _given_up(run_id: str) -> str | None:
@@ -249,7 +253,7 @@ def _send(job: Job, one: TrialRung) -> Any:
     beat_every = min(work_pool.HEARTBEAT_SECONDS, work_pool.heartbeat_timeout() / 4)
     submitted = trial_rung.with_options(task_run_name=f"{one.trial_id} to r={one.resource}",
                                         tags=["hyperband", f"job:{job.job_id}"],
-                                        result_storage=parameter_storage(job.task_storage))
+                                        result_storage=storage.parameter_storage(job.task_storage))
     return contextvars.copy_context().run(_outside_runs, submitted, job=job.to_json(), rung=asdict(one),
                                           heartbeat_seconds=beat_every)
 
@@ -349,22 +353,6 @@ def _answering(call: Callable[[], T]) -> tuple[T, bool]:
                     log.info("the Prefect API answers again, after %.0f s", time.monotonic() - _OUTAGE["since"])
                     _OUTAGE["since"], _OUTAGE["back"] = None, time.monotonic()
         return value, waited
-
-
-def parameter_storage(root: str | None) -> Any:
-    """Where background task runs' parameters travel (Prefect's result storage for ``trial_rung``):
-    ``<root>/task-parameters`` (a local or shared folder, or any fsspec URL); None for Prefect's default."""
-    if not root:
-        return None
-    from pathlib import Path
-
-    from prefect.filesystems import RemoteFileSystem
-
-    from prefect_hyperband.tasks.storage import is_local, join
-
-    if is_local(root):
-        return Path(root.removeprefix("file://")).resolve() / "task-parameters"
-    return RemoteFileSystem(basepath=join(root, "task-parameters"))
 
 
 def _outside_runs(submitted: Any, **parameters: Any) -> Any:

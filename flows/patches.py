@@ -10,6 +10,9 @@ differs from it or an internal a patch relies on changed, and when code outside 
   process the job launched ahead (``flows.process.temporary_server``) instead of starting another.
 - ``api_log_errors_as_warnings``: Prefect's log worker, ``APILogWorker._handle_batch``: a batch its API did not
   take is a warning of the job's, not a line glued to the next on stderr (``app.terminal``).
+- ``remembering_taken``: Prefect's ``TaskWorker._acquire_token``/``_release_token``, in a subclass: the task runs a
+  worker took from the server, begun or still waiting for a slot, known when it stops (``app.worker``: a taken run
+  goes to no other worker, so a stopping one hands them back).
 """
 
 from __future__ import annotations
@@ -90,3 +93,24 @@ def api_log_errors_as_warnings(logger: str) -> None:
 
     _handle_batch.hyperband = True  # type: ignore[attr-defined]
     APILogWorker._handle_batch = _handle_batch  # type: ignore[method-assign]
+
+
+def remembering_taken(task_worker: type) -> type:
+    """A subclass of Prefect's ``TaskWorker`` whose ``taken`` holds the ids of the task runs it took from the server
+    and has not finished: its ``_acquire_token`` (called as a run arrives, before it waits for a free slot) and
+    ``_release_token`` (called as it ends) note them."""
+
+    class Remembering(task_worker):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.taken: set[Any] = set()
+
+        async def _acquire_token(self, task_run_id: Any) -> bool:
+            self.taken.add(task_run_id)
+            return await super()._acquire_token(task_run_id)
+
+        def _release_token(self, task_run_id: Any) -> bool:
+            self.taken.discard(task_run_id)
+            return super()._release_token(task_run_id)
+
+    return Remembering

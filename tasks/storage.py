@@ -292,3 +292,15 @@ def check(url: str) -> None:
     except Exception as exc:  # botocore's and gcsfs' errors have no common base: any failure is the user's setup
         said = " ".join(str(exc).split())  # botocore's messages run over several lines
         raise InputError(f"--storage {url}: cannot write there: {type(exc).__name__}: {said[:300]}") from exc
+
+
+def parameter_storage(root: str | None) -> Any:
+    """Where background task runs' parameters travel (Prefect's result storage for ``trial_rung``):
+    ``<root>/task-parameters`` (a local or shared folder, or any fsspec URL); None for Prefect's default."""
+    if not root:
+        return None
+    from prefect.filesystems import RemoteFileSystem
+
+    if is_local(root):
+        return Path(root.removeprefix("file://")).resolve() / "task-parameters"
+    return RemoteFileSystem(basepath=join(root, "task-parameters"))

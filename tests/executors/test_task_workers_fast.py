@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prefect_hyperband.executors import task_workers, worker_slots
+from prefect_hyperband.tasks import storage
 
 
 class _Client:
@@ -87,10 +88,10 @@ def test_a_worker_without_a_server_or_with_a_bad_limit_is_one_line_exit_2(capsys
 def test_parameters_travel_through_the_jobs_storage_where_one_is_given(tmp_path):
     from prefect.filesystems import RemoteFileSystem
 
-    assert task_workers.parameter_storage(None) is None  # Prefect's task-scheduling storage
-    assert task_workers.parameter_storage(str(tmp_path)) == tmp_path.resolve() / "task-parameters"
-    assert task_workers.parameter_storage(f"file://{tmp_path}") == tmp_path.resolve() / "task-parameters"
-    remote = task_workers.parameter_storage("s3://bucket/jobs/")
+    assert storage.parameter_storage(None) is None  # Prefect's task-scheduling storage
+    assert storage.parameter_storage(str(tmp_path)) == tmp_path.resolve() / "task-parameters"
+    assert storage.parameter_storage(f"file://{tmp_path}") == tmp_path.resolve() / "task-parameters"
+    remote = storage.parameter_storage("s3://bucket/jobs/")
     assert isinstance(remote, RemoteFileSystem) and remote.basepath == "s3://bucket/jobs/task-parameters"
 
 
@@ -223,6 +224,21 @@ def test_a_stopping_worker_marks_what_it_runs_crashed_and_stops_those_trainings(
     assert task_workers.hand_back(wait=0.0) == 1  # still running: a second stop marks it again
     task_workers._running.clear()
     assert task_workers.hand_back(wait=0.0) == 0
+    # one it took from the server and had not begun (PENDING): no other worker gets it, so it is marked too
+    taken = UUID("0a6c2d3e-1111-4f4a-9a49-2f0c1f3a7c12")
+    marked.clear()
+    assert task_workers.hand_back(wait=0.0, taken=[taken]) == 1
+    assert marked == [(taken, "CRASHED", task_workers.HANDED_BACK, True)]
+
+
+def test_a_stopping_worker_knows_the_task_runs_its_prefect_task_worker_took():
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from prefect_hyperband.app.worker import _taken
+
+    run = uuid4()
+    assert _taken([SimpleNamespace(taken={run})]) == [run] and _taken([]) == []
 
 
 def test_a_task_run_its_worker_took_as_the_api_went_away_is_sent_again_quietly_once_the_api_answers(
@@ -288,3 +304,4 @@ def test_what_a_job_says_of_its_workers_is_said_once_per_job_not_per_trial_rung(
         task_workers._first_time(f"job-{n}", said)
     assert len(task_workers._SAID) == task_workers.SAID_JOBS and "job-a" not in task_workers._SAID
     assert task_workers._first_time("job-a", "no hyperband worker is connected to this Prefect server")
+

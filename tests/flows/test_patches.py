@@ -35,6 +35,33 @@ def test_the_internals_the_patches_replace_are_as_they_were_written_for():
     assert "self.server_process = self._run_uvicorn_command()" in inspect.getsource(SubprocessASGIServer.start)
     assert list(inspect.signature(AioSqliteConfiguration.begin_transaction).parameters) == [
         "self", "session", "with_for_update"]
+    from prefect.task_worker import TaskWorker
+
+    # a run is taken (its token asked for) as it arrives, before it waits for a slot; released as it ends
+    assert list(inspect.signature(TaskWorker._acquire_token).parameters) == ["self", "task_run_id"]
+    assert list(inspect.signature(TaskWorker._release_token).parameters) == ["self", "task_run_id"]
+    arrives = inspect.getsource(TaskWorker._subscribe_to_task_scheduling)
+    assert arrives.index("await self._acquire_token(task_run.id)") < arrives.index("start_soon(")
+    assert "self._release_token(task_run.id)" in inspect.getsource(TaskWorker._safe_submit_scheduled_task_run)
+
+
+def test_a_remembering_task_worker_knows_what_it_took_until_it_ends():
+    import asyncio
+
+    from prefect.task_worker import TaskWorker
+
+    from prefect_hyperband.executors import task_workers
+
+    async def run():
+        worker = patches.remembering_taken(TaskWorker)(task_workers.trial_rung, limit=1)
+        assert await worker._acquire_token("run-1") and worker.taken == {"run-1"}
+        waiting = asyncio.ensure_future(worker._acquire_token("run-2"))  # no free slot: it waits, taken all the same
+        await asyncio.sleep(0)
+        assert worker.taken == {"run-1", "run-2"} and not waiting.done()
+        worker._release_token("run-1")
+        assert await waiting and worker.taken == {"run-2"}
+
+    asyncio.run(run())
 
 
 def test_a_replacement_lasts_its_block_and_leaves_what_was_there():
