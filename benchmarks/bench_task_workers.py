@@ -1,11 +1,14 @@
 """What a trial-rung costs on Prefect's task workers (``--task-workers``), beside this process's threads, same run.
 
-Starts a Prefect server (SQLite, loopback) and ``--workers`` ``hyperband worker --limit L`` processes, each in a
+Starts a Prefect server (SQLite, loopback; this project's application with batched writes, as docs/operations.md
+starts one on SQLite) and ``--workers`` ``hyperband worker --limit L`` processes, each in a
 folder of its own, then runs the same ASHA job (synthetic trials, ``--unit-seconds`` a unit, ``--configs`` configs,
 R=9, eta 3) twice: on this process's threads at concurrency workers x L, and with ``--task-workers``. For each it
 prints the job's wall, the training seconds (the trial-rungs' own), the overhead per trial-rung (the slots' time not
-spent training, per trial-rung: (slots x wall - training) / trial-rungs) and the slots' busy fraction. With
-``--pool``, the same job on a process work pool too (``--trial-pool``: a flow run and a process per trial-rung).
+spent training, per trial-rung: (slots x wall - training) / trial-rungs), the slots' busy fraction, and the CPU
+seconds per trial-rung that the Prefect server, the workers and the job's process spent (where a 2-core machine's
+overhead goes: the synthetic trials sleep). With ``--pool``, the same job on a process work pool too (``--trial-pool``:
+a flow run and a process per trial-rung); ``--where task-workers`` runs that job alone.
 
 Run from the repository root::
 
@@ -28,18 +31,51 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
 
+from prefect_hyperband.flows.server import BATCHED_WRITES, OUR_APP  # noqa: E402
+
 BIN = Path(sys.executable).parent
 
 
-def _job(env: dict[str, str], cwd: Path, flags: list[str]) -> dict:
-    out = subprocess.run([str(BIN / "hyperband"), "tune", *flags, "--json"], cwd=cwd, env=env, capture_output=True,
-                         text=True, timeout=7200)
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes and their children spent so far."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            for one in [proc, *proc.children(recursive=True)]:
+                t = one.cpu_times()
+                total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def _job(env: dict[str, str], cwd: Path, flags: list[str], server: int = 0, workers: list[int] = ()) -> dict:
+    import psutil
+
+    before = (_cpu([server]), _cpu(list(workers)))
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen([str(BIN / "hyperband"), "tune", *flags, "--json"], cwd=cwd, env=env, stdout=stdout,
+                                stderr=stderr, text=True)
+        job_cpu = 0.0
+        while proc.poll() is None:  # the job's own CPU, read while it lives (a child's times are gone once reaped)
+            try:
+                job_cpu = _cpu([proc.pid])
+            except psutil.Error:
+                pass
+            time.sleep(0.5)
+        stdout.seek(0)
+        stderr.seek(0)
+        out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout.read(), stderr.read())
     if out.returncode != 0:
         raise SystemExit(f"hyperband tune failed:\n{out.stderr[-3000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
     rows = json.loads((Path(result["job_dir"]) / "state.json").read_text())["rows"]
     result["training"] = sum(r["train_seconds"] for r in rows)
     result["n"] = len(rows)
+    result["cpu"] = (_cpu([server]) - before[0], _cpu(list(workers)) - before[1], job_cpu)
     return result
 
 
@@ -51,6 +87,7 @@ def main() -> None:
     ap.add_argument("--configs", type=int, default=200)
     ap.add_argument("--unit-seconds", type=float, default=2.0)
     ap.add_argument("--pool", action="store_true", help="the same job on a process work pool too (slow)")
+    ap.add_argument("--where", default="threads,task-workers", help="which of threads,task-workers to run")
     args = ap.parse_args()
     slots = args.workers * args.limit
     common.header(f"task workers vs threads: ASHA, synthetic {args.unit_seconds:g} s units, {args.configs} configs, "
@@ -67,9 +104,11 @@ def main() -> None:
              "--concurrency", str(slots)]
     runs = []
     try:
-        procs.append(subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port",
-                                       str(port)], env=env, cwd=tmp, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True))
+        # the server as docs/operations.md starts one for task workers on SQLite: its event consumers' writes batched,
+        # and this project's application (new task runs begun IMMEDIATE: not refused with a 503 and a 2 s retry)
+        procs.append(subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", OUR_APP, "--host", "127.0.0.1",
+                                       "--port", str(port)], env={**env, **BATCHED_WRITES}, cwd=tmp,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
         common.wait_http(f"http://127.0.0.1:{port}/api/health", "prefect server")
         for i in range(args.workers):
             (tmp / f"machine-{i}").mkdir()
@@ -77,10 +116,14 @@ def main() -> None:
                                           cwd=tmp / f"machine-{i}", stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL, start_new_session=True))
         time.sleep(8)  # the workers' imports and subscriptions
-        runs.append(("threads", _job(env, tmp, [*flags, "--job-dir", str(tmp / "threads"),
-                                                "--tracking-uri", f"sqlite:///{tmp}/threads.db"])))
-        runs.append(("task workers", _job(env, tmp, [*flags, "--task-workers", "--job-dir", str(tmp / "workers"),
-                                                     "--tracking-uri", f"sqlite:///{tmp}/workers.db"])))
+        server, workers = procs[0].pid, [p.pid for p in procs[1:]]
+        if "threads" in args.where:
+            runs.append(("threads", _job(env, tmp, [*flags, "--job-dir", str(tmp / "threads"),
+                                                    "--tracking-uri", f"sqlite:///{tmp}/threads.db"], server, workers)))
+        if "task-workers" in args.where:
+            runs.append(("task workers", _job(env, tmp, [*flags, "--task-workers", "--job-dir", str(tmp / "workers"),
+                                                         "--tracking-uri", f"sqlite:///{tmp}/workers.db"], server,
+                                              workers)))
         if args.pool:
             subprocess.run([str(BIN / "prefect"), "work-pool", "create", "bench-pool", "--type", "process"], env=env,
                            check=True, capture_output=True)
@@ -91,20 +134,23 @@ def main() -> None:
                                               start_new_session=True))
             time.sleep(5)
             runs.append(("work pool", _job(env, tmp, [*flags, "--trial-pool", "bench-pool", "--storage",
-                                                      str(tmp / "shared"), "--tracking-uri", f"sqlite:///{tmp}/pool.db"])))
+                                                      str(tmp / "shared"), "--tracking-uri", f"sqlite:///{tmp}/pool.db"],
+                                                 server)))
     finally:
         common.stop_all(procs)
         shutil.rmtree(tmp, ignore_errors=True)
     rows = []
     for name, r in runs:
         wall = r["summary"]["wall_seconds"]
+        cpu = [c / r["n"] for c in r["cpu"]]
         rows.append((name, r["n"], wall, r["training"], (slots * wall - r["training"]) / r["n"],
-                     r["training"] / (slots * wall), (r.get("best") or {}).get("score")))
+                     r["training"] / (slots * wall), *cpu, (r.get("best") or {}).get("score")))
     print(common.table(rows, ["where", "trial-rungs", "wall s", "training s", "overhead s per trial-rung",
-                              "slots busy", "best"]))
+                              "slots busy", "server CPU s/tr", "workers CPU s/tr", "job CPU s/tr", "best"]))
     print(json.dumps({"bench": "task_workers", "slots": slots, "runs": [
-        {"where": n, "trial_rungs": t, "wall": w, "training": tr, "overhead": o, "busy": b, "best": s}
-        for n, t, w, tr, o, b, s in rows]}))
+        {"where": n, "trial_rungs": t, "wall": w, "training": tr, "overhead": o, "busy": b, "cpu_server": cs,
+         "cpu_workers": cw, "cpu_job": cj, "best": s}
+        for n, t, w, tr, o, b, cs, cw, cj, s in rows]}))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ What Prefect leaves to the caller, done here:
   heartbeat. The trial-rung beats in the job's storage (``work_pool.heartbeat``); a RUNNING one whose beat stops
   for ``HYPERBAND_HEARTBEAT_TIMEOUT`` seconds is marked Crashed and run again by the loop (a new task run; a late
   one sees its mark and leaves no result), as a work pool's flow run.
-- **No cache.** The task has no cache policy and persists no result: a trial-rung submitted again runs again.
+- **No cache.** The task's cache key is none (``_NoCache``): a trial-rung submitted again runs again.
 - **Taken, never begun.** A task run a worker took and died before beginning stays SCHEDULED or PENDING: one still
   SCHEDULED after ``HYPERBAND_TASK_PICKUP_TIMEOUT`` seconds (120) while workers serve the job's code is cancelled and
   sent again; one PENDING for twice the heartbeat timeout is taken for dead.
@@ -23,6 +23,9 @@ What Prefect leaves to the caller, done here:
 - **Code.** A served task's key holds a hash of its code: a worker of other code never receives the job's task
   runs. A trial-rung no worker took within the pickup timeout, with no worker of this code, makes the job say in one
   line which task workers the server knows and whether any serves other code.
+- **In the UI.** Each task run is made in the job's flow run, in its rung's group subflow run as a local
+  trial-rung's tasks are (``_outside_runs``), named ``<trial> to r=<units>-<key>``; the worker that takes it says which
+  machine and process it is in its first log line there.
 - **Parameters.** Prefect passes a background task run's parameters through storage: with ``--storage``, the job's
   storage (``<storage>/task-parameters``, ``tasks.storage.parameter_storage``; the workers are started with the same
   ``--storage``), else Prefect's task-scheduling storage (a local folder unless
@@ -40,8 +43,8 @@ import time
 from dataclasses import asdict
 from typing import Any, Callable, TypeVar
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
+from prefect import get_run_logger, task
+from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 
 from prefect_hyperband.executors import work_pool, worker_slots
@@ -98,12 +101,21 @@ HAND_BACK_WAIT = 15.0
 HANDED_BACK = "its hyperband worker stopped: the job runs it again"
 
 
-@task(name=TASK_NAME, cache_policy=NO_CACHE, persist_result=False, log_prints=False)
+class _NoCache(CachePolicy):
+    """No cache key, as ``NO_CACHE``, but kept by Prefect's task worker: it gives a task of ``NO_CACHE`` its ``DEFAULT``
+    policy, whose key (inputs, flow run) served a trial-rung sent again in one flow run from the cache, untrained."""
+
+    def compute_key(self, task_ctx: Any, inputs: Any, flow_parameters: Any, **kwargs: Any) -> None:
+        return None
+
+
+@task(name=TASK_NAME, cache_policy=_NoCache(), log_prints=False)  # persisted: Prefect's task worker says so
 def trial_rung(job: dict[str, Any], rung: dict[str, Any], heartbeat_seconds: float) -> dict[str, Any]:
     """Train one trial-rung (resuming its checkpoint) and evaluate it, in a task worker; its result goes to the
     job's storage, ``results/<task run id>.json``."""
     spec, one = work_pool.on_this_machine(job, rung)
     run_id = str(TaskRunContext.get().task_run.id)  # type: ignore[union-attr]
+    get_run_logger().info("on %s, process %d", os.uname().nodename, os.getpid())  # in the UI: which worker runs it
     trainers = _warm[0] if _warm else None
     try:
         with factory.scope(trainers, close=trainers is None), stopping.bind(stopping.StopToken()) as token:
@@ -126,10 +138,9 @@ def trial_rung(job: dict[str, Any], rung: dict[str, Any], heartbeat_seconds: flo
 def hand_back(why: str = HANDED_BACK, wait: float = HAND_BACK_WAIT, taken: Any = ()) -> int:
     """The task runs this worker runs now marked ``Crashed`` (``why``), as it stops, and those it took from the server
     and had not begun (``taken``: its ``TaskWorker``'s, ``flows.patches.remembering_taken``; the server sends a taken
-    run to no other worker):
-    their jobs run those trial-rungs again at once, not a heartbeat timeout later (a late result is refused:
-    ``_given_up``). Their trainings are asked to stop, and waited for up to ``wait`` seconds (each ends at its next
-    unit). How many."""
+    run to no other worker). Their jobs run those trial-rungs again at once, not a heartbeat timeout later (a late
+    result is refused: ``_given_up``). Their trainings are asked to stop, and waited for up to ``wait`` seconds (each
+    ends at its next unit). How many."""
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
@@ -251,7 +262,9 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
 def _send(job: Job, one: TrialRung) -> Any:
     """The trial-rung as a background task run of ``trial_rung`` (its future), its parameters in the job's storage."""
     beat_every = min(work_pool.HEARTBEAT_SECONDS, work_pool.heartbeat_timeout() / 4)
-    submitted = trial_rung.with_options(task_run_name=f"{one.trial_id} to r={one.resource}",
+    # named for the trial-rung: Prefect names a task run made in a flow run "<task's name>-<key>" (the name is not
+    # the task's key: the workers still take it)
+    submitted = trial_rung.with_options(name=f"{one.trial_id} to r={one.resource}",
                                         tags=["hyperband", f"job:{job.job_id}"],
                                         result_storage=storage.parameter_storage(job.task_storage))
     return contextvars.copy_context().run(_outside_runs, submitted, job=job.to_json(), rung=asdict(one),
@@ -356,15 +369,22 @@ def _answering(call: Callable[[], T]) -> tuple[T, bool]:
 
 
 def _outside_runs(submitted: Any, **parameters: Any) -> Any:
-    """``submitted.delay(**parameters)`` with no flow or task run in its context: Prefect pickles the caller's run
-    context with a background task's parameters, and the job's (its bracket's subflow run, whose parameters hold the
-    scheduler's callbacks) does not pickle. The settings and tags stay (the caller's context is a copy)."""
+    """``submitted.delay(**parameters)`` as a task run of the caller's flow run (the trial-rung's group subflow run,
+    where the Prefect UI shows it), with no run in the context Prefect pickles with the parameters (the subflow run's
+    hold the scheduler's callbacks: no pickle): ``Task.apply_async``'s steps, the flow run (detached: a key of its
+    own) given to ``create_run``. The settings and tags stay (the caller's context is a copy)."""
     from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.futures import PrefectDistributedFuture
     from prefect.settings import PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
+    from prefect.utilities.asyncutils import run_coro_as_sync
+    from prefect.utilities.engine import emit_task_run_state_change_event
 
+    flow_run = FlowRunContext.get()
+    flow_run = flow_run.model_copy(update={"detached": True}) if flow_run is not None else None
     FlowRunContext.__var__.set(None)
     TaskRunContext.__var__.set(None)
-    # the worker runs the task run in the settings sent with it, these: a background task run has no flow run, and
-    # Prefect warned at each of its log lines in the worker that it could not send them to the API (they stay there)
+    # sent with it, for the worker: its train and evaluate task runs have no flow run there (else a warning a line)
     with temporary_settings(updates={PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore"}):
-        return submitted.delay(**parameters)
+        run = run_coro_as_sync(submitted.create_run(parameters=parameters, deferred=True, flow_run_context=flow_run))
+    emit_task_run_state_change_event(task_run=run, initial_state=None, validated_state=run.state)
+    return PrefectDistributedFuture(task_run_id=run.id)

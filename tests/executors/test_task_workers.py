@@ -98,9 +98,10 @@ def test_two_workers_train_the_job_as_its_threads_do_and_a_killed_one_s_trial_ru
     with workers(tmp_path, 2) as (first, second):
         on_workers = tune(TuneParams(**common, job_id="workers", unit_seconds=0.0, task_workers=True))
         assert _rows(on_workers) == _rows(here) and len(_rows(here)) == 22
-        took = [(tmp_path / f"machine-{i}" / "worker.log").read_text().count("hyperband-trial-rung' - Finished")
-                for i in range(2)]
+        took = [len(re.findall(r" to r=\d+-[-0-9a-f]+' - Finished in state Completed",
+                               (tmp_path / f"machine-{i}" / "worker.log").read_text())) for i in range(2)]
         assert sum(took) == 22 and min(took) > 0, took  # both workers took trial-rungs
+        _in_the_jobs_flow_run("workers", 22)
 
         monkeypatch.setenv("HYPERBAND_HEARTBEAT_TIMEOUT", "4")
         monkeypatch.setenv("HYPERBAND_TASK_PICKUP_TIMEOUT", "10")  # what the killed worker took and never began
@@ -110,6 +111,26 @@ def test_two_workers_train_the_job_as_its_threads_do_and_a_killed_one_s_trial_ru
     assert first.poll() is not None and second.poll() is not None
     assert killer.signalled, "the first worker never trained a trial-rung of the job"
     assert _rows(killed) == _rows(here)  # each trial-rung once, the same scores
+
+
+def _in_the_jobs_flow_run(job_id: str, n: int) -> None:
+    """The job's ``n`` task runs on workers are in its flow run's rung subflow runs, named for their trial-rungs, with
+    the line of the worker that ran each (sent to the API in batches: waited for a while)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId, TaskRunFilter, TaskRunFilterTags
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(tags=TaskRunFilterTags(all_=[f"job:{job_id}"])))
+        groups = {run.flow_run_id for run in runs}
+        parents = {client.read_flow_run(group).parent_task_run_id for group in groups if group}
+        assert len(runs) == n and None not in groups and None not in parents, [(r.name, r.flow_run_id) for r in runs]
+        assert all(re.fullmatch(r".+ to r=\d+-[-0-9a-f]+", run.name) for run in runs), [run.name for run in runs]
+        deadline, told = time.monotonic() + 30, set()
+        while told != {r.id for r in runs} and time.monotonic() < deadline:
+            time.sleep(1)
+            said = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[r.id for r in runs])))
+            told = {log.task_run_id for log in said if re.fullmatch(r"on .+, process \d+", log.message)}
+    assert told == {r.id for r in runs}, f"{len(told)} of {n} task runs say which worker ran them"
 
 
 OTHER_CODE = '''

@@ -305,3 +305,21 @@ def test_what_a_job_says_of_its_workers_is_said_once_per_job_not_per_trial_rung(
     assert len(task_workers._SAID) == task_workers.SAID_JOBS and "job-a" not in task_workers._SAID
     assert task_workers._first_time("job-a", "no hyperband worker is connected to this Prefect server")
 
+
+
+def test_a_trial_rung_sent_again_has_no_cache_key_on_a_worker_and_keeps_its_name_and_task_key():
+    """Prefect's task worker gives a task of ``NO_CACHE`` its ``DEFAULT`` policy (keyed on the inputs and the flow
+    run: a trial-rung sent again in one flow run came back from the cache, untrained); ours it keeps, and its key is
+    none. A trial-rung's task run is named for it, and the name does not change the task's key (what workers serve)."""
+    import asyncio
+
+    from prefect.task_worker import TaskWorker
+
+    async def served():
+        return TaskWorker(task_workers.trial_rung).tasks[0]
+
+    task = asyncio.run(served())
+    assert isinstance(task.cache_policy, task_workers._NoCache)
+    assert task.cache_policy.compute_key(None, {"job": {}, "rung": {}}, {}) is None
+    named = task_workers.trial_rung.with_options(name="s2-0001 to r=3")
+    assert named.name == "s2-0001 to r=3" and named.task_key == task_workers.trial_rung.task_key
