@@ -64,7 +64,11 @@ def main(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (Prefect's task worker handles it, and exits)
         pass
     finally:
+        if worker:  # it begins no run it is sent from now on: those are handed back with the rest
+            worker[0].closed = True
         held = task_workers.hand_back(taken=_taken(worker))
+        late = set(_taken(worker)) - set(task_workers._running)  # sent while the first ones ended: not begun
+        held += task_workers.hand_back(taken=late, wait=0) if late else 0
         task_workers._warm.clear()
         trainers.close_all()
     print(f"hyperband: worker stopped; {held} trial-rung(s) it ran handed back to their jobs", file=sys.stderr,
@@ -73,7 +77,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _taken(worker: list) -> list:
-    """The task runs the worker took from the server and holds, begun or waiting for a slot (``patches.remembering_taken``)."""
+    """The task runs the worker took from the server and holds, begun or waiting for a slot
+    (``patches.remembering_taken``)."""
     for _ in range(3):  # its event loop's thread changes the set: a copy that raced it is taken again
         try:
             return list(worker[0].taken) if worker else []

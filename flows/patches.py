@@ -98,15 +98,19 @@ def api_log_errors_as_warnings(logger: str) -> None:
 def remembering_taken(task_worker: type) -> type:
     """A subclass of Prefect's ``TaskWorker`` whose ``taken`` holds the ids of the task runs it took from the server
     and has not finished: its ``_acquire_token`` (called as a run arrives, before it waits for a free slot) and
-    ``_release_token`` (called as it ends) note them."""
+    ``_release_token`` (called as it ends) note them. Once ``closed`` (the worker stopping), a run that arrives is
+    noted and not begun (``_acquire_token`` False: Prefect's loop then leaves it), for the worker to hand back."""
 
     class Remembering(task_worker):  # type: ignore[misc,valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.taken: set[Any] = set()
+            self.closed = False
 
         async def _acquire_token(self, task_run_id: Any) -> bool:
             self.taken.add(task_run_id)
+            if self.closed:
+                return False
             return await super()._acquire_token(task_run_id)
 
         def _release_token(self, task_run_id: Any) -> bool:

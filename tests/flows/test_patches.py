@@ -42,6 +42,7 @@ def test_the_internals_the_patches_replace_are_as_they_were_written_for():
     assert list(inspect.signature(TaskWorker._release_token).parameters) == ["self", "task_run_id"]
     arrives = inspect.getsource(TaskWorker._subscribe_to_task_scheduling)
     assert arrives.index("await self._acquire_token(task_run.id)") < arrives.index("start_soon(")
+    assert "if token_acquired:" in arrives  # a run without a token is not begun (a closed worker's)
     assert "self._release_token(task_run.id)" in inspect.getsource(TaskWorker._safe_submit_scheduled_task_run)
 
 
@@ -60,6 +61,10 @@ def test_a_remembering_task_worker_knows_what_it_took_until_it_ends():
         assert worker.taken == {"run-1", "run-2"} and not waiting.done()
         worker._release_token("run-1")
         assert await waiting and worker.taken == {"run-2"}
+        worker.closed = True  # stopping: a run sent now is noted and not begun (no token: Prefect's loop leaves it)
+        worker._release_token("run-2")
+        assert not await worker._acquire_token("run-3") and worker.taken == {"run-3"}
+        assert worker.available_tasks == 1
 
     asyncio.run(run())
 
