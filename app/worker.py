@@ -67,11 +67,10 @@ def main(args: argparse.Namespace) -> int:
         if worker:  # it begins no run it is sent from now on: those are handed back with the rest
             worker[0].closed = True
         held = task_workers.hand_back(taken=_taken(worker))
-        late = set(_taken(worker)) - set(task_workers._running)  # sent while the first ones ended: not begun
-        held += task_workers.hand_back(taken=late, wait=0) if late else 0
+        held += task_workers.hand_back(taken=_taken(worker), wait=0, besides=held)  # taken while those ended
         task_workers._warm.clear()
         trainers.close_all()
-    print(f"hyperband: worker stopped; {held} trial-rung(s) it ran handed back to their jobs", file=sys.stderr,
+    print(f"hyperband: worker stopped; {len(held)} trial-rung(s) it ran handed back to their jobs", file=sys.stderr,
           flush=True)
     return 0
 

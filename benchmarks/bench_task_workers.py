@@ -43,28 +43,27 @@ def _cpu(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
         try:
-            proc = psutil.Process(pid)
-            for one in [proc, *proc.children(recursive=True)]:
+            tree = [psutil.Process(pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.Error:  # gone, or its children changed while read
+            continue
+        for one in tree:
+            try:
                 t = one.cpu_times()
-                total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
+            except psutil.Error:  # a child that ended while read: the others still count
+                continue
+            total += t.user + t.system
     return total
 
 
 def _job(env: dict[str, str], cwd: Path, flags: list[str], server: int = 0, workers: list[int] = ()) -> dict:
-    import psutil
-
     before = (_cpu([server]), _cpu(list(workers)))
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         proc = subprocess.Popen([str(BIN / "hyperband"), "tune", *flags, "--json"], cwd=cwd, env=env, stdout=stdout,
                                 stderr=stderr, text=True)
         job_cpu = 0.0
         while proc.poll() is None:  # the job's own CPU, read while it lives (a child's times are gone once reaped)
-            try:
-                job_cpu = _cpu([proc.pid])
-            except psutil.Error:
-                pass
+            job_cpu = max(job_cpu, _cpu([proc.pid]))
             time.sleep(0.5)
         stdout.seek(0)
         stderr.seek(0)

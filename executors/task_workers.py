@@ -135,19 +135,19 @@ def trial_rung(job: dict[str, Any], rung: dict[str, Any], heartbeat_seconds: flo
     return {"host": os.uname().nodename, "pid": os.getpid()}
 
 
-def hand_back(why: str = HANDED_BACK, wait: float = HAND_BACK_WAIT, taken: Any = ()) -> int:
+def hand_back(why: str = HANDED_BACK, wait: float = HAND_BACK_WAIT, taken: Any = (), besides: Any = ()) -> list[str]:
     """The task runs this worker runs now marked ``Crashed`` (``why``), as it stops, and those it took from the server
     and had not begun (``taken``: its ``TaskWorker``'s, ``flows.patches.remembering_taken``; the server sends a taken
     run to no other worker). Their jobs run those trial-rungs again at once, not a heartbeat timeout later (a late
     result is refused: ``_given_up``). Their trainings are asked to stop, and waited for up to ``wait`` seconds (each
-    ends at its next unit). How many."""
+    ends at its next unit). The runs handed back, leaving out those in ``besides`` (handed back already)."""
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
 
     held = dict(_running)
-    runs = [*held, *({str(run) for run in taken} - set(held))]
+    runs = [run for run in [*held, *({str(run) for run in taken} - set(held))] if run not in set(besides)]
     if runs:
         with get_client(sync_client=True) as client:
             for run_id in runs:
@@ -162,7 +162,7 @@ def hand_back(why: str = HANDED_BACK, wait: float = HAND_BACK_WAIT, taken: Any =
         time.sleep(0.1)
     if held:  # Prefect's engine sends each one's end after our function returns: a second, before the process ends
         time.sleep(min(1.0, wait))
-    return len(runs)
+    return runs
 
 
 def _given_up(run_id: str) -> str | None:

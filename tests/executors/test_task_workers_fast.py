@@ -219,16 +219,22 @@ def test_a_stopping_worker_marks_what_it_runs_crashed_and_stops_those_trainings(
     monkeypatch.setattr(orchestration, "get_client", lambda sync_client: Client())
     token, run_id = stopping.StopToken(), "6f3c1b1e-52f5-4f4a-9a49-2f0c1f3a7c11"
     monkeypatch.setitem(task_workers._running, run_id, token)
-    assert task_workers.hand_back(wait=0.0) == 1
+    assert task_workers.hand_back(wait=0.0) == [run_id]
     assert marked == [(UUID(run_id), "CRASHED", task_workers.HANDED_BACK, True)] and token.requested()
-    assert task_workers.hand_back(wait=0.0) == 1  # still running: a second stop marks it again
+    assert task_workers.hand_back(wait=0.0) == [run_id]  # still running: a second stop marks it again
     task_workers._running.clear()
-    assert task_workers.hand_back(wait=0.0) == 0
+    assert task_workers.hand_back(wait=0.0) == []
     # one it took from the server and had not begun (PENDING): no other worker gets it, so it is marked too
     taken = UUID("0a6c2d3e-1111-4f4a-9a49-2f0c1f3a7c12")
     marked.clear()
-    assert task_workers.hand_back(wait=0.0, taken=[taken]) == 1
+    assert task_workers.hand_back(wait=0.0, taken=[taken]) == [str(taken)]
     assert marked == [(taken, "CRASHED", task_workers.HANDED_BACK, True)]
+    # the stop's second pass, for runs taken while the first waited: those of the first are not marked again
+    marked.clear()
+    monkeypatch.setitem(task_workers._running, run_id, token)
+    late = UUID("0a6c2d3e-2222-4f4a-9a49-2f0c1f3a7c13")
+    assert task_workers.hand_back(wait=0.0, taken=[taken, late], besides=[run_id, str(taken)]) == [str(late)]
+    assert marked == [(late, "CRASHED", task_workers.HANDED_BACK, True)]
 
 
 def test_a_stopping_worker_knows_the_task_runs_its_prefect_task_worker_took():
@@ -304,7 +310,6 @@ def test_what_a_job_says_of_its_workers_is_said_once_per_job_not_per_trial_rung(
         task_workers._first_time(f"job-{n}", said)
     assert len(task_workers._SAID) == task_workers.SAID_JOBS and "job-a" not in task_workers._SAID
     assert task_workers._first_time("job-a", "no hyperband worker is connected to this Prefect server")
-
 
 
 def test_a_trial_rung_sent_again_has_no_cache_key_on_a_worker_and_keeps_its_name_and_task_key():
