@@ -8,8 +8,10 @@ stop token. No Prefect and no MLflow here: ``flows.driver`` wires the real ones,
 One trial-rung's path: ``_fill`` takes it from ``scheduler.next_trial_rung()`` (unless the job's goal is met:
 ``hyperband.criteria.Goal``), writes the call in the journal (``hyperband.journal.Journal``) and submits it; once
 trained, ``_trained`` hands it to the tracker; once recorded, ``_settle`` reports it to the scheduler (and the
-journal, and the goal), adds its row and passes the decisions on; the state is saved after every pass that settled a
-result (the driver's ``save`` appends the journal's calls as one record: ``flows.state.StateWriter``).
+journal, and the goal) and adds its row; the state is saved after every pass that settled a result (the driver's
+``save`` appends the journal's calls as one record: ``flows.state.StateWriter``), and only then are the pass's results
+and decisions told (``Events``: the log lines, the display, the rungs' promote tasks), before the next trial-rungs
+are handed out.
 """
 
 from __future__ import annotations
@@ -188,6 +190,7 @@ class Loop:
     retry: list[TrialRung] = field(default_factory=list, init=False)
     attempts: Counter = field(default_factory=Counter, init=False)
     to_close: list[str] = field(default_factory=list, init=False)
+    told: list[tuple[Outcome, list[Decision]]] = field(default_factory=list, init=False)  # settled, not yet told
     stop_began: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -210,9 +213,10 @@ class Loop:
                 self._give_up_overdue()
                 for future in [f for f in self.flights if f in done]:  # in the order submitted
                     self._done(future)
-                self._fill()  # the next trial-rungs train while the state is saved and runs are closed
-                if len(self.rows) > settled:
+                if len(self.rows) > settled:  # saved, then told: no line or UI shows a result the state lacks
                     self.save(self.rows, self.elapsed(), self.lost)
+                self._tell()
+                self._fill()  # after the rungs' promote tasks: a promoted trial's next training follows its promotion
                 self._close()
             if self.stop_began is not None:
                 raise JobStopped(self.stop.signum, sum(not f.recording for f in self.flights.values()),
@@ -346,8 +350,14 @@ class Loop:
         if self.goal is not None:
             self.goal.see(t, r, out.score)
         self.rows.append(asdict(out.row()))
-        self.events.settled(out, decisions)
+        self.told.append((out, decisions))
         self.to_close += ended(decisions)
+
+    def _tell(self) -> None:
+        """The watchers learn the results of the pass, once they are in the saved state."""
+        told, self.told = self.told, []
+        for out, decisions in told:
+            self.events.settled(out, decisions)
 
     def _close(self) -> None:
         if self.to_close:

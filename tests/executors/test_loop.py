@@ -181,6 +181,34 @@ def test_a_synchronous_job_runs_every_trial_rung_once_with_at_most_concurrency_i
     assert drive.elapsed == sim.t and drive.lost == 0.0
 
 
+def test_results_are_told_only_once_saved_and_before_the_next_trial_rungs_are_handed_out():
+    sim, sched, happened = Sim(), hyperband(), []
+    sim.on_submit = lambda trial_rung: happened.append(("submitted", trial_rung.trial_id, trial_rung.resource))
+
+    class Told(Watch):
+        def settled(self, out, decisions):
+            happened.append(("told", out.trial_rung.trial_id, out.trial_rung.resource,
+                             [d.trial_id for d in decisions if d.kind == "promoted"]))
+
+    def save(rows, elapsed, lost, final=False):
+        happened.append(("saved", {(r["trial_id"], r["resource"]) for r in rows}))
+
+    Loop(sched, sim, Tracker(), sim, Stop(), Told(), save, concurrency=3).run()
+    saved: set = set()
+    told = promotions = 0
+    for i, event in enumerate(happened):
+        if event[0] == "saved":
+            saved = event[1]
+        elif event[0] == "told":
+            told += 1
+            assert (event[1], event[2]) in saved, f"{event} told before it was saved"
+            for trial_id in event[3]:  # a promotion is told before the promoted trial's next trial-rung goes out
+                assert not [e for e in happened[:i] if e[0] == "submitted" and e[1] == trial_id and e[2] > event[2]]
+                assert [e for e in happened[i:] if e[0] == "submitted" and e[1] == trial_id and e[2] > event[2]]
+                promotions += 1
+    assert told == 22 and promotions == 5
+
+
 def test_asha_keeps_every_slot_busy_until_max_trials():
     sched = AshaScheduler(AshaState.create(1, 9, 3, "min"), RandomSampler(SPACE, 1), max_trials=20)
     sim = Sim()
