@@ -176,6 +176,25 @@ def _stopped(record) -> bool:
     return type(exc).__name__ == "Stopped" or "encountered an exception Stopped:" in record.getMessage()
 
 
+class _StopsFilter:
+    """A worker's terminal (``hyperband worker``): a training its stop ended (``Stopped``) is no error, so Prefect's
+    error line and traceback for it are left out there (the Prefect UI keeps them; the worker's last line says what it
+    handed back). Its other lines stay: the worker's terminal is where its machine's trainings show."""
+
+    def filter(self, record) -> bool:
+        return not (record.name.startswith("prefect.task_runs") and _stopped(record))
+
+
+def quiet_stops() -> None:
+    """``_StopsFilter`` on the console handlers Prefect's logging set up."""
+    from prefect.logging.configuration import setup_logging
+
+    setup_logging()  # idempotent: Prefect's handlers exist before the filter goes on them
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.addFilter(_StopsFilter())
+
+
 #: the logger of the job's line for log lines Prefect's API did not take (``flows.patches.api_log_errors_as_warnings``)
 API_LOGS = "prefect_hyperband.api_logs"
 

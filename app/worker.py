@@ -43,6 +43,7 @@ def main(args: argparse.Namespace) -> int:
         print("hyperband: error: a worker serves the Prefect server its jobs use: set PREFECT_API_URL "
               "(http://host:4200/api)", file=sys.stderr)
         return 2
+    from prefect_hyperband.app import terminal
     from prefect_hyperband.executors import task_workers
     from prefect_hyperband.tasks import storage
     from prefect_hyperband.trainers import factory
@@ -51,6 +52,7 @@ def main(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    terminal.quiet_stops()  # the trainings its stop ends: no error tracebacks
     trainers = factory.Trainers()
     task_workers._warm.append(trainers)
     print(f"hyperband: worker serving {task_workers.TASK_NAME} on {PREFECT_API_URL.value()}, "

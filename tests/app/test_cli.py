@@ -402,6 +402,31 @@ def test_a_failed_trial_rung_is_the_jobs_one_line_on_the_terminal_not_prefects_t
     assert terminal.filter(said)  # a train task's own warning is the user's to see
 
 
+def test_a_workers_terminal_leaves_out_the_tracebacks_of_trainings_its_stop_ended_and_keeps_other_errors():
+    """``hyperband worker`` stopped (SIGTERM) mid-training: each training ends with ``Stopped``, which Prefect logs as
+    a task run's error with its traceback, then a "Finished in state Failed(...Stopped...)" line: neither is an error.
+    A trainer's own failure still shows."""
+    import logging
+
+    from prefect_hyperband.app.terminal import _StopsFilter
+    from prefect_hyperband.trainers.stopping import Stopped
+
+    def record(message, exc, name="prefect.task_runs"):
+        try:
+            raise exc
+        except Exception:
+            return logging.LogRecord(name, logging.ERROR, "", 0, message, (), sys.exc_info())
+
+    stops = _StopsFilter()
+    assert not stops.filter(record("Task run failed with exception: Stopped('the job is stopping')",
+                                   Stopped("the job is stopping")))
+    finished = logging.LogRecord("prefect.task_runs", logging.ERROR, "", 0, "Finished in state Failed('Task run "
+                                 "encountered an exception Stopped: the job is stopping')", (), None)
+    assert not stops.filter(finished)
+    assert stops.filter(record("Task run failed with exception: ValueError('bad')", ValueError("bad")))
+    assert stops.filter(record("Stopped the server", Stopped("x"), name="prefect.server"))
+
+
 def test_the_writer_started_ahead_is_of_the_kind_the_job_resolves(monkeypatch):
     """The CLI decides before the flow whether to start the job's MLflow writer process ahead: with the slots the job
     will have, given or from the cores (a 64-core machine's default job writes from a process), and, on a work pool

@@ -320,6 +320,7 @@ def test_a_worker_stopped_with_sigterm_hands_its_trial_rungs_back_and_the_job_ru
     assert stopper.signalled, "the first worker never trained a trial-rung of the job"
     said = (tmp_path / "machine-0" / "worker.log").read_text()
     assert re.search(r"worker stopped; [1-9]\d* trial-rung\(s\) it ran handed back", said), said[-2000:]
+    assert "Stopped" not in said, said[-3000:]  # the trainings its stop ended: no error lines, no tracebacks
     assert any("its hyperband worker stopped" in line for line in lines), lines
     assert _rows(stopped) == _rows(here)
     for i in range(2):
