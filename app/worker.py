@@ -14,6 +14,10 @@ import signal
 import sys
 
 
+#: seconds a stopping worker waits for its subscription to end (its socket closed) before it hands back what it took
+CLOSE_WAIT = 5.0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     worker = sub.add_parser("worker", help="serve the trial-rungs of --task-workers jobs (a Prefect task worker)")
     worker.add_argument("--limit", type=int, default=0, help="at most this many trial-rungs at once here (default 0: "
@@ -66,10 +70,10 @@ def main(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (Prefect's task worker handles it, and exits)
         pass
     finally:
-        if worker:  # it begins no run it is sent from now on: those are handed back with the rest
-            worker[0].closed = True
+        if worker:  # it begins no run from now on, and none reaches it once its subscription is closed
+            worker[0].close_subscription(timeout=CLOSE_WAIT)
         held = task_workers.hand_back(taken=_taken(worker))
-        held += task_workers.hand_back(taken=_taken(worker), wait=0, besides=held)  # taken while those ended
+        held += task_workers.hand_back(taken=_taken(worker), wait=0, besides=held)  # (had the close not ended it)
         task_workers._warm.clear()
         trainers.close_all()
     print(f"hyperband: worker stopped; {len(held)} trial-rung(s) it ran handed back to their jobs", file=sys.stderr,

@@ -146,8 +146,8 @@ def hand_back(why: str = HANDED_BACK, wait: float = HAND_BACK_WAIT, taken: Any =
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
 
-    held = dict(_running)
-    runs = [run for run in [*held, *({str(run) for run in taken} - set(held))] if run not in set(besides)]
+    held, skip = dict(_running), {str(run) for run in besides}
+    runs = [run for run in [*held, *({str(run) for run in taken} - set(held))] if run not in skip]
     if runs:
         with get_client(sync_client=True) as client:
             for run_id in runs:

@@ -12,13 +12,17 @@ differs from it or an internal a patch relies on changed, and when code outside 
   take is a warning of the job's, not a line glued to the next on stderr (``app.terminal``).
 - ``remembering_taken``: Prefect's ``TaskWorker._acquire_token``/``_release_token``, in a subclass: the task runs a
   worker took from the server, begun or still waiting for a slot, known when it stops (``app.worker``: a taken run
-  goes to no other worker, so a stopping one hands them back).
+  goes to no other worker, so a stopping one hands them back); and its ``_subscribe_to_task_scheduling`` with
+  ``prefect.task_worker.Subscription`` a subclass of ours: a stopping worker closes its subscription before it hands
+  back, so that no run reaches it after (one did in the milliseconds after the last hand-back, and its job waited
+  Prefect's pickup timeout, 120 s).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from typing import Any, Callable, Iterator
 
 #: the versions these patches were written and tested for
@@ -106,6 +110,35 @@ def remembering_taken(task_worker: type) -> type:
             super().__init__(*args, **kwargs)
             self.taken: set[Any] = set()
             self.closed = False
+            self.subscription: Any = None  # (its Subscription, on its event loop ``loop``)
+            self.loop: Any = None
+            self.ended = threading.Event()  # its subscription is over: no run arrives any more
+
+        async def _subscribe_to_task_scheduling(self) -> None:
+            import asyncio
+
+            import prefect.task_worker
+
+            self.loop = asyncio.get_running_loop()
+            try:
+                with _replaced(prefect.task_worker, "Subscription", _ending(prefect.task_worker.Subscription, self)):
+                    await super()._subscribe_to_task_scheduling()
+            finally:
+                self.ended.set()
+            if self.closed:  # ended by the stop: the worker stays as it was (its runs end, its slots, its engine)
+                await asyncio.Event().wait()  # until its process ends: no teardown under what it hands back
+
+        def close_subscription(self, timeout: float) -> bool:
+            """Closed, and its subscription's socket closed (from another thread): a run the server sent and this
+            worker had not acknowledged goes back to the server's queue, for another worker; one it acknowledged is
+            in ``taken`` (noted with no await between). True once no run can arrive any more (within ``timeout``)."""
+            import asyncio
+
+            self.closed = True
+            socket = getattr(self.subscription, "_websocket", None)
+            if socket is not None and self.loop is not None and not self.loop.is_closed():
+                asyncio.run_coroutine_threadsafe(socket.close(), self.loop)
+            return self.ended.wait(timeout)
 
         async def _acquire_token(self, task_run_id: Any) -> bool:
             self.taken.add(task_run_id)
@@ -118,3 +151,35 @@ def remembering_taken(task_worker: type) -> type:
             return super()._release_token(task_run_id)
 
     return Remembering
+
+
+class _Closed(Exception):
+    """A closed worker's subscription does not connect again."""
+
+
+def _ending(subscription: type, worker: Any) -> type:
+    """Prefect's ``Subscription`` (``prefect.client.subscriptions``), kept on ``worker`` and ended once it is closed:
+    its socket closed under it, or a reconnection it would make, ends the iteration."""
+    import websockets
+
+    class Ending(subscription):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            worker.subscription = self
+
+        async def _ensure_connected(self) -> None:
+            if worker.closed and self._websocket is None:
+                raise _Closed
+            await super()._ensure_connected()
+
+        async def __anext__(self) -> Any:
+            if worker.closed:
+                raise StopAsyncIteration
+            try:
+                return await super().__anext__()
+            except (_Closed, websockets.exceptions.ConnectionClosed):
+                if worker.closed:
+                    raise StopAsyncIteration from None
+                raise
+
+    return Ending

@@ -44,6 +44,14 @@ def test_the_internals_the_patches_replace_are_as_they_were_written_for():
     assert arrives.index("await self._acquire_token(task_run.id)") < arrives.index("start_soon(")
     assert "if token_acquired:" in arrives  # a run without a token is not begun (a closed worker's)
     assert "self._release_token(task_run.id)" in inspect.getsource(TaskWorker._safe_submit_scheduled_task_run)
+    # the subscription: made from the module's name, connected at each step, its socket closed under it ends the step
+    from prefect.client.subscriptions import Subscription
+
+    assert "async for task_run in Subscription(" in arrives
+    step = inspect.getsource(Subscription.__anext__)
+    assert "await self._ensure_connected()" in step and "message = await self.websocket.recv()" in step
+    assert "websockets.exceptions.ConnectionClosedError," in step and "ConnectionClosedOK" not in step
+    assert "self._websocket = None" in inspect.getsource(Subscription.__init__)
 
 
 def test_a_remembering_task_worker_knows_what_it_took_until_it_ends():
@@ -65,6 +73,64 @@ def test_a_remembering_task_worker_knows_what_it_took_until_it_ends():
         worker._release_token("run-2")
         assert not await worker._acquire_token("run-3") and worker.taken == {"run-3"}
         assert worker.available_tasks == 1
+
+    asyncio.run(run())
+
+
+def test_a_closed_workers_subscription_ends_and_connects_no_more():
+    """A stopping worker's subscription (``patches._ending``): ended at its next step once closed, when its socket is
+    closed under a step waiting for a run, and when it would connect again; open, a lost socket is Prefect's to
+    handle."""
+    import asyncio
+
+    import websockets
+
+    class Subscription:  # Prefect's, as its internals are checked above
+        def __init__(self) -> None:
+            self._websocket, self.connects, self.sent = None, 0, asyncio.Queue()
+
+        async def _ensure_connected(self) -> None:
+            if self._websocket is None:
+                self.connects += 1
+                self._websocket = object()
+
+        async def __anext__(self):
+            await self._ensure_connected()
+            item = await self.sent.get()
+            if item == "closed":
+                raise websockets.exceptions.ConnectionClosedOK(None, None)
+            return item
+
+    async def run():
+        worker = SimpleNamespace(closed=False, subscription=None)
+        sub = patches._ending(Subscription, worker)()
+        assert worker.subscription is sub
+        sub.sent.put_nowait("run-1")
+        assert await sub.__anext__() == "run-1" and sub.connects == 1
+        sub.sent.put_nowait("closed")  # open: the socket's end is Prefect's (it connects again)
+        try:
+            await sub.__anext__()
+        except websockets.exceptions.ConnectionClosedOK:
+            pass
+        waiting = asyncio.ensure_future(sub.__anext__())
+        await asyncio.sleep(0)
+        worker.closed = True
+        sub.sent.put_nowait("closed")  # the stop closes the socket under the step that waits
+        ended = await asyncio.wait_for(asyncio.gather(waiting, return_exceptions=True), 5)
+        assert isinstance(ended[0], StopAsyncIteration)
+        sub.sent.put_nowait("run-2")
+        try:  # closed: no next step (run-2 was not acknowledged: the server sends it to another worker)
+            await sub.__anext__()
+            raise AssertionError("a closed subscription took a run")
+        except StopAsyncIteration:
+            pass
+        sub._websocket = None
+        try:  # nor a new connection (Prefect's step connects again after a lost socket)
+            await sub._ensure_connected()
+            raise AssertionError("a closed subscription connected again")
+        except patches._Closed:
+            pass
+        assert sub.connects == 1
 
     asyncio.run(run())
 
