@@ -74,6 +74,7 @@ def main(args: argparse.Namespace) -> int:
             worker[0].close_subscription(timeout=CLOSE_WAIT)
         held = task_workers.hand_back(taken=_taken(worker))
         held += task_workers.hand_back(taken=_taken(worker), wait=0, besides=held)  # (had the close not ended it)
+        _ended(worker, task_workers.HAND_BACK_WAIT)
         task_workers._warm.clear()
         trainers.close_all()
     print(f"hyperband: worker stopped; {len(held)} trial-rung(s) it ran handed back to their jobs", file=sys.stderr,
@@ -90,6 +91,17 @@ def _taken(worker: list) -> list:
         except RuntimeError:
             continue
     return []
+
+
+def _ended(worker: list, wait: float) -> None:
+    """Until Prefect's engine has ended every run the worker began (up to ``wait`` seconds): a run still ending as the
+    process exits logs and emits its end after Python's shutdown began (a traceback per line, "can't register atexit
+    after shutdown")."""
+    import time
+
+    ends = time.monotonic() + wait
+    while worker and worker[0].begun and time.monotonic() < ends:
+        time.sleep(0.1)
 
 
 def _serve(served: object, limit: int, worker: list) -> None:

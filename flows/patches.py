@@ -102,13 +102,15 @@ def api_log_errors_as_warnings(logger: str) -> None:
 def remembering_taken(task_worker: type) -> type:
     """A subclass of Prefect's ``TaskWorker`` whose ``taken`` holds the ids of the task runs it took from the server
     and has not finished: its ``_acquire_token`` (called as a run arrives, before it waits for a free slot) and
-    ``_release_token`` (called as it ends) note them. Once ``closed`` (the worker stopping), a run that arrives is
-    noted and not begun (``_acquire_token`` False: Prefect's loop then leaves it), for the worker to hand back."""
+    ``_release_token`` (called as it ends) note them. Once ``closed`` (the worker stopping), a run that arrives, or
+    that was waiting for a slot, is noted and not begun (``_acquire_token`` False: Prefect's loop then leaves it), for
+    the worker to hand back; ``begun`` holds those that did begin until Prefect's engine has ended them."""
 
     class Remembering(task_worker):  # type: ignore[misc,valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.taken: set[Any] = set()
+            self.begun: set[Any] = set()  # those of ``taken`` given a slot, until Prefect's engine has ended them
             self.closed = False
             self.subscription: Any = None  # (its Subscription, on its event loop ``loop``)
             self.loop: Any = None
@@ -129,9 +131,8 @@ def remembering_taken(task_worker: type) -> type:
                 await asyncio.Event().wait()  # until its process ends: no teardown under what it hands back
 
         def close_subscription(self, timeout: float) -> bool:
-            """Closed, and its subscription's socket closed (from another thread): a run the server sent and this
-            worker had not acknowledged goes back to the server's queue, for another worker; one it acknowledged is
-            in ``taken`` (noted with no await between). True once no run can arrive any more (within ``timeout``)."""
+            """Closed, its subscription's socket too (from another thread): a run sent and not acknowledged goes back to
+            the server's queue; one acknowledged is in ``taken``. True once no run can arrive (within ``timeout``)."""
             import asyncio
 
             self.closed = True
@@ -144,10 +145,17 @@ def remembering_taken(task_worker: type) -> type:
             self.taken.add(task_run_id)
             if self.closed:
                 return False
-            return await super()._acquire_token(task_run_id)
+            got = await super()._acquire_token(task_run_id)
+            if got and self.closed:  # it waited for a slot while the worker stopped: not begun, handed back
+                super()._release_token(task_run_id)
+                return False
+            if got:
+                self.begun.add(task_run_id)
+            return got
 
         def _release_token(self, task_run_id: Any) -> bool:
             self.taken.discard(task_run_id)
+            self.begun.discard(task_run_id)  # (after Prefect's engine ended it: its last lines and events are out)
             return super()._release_token(task_run_id)
 
     return Remembering

@@ -69,10 +69,14 @@ def test_a_remembering_task_worker_knows_what_it_took_until_it_ends():
         assert worker.taken == {"run-1", "run-2"} and not waiting.done()
         worker._release_token("run-1")
         assert await waiting and worker.taken == {"run-2"}
+        assert worker.begun == {"run-2"}
+        waiting = asyncio.ensure_future(worker._acquire_token("run-4"))  # waits for run-2's slot
+        await asyncio.sleep(0)
         worker.closed = True  # stopping: a run sent now is noted and not begun (no token: Prefect's loop leaves it)
         worker._release_token("run-2")
-        assert not await worker._acquire_token("run-3") and worker.taken == {"run-3"}
-        assert worker.available_tasks == 1
+        assert not await waiting  # nor one that waited for a slot: its slot is given back
+        assert not await worker._acquire_token("run-3") and worker.taken == {"run-3", "run-4"}
+        assert worker.available_tasks == 1 and worker.begun == set()
 
     asyncio.run(run())
 
