@@ -9,7 +9,8 @@ tuner's (``HYPERBAND_*``, as ``trainers/script.py`` documents), exactly as ``tor
 Nothing needs a shared folder: the script travels as its bytes (a worker that has the same file at the same
 path runs it in place, so its sibling modules import), the trial's checkpoint directory travels as a tar to
 every rank and comes back from every rank (files merged, rank 0's last), and rank 0's reports come back with it.
-A rank that exits non-zero fails the trial-rung with its last lines; a worker lost mid-trial-rung sends it to
+A rank that exits non-zero before the work is done fails the trial-rung with its last lines (after it, the
+trainer keeps the result where the checkpoint is complete: ``trainers.exits``); a worker lost mid-trial-rung sends it to
 another group.
 """
 
@@ -29,7 +30,7 @@ from typing import Any, Callable, Mapping
 POLL = 0.2
 #: seconds between looks at the trial-rung's cancel event (an RPC to the scheduler)
 CANCEL_POLL = 1.0
-#: seconds a rank that torch's gloo race may have aborted at exit waits to hear that rank 0 exited on its own
+#: seconds a rank that ended non-zero waits to hear that rank 0 ended after its last report (torch's abort at exit)
 RACE_WAIT = 10.0
 
 
@@ -109,33 +110,34 @@ def script_rank(job: Mapping[str, Any], env: Mapping[str, str], data: Any, previ
             finally:
                 _kill_group(proc)  # a timeout, the worker closing: no process of the script left behind
         done = _event(f"{job['cancel']}-rank0-exited") if job.get("cancel") else None
-        race = proc.returncode != 0 and _exit_race(rank, proc.returncode, log, done)
-        if proc.returncode != 0 and not race:
+        code = proc.returncode
+        if code != 0 and not _after_work(rank, job, reports, done):
             raise ScriptFailed(f"rank {rank} on {env['MASTER_ADDR'] if rank == 0 else 'its worker'} "
-                               f"{_failure(proc.returncode, log)}")
+                               f"{_failure(code, log)}")
         if rank == 0 and done is not None:
-            done.set()  # a peer that torch's gloo race aborts at exit may now keep its result (``_exit_race``)
+            done.set()  # a peer that torch aborts at exit may now keep its result (``_after_work``)
         return {"checkpoint": pack(out), "reports": reports.read_text() if rank == 0 and reports.is_file() else "",
-                "log": log.read_bytes()[-200_000:] if rank == 0 else b"", "exit_race": rank if race else None}
+                "log": log.read_bytes()[-200_000:] if rank == 0 else b"", "exit_code": code or None}
 
 
-def _exit_race(rank: int, code: int, log: Path, rank0_exited: Any) -> bool:
-    """Whether a rank's non-zero exit is torch's gloo race at exit (``trainers.script.exit_race`` on one machine):
-    a rank other than 0, ended by SIGABRT with the abort's line, after rank 0 exited on its own (its event, waited
-    for ``RACE_WAIT`` seconds). An abort before the work was done leaves rank 0 waiting in a collective: no event,
-    and the rank fails as before (its peers are then cancelled)."""
-    if rank == 0 or code != -6 or rank0_exited is None:
-        return False
-    from prefect_hyperband.trainers.script import said_shutdown_abort
+def _after_work(rank: int, job: Mapping[str, Any], reports: Path, rank0_done: Any) -> bool:
+    """Whether a rank's non-zero exit came after the trial-rung's work (torch's abort at exit, ``trainers.exits``):
+    rank 0 once its reports hold the job's metric at the rung's last unit; another rank once rank 0 has ended so
+    (its event, waited for ``RACE_WAIT`` seconds). An exit before the work leaves rank 0 waiting in a collective:
+    no event, and the rank fails as before (its peers are then cancelled). Whether the checkpoint all ranks sent
+    back is complete is the trainer's question (``ScriptTrainer._kept_after_exit``)."""
+    from prefect_hyperband.trainers.script import reported_at
 
-    return said_shutdown_abort(log) is not None and bool(rank0_exited.wait(RACE_WAIT))
+    if rank == 0:
+        return reported_at(reports, job.get("metric", ""), int(job["env"]["HYPERBAND_RESOURCE"]))
+    return rank0_done is not None and bool(rank0_done.wait(RACE_WAIT))
 
 
 def run_script(ranks: Any, trainer: Any, config: Mapping[str, Any], env: Mapping[str, str], checkpoint_dir: Path | None,
                directory: Path, reports: Path, log: Path) -> Any:
     """A script trial-rung on the cluster; every rank's checkpoint files land in ``directory`` (rank 0's last), rank
     0's reports in ``reports`` and its output in ``log``, as the local launcher leaves them. Returns ``Ran``."""
-    job = {**shipped(trainer.script), "args": trainer.args(config), "env": dict(env)}
+    job = {**shipped(trainer.script), "args": trainer.args(config), "env": dict(env), "metric": trainer.metric}
     previous = pack(checkpoint_dir) if checkpoint_dir is not None else None
     ran = ranks.run(script_rank, job, previous, trainer.timeout or float("inf"))
     for result in reversed(ran.results):  # rank 0's files last: where two ranks wrote one file, rank 0's counts

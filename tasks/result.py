@@ -57,7 +57,7 @@ class Outcome:
         """MLflow's record of it, for the trial's child run at step = its resource: the per-unit history the trainer
         recorded, the metrics (the metric unless that history holds it at this step; training and worker seconds;
         the trainer's numeric figures; the other objectives' values) and the tags (a remote trial-rung's worker,
-        ``hyperband.worker``). A failed trial-rung's: nothing it trained."""
+        ``hyperband.worker``; a result kept despite a rank's exit code, ``hyperband.exit_kept``). A failed trial-rung's: nothing it trained."""
         trained = self.trained if self.error is None else None
         metrics: dict[str, float] = {}
         history: list[dict[str, float]] = []
@@ -68,6 +68,8 @@ class Outcome:
             metrics.update({k: v for k, v in trained.info.items() if isinstance(v, (int, float))})
             if trained.info.get("worker"):  # a remote trial-rung's machine:pid (``executors.work_pool.outcome_of``)
                 tags["hyperband.worker"] = str(trained.info["worker"])
+            if trained.info.get("exit_kept"):  # a rank's exit after the work, and why the result stands
+                tags["hyperband.exit_kept"] = str(trained.info["exit_kept"])
         measured: dict[str, Any] = self.evaluated.metrics if self.evaluated is not None else {}
         metrics.update({k: v for k, v in measured.items() if k != metric_key})
         score, step = self.metric, self.trial_rung.resource

@@ -39,10 +39,8 @@ def train_trial(job: Job, trainer: Trainer, trial_id: str, config: dict[str, Any
         if no_space(exc):  # not the trial's failure: the job stops, --resume trains it once space is freed
             raise _stop_full(getattr(exc, "filename", None) or out) from exc
         raise
-    if "exit_race_rank" in trained.info:
-        get_run_logger().warning("trial %s: rank %d aborted at exit (SIGABRT: torch's gloo race at exit) after rank 0 "
-                                 "reported r=%d and exited; the result is kept", trial_id,
-                                 int(trained.info["exit_race_rank"]), resource)
+    if "exit_kept" in trained.info:  # a rank ended non-zero after the work (``trainers.exits``)
+        get_run_logger().warning("trial %s: %s", trial_id, trained.info["exit_kept"])
     if rebuilt is not None:  # the units and seconds spent rebuilding are this call's: counted, not hidden
         trained = replace(trained, resource_trained=trained.resource_trained + rebuilt.resource_trained,
                           seconds=trained.seconds + rebuilt.seconds,

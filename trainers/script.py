@@ -13,11 +13,11 @@ holds), ``HYPERBAND_CHECKPOINT`` (a directory to resume from; unset when fresh) 
 The script reports with ``prefect_hyperband.report(step, **metrics)``; only rank 0's reports count
 (they are appended to ``HYPERBAND_REPORT_FILE``). The trial-rung's score is the job's metric as
 reported at step ``HYPERBAND_RESOURCE``. A non-zero exit, a missing report or a NaN fails the trial
-with the last lines of the script's output; a run past ``timeout`` seconds is killed. One non-zero exit is
-not a failure: torch's gloo race at exit (a rank other than 0 aborted with SIGABRT while Python shut down),
-once rank 0 has reported the rung's last unit and exited on its own, its checkpoint written; the result is
-kept and the call's ``info`` names the rank (``exit_race_rank``); on Dask, rank 0's worker says so through an
-event (``executors.dask_script._exit_race``). Every rank runs
+with the last lines of the script's output; a run past ``timeout`` seconds is killed. A non-zero exit after the
+work is not a failure (torch's abort at exit, ``trainers.exits``): once rank 0 has reported the rung's last unit
+and the checkpoint is complete, the result is kept whatever the ranks' exit codes, and the call's ``info`` names
+the rank and why (``exit_race_rank``, ``exit_code``, ``exit_kept``); on Dask, each rank's code comes back with
+its files (``executors.dask_script``). Every rank runs
 in the launcher's own process group, which is killed as a whole: nothing is left behind.
 """
 
@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_json_atomic
 from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.exits import checkpoint_complete, failed_ranks, why_kept
 from prefect_hyperband.trainers.launch import contract, free_port, torch_launcher
 
 #: lines of the script's output kept on a failed trial's run
@@ -108,18 +109,17 @@ class ScriptTrainer(Placed):
             ran = self._dask.train(self, config, tuner, previous, directory, reports, log)
             info.update(lost_worker_seconds=ran.lost_worker_seconds, attempts=float(ran.attempts),
                         warm_start=ran.warm)
-            raced = [r["exit_race"] for r in ran.results if r.get("exit_race") is not None]
-            if raced:  # a rank aborted at exit after rank 0 ended on its own: rank 0's result stands
-                info["exit_race_rank"] = float(min(raced))
+            exited = [(rank, r["exit_code"]) for rank, r in enumerate(ran.results) if r.get("exit_code")]
+            if exited:  # ranks that ended non-zero after rank 0's last report (``dask_script.script_rank``)
+                info.update(self._kept_after_exit(exited, reports, resource, directory,
+                                                  lambda: "last output:\n" + _tail_of(log)))
             seconds = time.perf_counter() - began - ran.lost_worker_seconds / self.workers
         else:
             code = self._launch(config, tuner, previous, directory, reports, log, began)
             seconds = time.perf_counter() - began
             if code != 0:
-                race = exit_race(log)
-                if race is None or not _reported(reports, self.metric, resource):
-                    raise ScriptFailed(_failure(code, log))
-                info["exit_race_rank"] = float(race)
+                failed = failed_ranks(_text_of(log)) or [(0, code)]
+                info.update(self._kept_after_exit(failed, reports, resource, directory, lambda: _failure(code, log)))
         history = _read_reports(reports)
         at_end = [row for row in history if row["step"] == resource and self.metric in row]
         if not at_end:
@@ -130,6 +130,20 @@ class ScriptTrainer(Placed):
             raise ScriptFailed(f"metric {self.metric!r} is {metrics[self.metric]} at step {resource}")
         write_json_atomic(out, {"resource": resource, "metrics": metrics})
         return TrainResult(str(out), resource, resource - start, seconds, self.workers, history=history, info=info)
+
+    def _kept_after_exit(self, failed: list[tuple[int, int]], reports: Path, resource: int, directory: Path,
+                         failure: Callable[[], str]) -> dict[str, Any]:
+        """What the call's ``info`` says of ranks that exited non-zero (``failed``: rank and code, the first
+        the cause) when rank 0 reported ``resource`` and the checkpoint is complete; ``ScriptFailed`` otherwise."""
+        if not reported_at(reports, self.metric, resource):
+            raise ScriptFailed(failure())
+        complete = checkpoint_complete(directory, self.workers)
+        if complete is None:
+            raise ScriptFailed(f"{failure()}\n(rank 0 reported r={resource}, but the checkpoint in {directory} is "
+                               "incomplete: a rank ended before its part was written)")
+        rank, code = failed[0]
+        return {"exit_race_rank": float(rank), "exit_code": float(code),
+                "exit_kept": why_kept(rank, code, resource, complete)}
 
     def _launch(self, config: Mapping[str, Any], tuner: Mapping[str, str], previous: Path | None, directory: Path,
                 reports: Path, log: Path, began: float) -> int:
@@ -253,41 +267,18 @@ def _failure(code: int, log: Path) -> str:
 #: what a rank prints when torch's gloo thread frees a work object while Python shuts down (SIGABRT, after the
 #: script's work is done; pytorch/pytorch#179291)
 _SHUTDOWN_ABORT = "terminate called without an active exception"
-SHUTDOWN_HINT = ("(if that abort came after the script's work was done, it is torch's gloo race at exit: end the "
-                 "script with sys.stdout.flush(); os._exit(0) after dist.destroy_process_group(), as "
-                 "examples/ddp_digits.py does)")
+SHUTDOWN_HINT = ("(an abort before rank 0 reported the rung's last unit, or with its checkpoint incomplete, fails "
+                 "the trial; after both, as torch's race at exit, the result is kept)")
 
 
-#: a failed rank in the launcher's summary: ``rank : 1 (local_rank: 1)`` then ``exitcode : -6 (pid: ...)``
-_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
-
-
-def said_shutdown_abort(log: Path) -> str | None:
-    """The end of an output (the launcher's, or one rank's on a Dask worker) when it holds the line torch's gloo race
-    at exit prints; None when it does not, or cannot be read."""
+def _text_of(log: Path) -> str:
     try:
-        text = log.read_bytes()[-200_000:].decode("utf-8", "replace")
+        return log.read_bytes()[-200_000:].decode("utf-8", "replace")
     except OSError:
-        return None
-    return text if _SHUTDOWN_ABORT in text else None
+        return ""
 
 
-def exit_race(log: Path) -> int | None:
-    """The rank that torch's gloo race at exit aborted, when that is all that went wrong; None otherwise.
-
-    The launcher's summary lists every rank that failed. The race is: the abort's line in the output, every
-    failed rank ended by SIGABRT (-6), and rank 0 not among them. Rank 0 then exited on its own (the launcher
-    signals the ranks still running when one fails, and lists them with -15), so what it wrote is whole."""
-    text = said_shutdown_abort(log)
-    if text is None:
-        return None
-    failed = {int(rank): int(code) for rank, code in _SUMMARY_RANK.findall(text)}
-    if not failed or 0 in failed or set(failed.values()) != {-6}:
-        return None
-    return min(failed)
-
-
-def _reported(reports: Path, metric: str, resource: int) -> bool:
+def reported_at(reports: Path, metric: str, resource: int) -> bool:
     return any(row["step"] == resource and metric in row for row in _read_reports(reports))
 
 

@@ -35,6 +35,7 @@ import torch
 from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, checkpoint_resource, write_json_atomic, write_sidecar
 from prefect_hyperband.trainers.data import (DataSpec, Dataset, example_rows, layout_of, load, metric_direction, score,
                                              table_of)
+from prefect_hyperband.trainers.exits import failed_ranks, why_kept
 from prefect_hyperband.trainers.launch import failure_message, terminate, torch_launcher
 from prefect_hyperband.trainers.torch_config import _as_float, _as_int, _check, check_metric, effective_lr, resolve_config
 from prefect_hyperband.trainers.torch_models import Predictor, build_model
@@ -336,12 +337,17 @@ class TorchTrainer(Placed):
                 terminate(proc, job_path)
         if code is None:
             raise RuntimeError(failure_message(workdir, f"torch trial timed out after {self.trial_timeout:g} s; killed"))
-        if code != 0:
-            raise RuntimeError(failure_message(workdir, f"torch trial failed: launcher exited with code {code}"))
         result_path = workdir / "result.json"
+        if code != 0 and not result_path.is_file():
+            raise RuntimeError(failure_message(workdir, f"torch trial failed: launcher exited with code {code}"))
         if not result_path.is_file():
             raise RuntimeError(failure_message(workdir, "torch trial ended without a result from rank 0"))
-        return json.loads(result_path.read_text())
+        result = json.loads(result_path.read_text())
+        if code != 0:  # a rank aborted at exit (``trainers.exits``) after rank 0 wrote its checkpoint, then its result
+            failed = failed_ranks((workdir / "launcher.log").read_text(errors="replace")) or [(0, code)]
+            result.update(exit_race_rank=float(failed[0][0]), exit_code=float(failed[0][1]),
+                          exit_kept=why_kept(*failed[0], resource, "its checkpoint and result were written whole"))
+        return result
 
     def _info(self, cfg: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, float]:
         world = int(result["world_size"])
@@ -359,6 +365,7 @@ class TorchTrainer(Placed):
             **({"train_rows": int(result["train_rows"])} if "train_rows" in result else {}),  # every rank's together
             **({"lost_worker_seconds": float(result["lost_worker_seconds"]), "attempts": float(result["attempts"])}
                if "attempts" in result else {}),
+            **{k: result[k] for k in ("exit_race_rank", "exit_code", "exit_kept") if k in result},
         }
 
     def _unchanged(self, checkpoint: str, out: str, resource: int, started: float) -> TrainResult:

@@ -91,6 +91,18 @@ def test_the_ddp_example_with_two_workers_trains_exactly_11_epochs_at_world_size
                 racing.train({"when": "before"}, 3, None, str(tmp_path / "race" / "t1" / "r3.json"))
         finally:
             racing.close()
+        # issue 79 on Dask: an FSDP2 script's rank 0 aborts after destroy_process_group(); the DCP parts of both
+        # ranks come back, the result stands with rank 0 named
+        from abort_scripts import FSDP_SCRIPT  # tests/abort_scripts.py
+
+        (tmp_path / "fsdp.py").write_text(FSDP_SCRIPT)
+        fsdp = ScriptTrainer(str(tmp_path / "fsdp.py"), "val_loss", workers=2, timeout=120,
+                             placement=script_on(c.address))
+        try:
+            kept = fsdp.train({"abort": "after0"}, 1, None, str(tmp_path / "fsdp" / "t0" / "r1.json"))
+            assert kept.info["exit_race_rank"] == 0.0 and "a part from each of 2 rank(s)" in kept.info["exit_kept"]
+        finally:
+            fsdp.close()
     assert remote["summary"]["concurrency"] == 2 and remote["summary"]["failed_trials"] == 0
     here, there = rows(result), rows(remote)
     assert here.keys() == there.keys() and len(here) == 6

@@ -18,7 +18,8 @@ from prefect_hyperband.trainers.torch_ddp import TorchTrainer
 @dataclass(frozen=True)
 class Fault:
     rank: int
-    how: Literal["exit", "raise", "kill", "hang"] = "exit"
+    #: "abort_at_exit": the rank aborts (SIGABRT) after its cold run's destroy_process_group(), its work done
+    how: Literal["exit", "raise", "kill", "hang", "abort_at_exit"] = "exit"
     epoch: int = 1  # 1-based: the rank fails as this epoch starts
 
 
@@ -82,7 +83,7 @@ def _main() -> None:
 
     def faulty_train_job(job: Mapping[str, Any], rank: int, *args: Any, **kwargs: Any) -> None:
         fault = job.get("fault")
-        if fault and fault["rank"] == rank:
+        if fault and fault["rank"] == rank and fault["how"] != "abort_at_exit":
             def failing_epoch(run: Any, epoch: int) -> float:
                 if epoch + 1 == fault["epoch"]:
                     _fail(fault["how"], rank, epoch + 1)
@@ -91,7 +92,15 @@ def _main() -> None:
             torch_worker.Run.train_epoch = failing_epoch  # this rank's process ends with its failure
         train_job(job, rank, *args, **kwargs)
 
-    torch_worker.train_job = faulty_train_job
+    def aborting_run(job: Mapping[str, Any], rank: int, *args: Any) -> None:
+        run(job, rank, *args)
+        fault = job.get("fault")
+        if fault and fault["rank"] == rank and fault["how"] == "abort_at_exit":  # torch's race at exit, on purpose
+            print("terminate called without an active exception", file=sys.stderr, flush=True)
+            os.abort()
+
+    run = torch_worker.run
+    torch_worker.train_job, torch_worker.run = faulty_train_job, aborting_run
     torch_worker.main()
 
 

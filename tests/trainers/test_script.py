@@ -28,7 +28,7 @@ def test_an_abort_at_interpreter_exit_says_how_to_end_the_script(tmp_path: Path)
     log.write_text("epoch 3: val_accuracy 0.9\nterminate called without an active exception\n" + LAUNCHER)
     reason = _failure(1, log)
     assert reason.startswith("exited with code -6 (local rank 1); last output:\nepoch 3: val_accuracy 0.9\nterminate")
-    assert reason.endswith(SHUTDOWN_HINT) and "os._exit(0)" in SHUTDOWN_HINT
+    assert reason.endswith(SHUTDOWN_HINT) and "before rank 0 reported" in SHUTDOWN_HINT
 
 
 def test_a_script_with_no_launcher_report_gives_the_launchers_code(tmp_path: Path):
@@ -109,16 +109,23 @@ def test_an_abort_before_rank_0_reported_the_last_unit_fails_the_trial(tmp_path:
     assert SHUTDOWN_HINT in str(failed.value)
 
 
-def test_an_abort_while_rank_0_was_still_running_fails_the_trial_even_with_its_report(tmp_path: Path):
-    """The launcher ended rank 0 (-15): what it was writing may be torn, so its report does not make a result."""
-    from prefect_hyperband.trainers.script import ScriptFailed, exit_race
+def test_rank_0_stopped_by_the_launcher_after_its_report_keeps_the_result_its_checkpoint_whole(tmp_path: Path):
+    """The launcher ended rank 0 (-15) once rank 1 aborted: rank 0 had reported r=3 and its checkpoint is whole, so
+    the result stands, the root cause (rank 1, SIGABRT) named."""
+    trained = fake_trainer(tmp_path, "after", others=RANK0_TERMINATED).train({"x": 1}, 3, None,
+                                                                              str(tmp_path / "t0" / "r3.json"))
+    assert trained.info["exit_race_rank"] == 1.0 and trained.info["exit_code"] == -6.0
+    assert trained.info["exit_kept"].startswith("rank 1 exited with code -6 (SIGABRT) after rank 0 reported r=3")
+
+
+def test_a_torn_checkpoint_fails_the_trial_even_with_rank_0s_report(tmp_path: Path):
+    """rank 0 reported r=3 but its torch.save file was cut short (its writer died): not a result."""
+    from prefect_hyperband.trainers.script import ScriptFailed
 
     trainer = fake_trainer(tmp_path, "after", others=RANK0_TERMINATED)
-    with pytest.raises(ScriptFailed, match=r"exited with code -6"):
+    (tmp_path / "launcher.py").write_text(FAKE_LAUNCHER.replace('.write("whole")', '.write("PK\\x03\\x04torn")'))
+    with pytest.raises(ScriptFailed, match=r"(?s)exited with code -6.*the checkpoint in .* is incomplete"):
         trainer.train({"x": 1}, 3, None, str(tmp_path / "t0" / "r3.json"))
-    log = tmp_path / "summary.log"
-    log.write_text(SUMMARY.format(others="  <NO_OTHER_FAILURES>").replace("-6 (pid", "1 (pid"))
-    assert exit_race(log) is None  # a rank that exited 1 is the script's failure, not the race
 
 
 from race_script import RACE_SCRIPT  # noqa: E402  (tests/race_script.py)
@@ -202,3 +209,30 @@ def test_a_script_reads_none_of_the_jobs_input(tmp_path: Path):
         os.dup2(kept, 0)
         os.close(kept), os.close(read)
     assert (tmp_path / "t0" / "r1" / "stdin.txt").read_text() == ""
+
+
+@pytest.mark.slow  # torch's launcher and two gloo ranks, four times
+def test_fsdp_and_ddp_scripts_aborting_at_exit_keep_every_result_and_an_abort_before_the_last_report_fails(
+        tmp_path: Path):
+    """Issue 79: ranks that abort after ``destroy_process_group()`` (rank 0 in one case, rank 1 in the other) keep
+    the trial-rung's result, the rank named; a promoted FSDP trial resumes from the DCP checkpoint such a run left;
+    rank 0 aborting before its last report fails the trial with the script's last lines."""
+    from abort_scripts import DDP_SCRIPT, FSDP_SCRIPT  # tests/abort_scripts.py
+    from prefect_hyperband.trainers.script import ScriptFailed, ScriptTrainer
+
+    (tmp_path / "fsdp.py").write_text(FSDP_SCRIPT)
+    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
+    fsdp = ScriptTrainer(str(tmp_path / "fsdp.py"), "val_loss", workers=2, threads=2, timeout=180)
+    ddp = ScriptTrainer(str(tmp_path / "ddp.py"), "val_loss", workers=2, threads=2, timeout=180)
+    first = fsdp.train({"abort": "after0"}, 1, None, str(tmp_path / "f" / "r1.json"))
+    assert first.info["exit_race_rank"] == 0.0 and first.info["exit_code"] == -6.0
+    assert "DCP checkpoint has .metadata and a part from each of 2 rank(s)" in first.info["exit_kept"]
+    assert sorted(p.name for p in (tmp_path / "f" / "r1").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    promoted = fsdp.train({"abort": "after1"}, 3, first.checkpoint, str(tmp_path / "f" / "r3.json"))
+    assert promoted.resource_trained == 2 and [r["step"] for r in promoted.history] == [2.0, 3.0]
+    assert promoted.info["exit_race_rank"] == 1.0 and promoted.info["exit_code"] == -6.0
+    kept = ddp.train({"abort": "after1"}, 2, None, str(tmp_path / "d" / "r2.json"))
+    assert kept.info["exit_race_rank"] == 1.0 and "1 file(s) are whole" in kept.info["exit_kept"]
+    with pytest.raises(ScriptFailed, match=r"exited with code -6 \(local rank 0\); last output:\n") as failed:
+        fsdp.train({"abort": "before0"}, 2, None, str(tmp_path / "b" / "r2.json"))
+    assert len(str(failed.value).splitlines()) > 10 and "is incomplete" not in str(failed.value)

@@ -99,6 +99,17 @@ def test_digits_default_config_two_workers_reaches_95_percent(digits_runs):
         assert np.allclose(model(torch.from_numpy(X)).numpy(), proba, atol=1e-6)
 
 
+@pytest.mark.slow  # two cold ranks
+def test_a_cold_rank_aborting_after_its_work_keeps_the_result_with_the_rank_named(tmp_path):
+    """Issue 79: rank 0 aborts at exit (SIGABRT after destroy_process_group()), its checkpoint and result written."""
+    trainer = FaultyTorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=256)
+    trained = trainer.train({}, 2, None, str(tmp_path / "r2.pt"), fault=Fault(rank=0, how="abort_at_exit"))
+    assert trained.resource == 2 and [row["step"] for row in trained.history] == [1, 2]
+    assert trained.info["exit_race_rank"] == 0.0 and trained.info["exit_code"] == -6.0
+    assert trained.info["exit_kept"].startswith("rank 0 exited with code -6 (SIGABRT) after rank 0 reported r=2")
+    assert trainer.train({}, 3, trained.checkpoint, str(tmp_path / "r3.pt")).resource_trained == 1
+
+
 @pytest.mark.slow  # processes end to end (the fast tier keeps its loop behaviours on fakes)
 def test_killed_rank_fails_only_its_call_fast_and_leaves_no_processes(tmp_path):
     scratch = tmp_path / "failing"
