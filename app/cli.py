@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from prefect_hyperband.app.deploy import command as deploy_command
 from prefect_hyperband.app.flags import EXIT_USAGE, build_parser, given, schedule_fields, study_model
 from prefect_hyperband.app.starting import started
 from prefect_hyperband.app.worker import main as serve_trial_rungs
@@ -24,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command in ("deploy", "worker"):
-            return _deploy(args) if args.command == "deploy" else serve_trial_rungs(args)
+            return deploy_command(args) if args.command == "deploy" else serve_trial_rungs(args)
         try:
             flags = given(args)
         except SettingsError as exc:  # a value the flag's type cannot take (a mapping that is not JSON)
@@ -73,37 +74,6 @@ def _plan(flags: dict[str, Any], args: argparse.Namespace) -> int:
         print(json.dumps(plan))
         return 0
     print(render_plan(plan))
-    return 0
-
-
-def _deploy(args: argparse.Namespace) -> int:
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from prefect_hyperband.app import deploy
-
-    if args.show:
-        print(deploy.prefect_yaml())
-        return 0
-    from prefect.settings import PREFECT_API_URL
-
-    from prefect_hyperband.trainers.errors import InputError
-
-    try:
-        deploy.choose(args.name)
-    except InputError as exc:
-        return _fail(str(exc))
-    if not (os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()):
-        return _fail("hyperband deploy needs a Prefect server: set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)")
-    try:
-        done = deploy.deploy(args.pool, args.working_dir, args.name, schedule=not args.no_schedule)
-    except InputError as exc:
-        return _fail(str(exc))
-    except Exception as exc:  # an unknown pool, an unreachable server: one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return _fail(f"deploy to pool {args.pool!r} failed: {type(exc).__name__}: {first}")
-    for d in done:
-        cron = f", cron {', '.join(d.schedules)}" if d.schedules else ""
-        print(f"deployed {d.name} on pool {d.work_pool} (runs start in {d.working_dir}{cron})")
-    print(f"start a worker: prefect worker start --pool {args.pool}")
     return 0
 
 
@@ -234,7 +204,7 @@ def _run(params, args: argparse.Namespace) -> int:
 
     launched = launch_temporary_server()  # Prefect's server boots while the job imports and checks its input
     params = params.model_copy(update={"job_id": params.job_id or new_job_id()})  # the preflight's and the flow's
-    from prefect_hyperband.app.terminal import JobLog, job_log_path, live_display, quiet_terminal
+    from prefect_hyperband.app.terminal import JobLog, job_log_path
 
     log = JobLog(verbose=args.verbose)  # MLflow's own lines from here on: the job's log file, not the terminal
     message = preflight(params)
@@ -246,7 +216,15 @@ def _run(params, args: argparse.Namespace) -> int:
     log.open(job_log_path(params))
     print(f"hyperband: job {params.job_id} in {params.job_dir}/{params.job_id} (resume with --resume {params.job_id}; "
           f"log: {log.path})", file=sys.stderr)
+    from prefect_hyperband.app.streams import job_terminal
     from prefect_hyperband.flows.tune import tune
+
+    with job_terminal(log.path) as out:  # every other write to stdout and stderr, in or under the job: job.log
+        return _job(tune, params, args, launched, out)
+
+
+def _job(tune, params, args: argparse.Namespace, launched, out) -> int:
+    from prefect_hyperband.app.terminal import live_display, quiet_terminal
 
     live = None
     if not args.verbose:
@@ -273,7 +251,7 @@ def _run(params, args: argparse.Namespace) -> int:
         if live is not None:
             live.stop()
             progress.detach(live)
-    return _ended(state, params, args)
+    return _ended(state, params, args, out)
 
 
 def _writer_ahead(params) -> str:
@@ -286,10 +264,11 @@ def _writer_ahead(params) -> str:
     return writer_for(slots, params.mode, params.max_trials, params.time_budget)
 
 
-def _ended(state, params, args: argparse.Namespace) -> int:
-    """The job's flow run ended: its summary (or JSON), or one line on how it stopped; the exit code."""
+def _ended(state, params, args: argparse.Namespace, out=None) -> int:
+    """The job's flow run ended: its summary (or JSON) on ``out`` (stdout), or one line on how it stopped; the exit code."""
     from prefect_hyperband.app import terminal
 
+    out = out or sys.stdout
     if state.is_cancelled() and "stopped: " in (state.message or ""):  # not a signal: the cluster went away
         print(f"hyperband: {state.message}", file=sys.stderr)
         return _exit(EXIT_TEMPFAIL)
@@ -315,13 +294,13 @@ def _ended(state, params, args: argparse.Namespace) -> int:
         return _exit(1)
     result = failed or state.result()
     if args.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "table"}, default=str))
+        print(json.dumps({k: v for k, v in result.items() if k != "table"}, default=str), file=out)
     else:
-        print(result["table"])
-        print(f"MLflow: experiment {params.experiment!r}, parent run {result['parent_run_id']}; job dir {result['job_dir']}")
-        print(f"MLflow UI: {terminal.mlflow_link(params, result['parent_run_id'])}")
+        print(result["table"], file=out)
+        print(f"MLflow: experiment {params.experiment!r}, parent run {result['parent_run_id']}; job dir {result['job_dir']}", file=out)
+        print(f"MLflow UI: {terminal.mlflow_link(params, result['parent_run_id'])}", file=out)
         if result.get("champion_version"):
-            print(f"champion: models:/{params.experiment}@champion (version {result['champion_version']})")
+            print(f"champion: models:/{params.experiment}@champion (version {result['champion_version']})", file=out)
     if failed:  # nothing tuned: the user's code (or data) fails, not a job to build on
         print(f"hyperband: error: every trial failed ({result['summary']['failed_trials']}), the first with "
               f"{result['every_trial_failed']} (each traceback: {Path(result['job_dir']) / 'job.log'}); fix it and run the "

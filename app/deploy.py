@@ -7,6 +7,7 @@ installed and nothing else: no checkout, no image, no remote storage (Prefect's 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -92,3 +93,40 @@ def deploy(
         Deployed(f"{d.flow_name}/{d.name}", pool, str(workdir), tuple(s.schedule.cron for s in d.schedules or []))
         for d in deployments
     ]
+
+
+def command(args: Any) -> int:
+    """``hyperband deploy``: the bundled deployments on ``args.pool`` (``--show``: the packaged prefect.yaml's path)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if args.show:
+        print(prefect_yaml())
+        return 0
+    from prefect.settings import PREFECT_API_URL
+
+    try:
+        choose(args.name)
+    except InputError as exc:
+        return _fail(str(exc))
+    if not (os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()):
+        return _fail("hyperband deploy needs a Prefect server: set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)")
+    try:
+        done = deploy(args.pool, args.working_dir, args.name, schedule=not args.no_schedule)
+    except InputError as exc:
+        return _fail(str(exc))
+    except Exception as exc:  # an unknown pool, an unreachable server: one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return _fail(f"deploy to pool {args.pool!r} failed: {type(exc).__name__}: {first}")
+    for d in done:
+        cron = f", cron {', '.join(d.schedules)}" if d.schedules else ""
+        print(f"deployed {d.name} on pool {d.work_pool} (runs start in {d.working_dir}{cron})")
+    print(f"start a worker: prefect worker start --pool {args.pool}")
+    return 0
+
+
+def _fail(message: str) -> int:
+    import sys
+
+    from prefect_hyperband.app.flags import EXIT_USAGE
+
+    print(f"hyperband: error: {message}", file=sys.stderr)
+    return EXIT_USAGE

@@ -48,8 +48,7 @@ def main(args: argparse.Namespace) -> int:
               "(http://host:4200/api)", file=sys.stderr)
         return 2
     from prefect_hyperband.app import terminal
-    from prefect_hyperband.executors import task_workers
-    from prefect_hyperband.tasks import storage
+    from prefect_hyperband.executors import task_workers, worker_slots
     from prefect_hyperband.trainers import factory
 
     def stop(signum, frame):  # noqa: ARG001  (a signal handler's signature)
@@ -59,14 +58,19 @@ def main(args: argparse.Namespace) -> int:
     terminal.quiet_stops()  # the trainings its stop ends: no error tracebacks
     trainers = factory.Trainers()
     task_workers._warm.append(trainers)
+    unreadable = _unreadable(args.storage)
+    if unreadable:
+        print(f"hyperband: error: --storage {args.storage}: {unreadable}", file=sys.stderr)
+        return 2
+    served = task_workers.served(args.storage)
+    where = worker_slots.storage_name(args.storage) if args.storage else \
+        "Prefect's task-scheduling storage (no --storage: jobs started without --storage)"
     print(f"hyperband: worker serving {task_workers.TASK_NAME} on {PREFECT_API_URL.value()}, "
-          f"{args.limit or 'what it is sent'} at once (task key {task_workers.trial_rung.task_key}"
-          f"{', parameters from ' + args.storage if args.storage else ''})",
+          f"{args.limit or 'what it is sent'} at once, parameters from {where} (task key {served.task_key})",
           file=sys.stderr, flush=True)
     worker: list = []  # the TaskWorker, once made: the runs it took and has not begun are handed back too
     try:
-        served = task_workers.trial_rung.with_options(result_storage=storage.parameter_storage(args.storage))
-        _serve(served, args.limit, worker)
+        _serve(served, args.limit, worker, _claims(args.storage))
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (Prefect's task worker handles it, and exits)
         pass
     finally:
@@ -104,7 +108,37 @@ def _ended(worker: list, wait: float) -> None:
         time.sleep(0.1)
 
 
-def _serve(served: object, limit: int, worker: list) -> None:
+def _unreadable(root: str | None) -> str | None:
+    """Why the worker cannot use ``root`` (its ``--storage``), or None: a file written, read back and deleted."""
+    if not root:
+        return None
+    import os
+
+    from prefect_hyperband.trainers.errors import first_line
+
+    key = f"claims/probe-{os.uname().nodename}-{os.getpid()}.json"
+    try:
+        store = _claims(root)
+        store.write_json(key, {"probe": True})
+        readable = store.read_json(key) == {"probe": True}
+        store.delete(key)
+    except Exception as exc:  # noqa: BLE001  (one line: the storage is the user's to fix)
+        return f"cannot write and read it here ({type(exc).__name__}: {first_line(exc)})"
+    return None if readable else "a file written there does not read back"
+
+
+def _claims(root: str | None):
+    """Where the worker notes the task runs it takes (``executors.worker_watch``): its ``--storage``; None without."""
+    if not root:
+        return None
+    import tempfile
+
+    from prefect_hyperband.tasks.job import storage_at
+
+    return storage_at(root, tempfile.gettempdir())
+
+
+def _serve(served: object, limit: int, worker: list, claims=None) -> None:
     """Prefect's ``task_worker.serve`` with ``_slots_worker()`` for its ``TaskWorker``: on an event loop of its own, in
     a thread as ``serve``'s is (so that SIGTERM and Ctrl-C reach this thread, not the worker's), until it stops."""
     import asyncio
@@ -114,7 +148,7 @@ def _serve(served: object, limit: int, worker: list) -> None:
 
     def run() -> None:
         try:
-            asyncio.run(_aserve(served, limit, worker))
+            asyncio.run(_aserve(served, limit, worker, claims))
         except BaseException as exc:  # noqa: BLE001  (raised again in the calling thread)
             failed.append(exc)
 
@@ -126,14 +160,14 @@ def _serve(served: object, limit: int, worker: list) -> None:
         raise failed[0]
 
 
-async def _aserve(served: object, limit: int, made: list) -> None:
+async def _aserve(served: object, limit: int, made: list, claims=None) -> None:
     """What ``prefect.task_worker.aserve`` does, with ``_slots_worker()``: a stop (Prefect's ``StopTaskWorker``, a
     cancel, an interrupt, alone or in the exception group its task group raises) ends it quietly."""
     import asyncio
 
     from prefect.task_worker import StopTaskWorker
 
-    worker = _slots_worker()(served, limit=limit or None)  # (a TaskWorker is made inside its event loop)
+    worker = _slots_worker(claims)(served, limit=limit or None)  # (a TaskWorker is made inside its event loop)
     made.append(worker)
     try:
         await worker.astart()
@@ -145,17 +179,30 @@ async def _aserve(served: object, limit: int, made: list) -> None:
         pass
 
 
-def _slots_worker() -> type:
+def _slots_worker(claims=None) -> type:
     """Prefect's ``TaskWorker`` whose identifier on the server (``client_id``: ``<machine>-<pid>``) ends in the slots it
-    offers, ``~slots=<--limit>`` (``executors.worker_slots``): a job counts its workers' slots from the server's list."""
+    offers, ``~slots=<--limit>`` (``executors.worker_slots``): a job counts its workers' slots from the server's list.
+    With ``claims`` (its ``--storage``), it notes each task run it takes there as it takes it, before it waits for a
+    slot (``executors.worker_watch``): a job whose run it holds knows it is gone as soon as the server does."""
+    import asyncio
+
     from prefect.task_worker import TaskWorker
 
     from prefect_hyperband.executors.worker_slots import SLOTS_MARK
+    from prefect_hyperband.executors.worker_watch import claim_key, identifier
     from prefect_hyperband.flows.patches import remembering_taken
 
     class SlotsWorker(remembering_taken(TaskWorker)):  # type: ignore[misc]
         @property
         def client_id(self) -> str:
             return f"{super().client_id}{SLOTS_MARK}{self.limit}" if self.limit else super().client_id
+
+        async def note_taken(self, task_run_id) -> None:
+            if claims is not None:
+                try:
+                    await asyncio.to_thread(claims.write_json, claim_key(task_run_id),
+                                            {"worker": identifier(self.client_id)}, None)
+                except Exception:  # noqa: BLE001  (no claim: the job goes by its heartbeat, as before)
+                    pass
 
     return SlotsWorker

@@ -8,12 +8,16 @@ prints the job's wall, the training seconds (the trial-rungs' own), the overhead
 spent training, per trial-rung: (slots x wall - training) / trial-rungs), the slots' busy fraction, and the CPU
 seconds per trial-rung that the Prefect server, the workers and the job's process spent (where a 2-core machine's
 overhead goes: the synthetic trials sleep). With ``--pool``, the same job on a process work pool too (``--trial-pool``:
-a flow run and a process per trial-rung); ``--where task-workers`` runs that job alone.
+a flow run and a process per trial-rung); ``--where task-workers`` runs that job alone. With ``--kill-after S``, the
+workers and the job share ``--storage`` and the first worker is SIGKILLed S seconds into the task-workers job, a
+replacement started ``--replace-after`` seconds later (issue 78: the kill's cost is the overhead's difference).
 
 Run from the repository root::
 
     .venv/bin/python benchmarks/bench_task_workers.py                     # 200 configs, 2 s units
     .venv/bin/python benchmarks/bench_task_workers.py --configs 60 --unit-seconds 1
+    .venv/bin/python benchmarks/bench_task_workers.py --mode hyperband --max-resource 27 --unit-seconds 0.2 \
+        --worker-limit 2 --kill-after 25                                   # a worker killed mid-job
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -78,6 +84,28 @@ def _job(env: dict[str, str], cwd: Path, flags: list[str], server: int = 0, work
     return result
 
 
+def _worker(env: dict[str, str], cwd: Path, limit: int, shared: list[str]) -> subprocess.Popen:
+    cwd.mkdir(exist_ok=True)
+    return subprocess.Popen([str(BIN / "hyperband"), "worker", "--limit", str(limit), *shared], env=env, cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _killer(procs: list[subprocess.Popen], env: dict[str, str], tmp: Path, args: argparse.Namespace,
+            shared: list[str]) -> threading.Thread:
+    """SIGKILLs the first worker ``args.kill_after`` seconds from now, and starts a replacement ``args.replace_after``
+    seconds later (appended to ``procs``, stopped with them)."""
+    def kill() -> None:
+        time.sleep(args.kill_after)
+        os.killpg(procs[1].pid, signal.SIGKILL)
+        print(f"killed worker {procs[1].pid} at {args.kill_after:g} s", flush=True)
+        time.sleep(args.replace_after)
+        procs.append(_worker(env, tmp / "machine-replacement", args.worker_limit, shared))
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=2)
@@ -87,10 +115,16 @@ def main() -> None:
     ap.add_argument("--unit-seconds", type=float, default=2.0)
     ap.add_argument("--pool", action="store_true", help="the same job on a process work pool too (slow)")
     ap.add_argument("--where", default="threads,task-workers", help="which of threads,task-workers to run")
+    ap.add_argument("--mode", default="asha", choices=["asha", "hyperband"])
+    ap.add_argument("--max-resource", type=int, default=9)
+    ap.add_argument("--kill-after", type=float, default=0.0, help="SIGKILL the first worker this many seconds into "
+                    "the task-workers job (0: no kill); the workers and the job then share --storage")
+    ap.add_argument("--replace-after", type=float, default=5.0, help="seconds after the kill a replacement starts")
     args = ap.parse_args()
     slots = args.workers * args.limit
-    common.header(f"task workers vs threads: ASHA, synthetic {args.unit_seconds:g} s units, {args.configs} configs, "
-                  f"R=9, {args.workers} workers x {args.limit}")
+    common.header(f"task workers vs threads: {args.mode}, synthetic {args.unit_seconds:g} s units, "
+                  f"{args.configs if args.mode == 'asha' else 'all'} configs, R={args.max_resource}, {args.workers} "
+                  f"workers x {args.limit}{f', one killed at {args.kill_after:g} s' if args.kill_after else ''}")
     tmp = Path(tempfile.mkdtemp(prefix="bench-task-workers-"))
     port = common.free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
@@ -98,9 +132,10 @@ def main() -> None:
                PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
                PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_WORKER_QUERY_SECONDS="1", HYPERBAND_NO_LIVE="1")
     procs: list[subprocess.Popen] = []
-    flags = ["--model", "synthetic", "--mode", "asha", "--max-trials", str(args.configs), "--max-resource", "9",
+    flags = ["--model", "synthetic", "--mode", args.mode, "--max-resource", str(args.max_resource), "--eta", "3",
              "--unit-seconds", str(args.unit_seconds), "--seed", "0", "--no-baseline", "--no-register-model",
-             "--concurrency", str(slots)]
+             "--concurrency", str(slots), *(["--max-trials", str(args.configs)] if args.mode == "asha" else [])]
+    shared = ["--storage", str(tmp / "shared")] if args.kill_after else []
     runs = []
     try:
         # the server as docs/operations.md starts one for task workers on SQLite: its event consumers' writes batched,
@@ -111,18 +146,17 @@ def main() -> None:
         common.wait_http(f"http://127.0.0.1:{port}/api/health", "prefect server")
         for i in range(args.workers):
             (tmp / f"machine-{i}").mkdir()
-            procs.append(subprocess.Popen([str(BIN / "hyperband"), "worker", "--limit", str(args.worker_limit)], env=env,
-                                          cwd=tmp / f"machine-{i}", stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, start_new_session=True))
+            procs.append(_worker(env, tmp / f"machine-{i}", args.worker_limit, shared))
         time.sleep(8)  # the workers' imports and subscriptions
         server, workers = procs[0].pid, [p.pid for p in procs[1:]]
         if "threads" in args.where:
             runs.append(("threads", _job(env, tmp, [*flags, "--job-dir", str(tmp / "threads"),
                                                     "--tracking-uri", f"sqlite:///{tmp}/threads.db"], server, workers)))
         if "task-workers" in args.where:
-            runs.append(("task workers", _job(env, tmp, [*flags, "--task-workers", "--job-dir", str(tmp / "workers"),
-                                                         "--tracking-uri", f"sqlite:///{tmp}/workers.db"], server,
-                                              workers)))
+            killer = _killer(procs, env, tmp, args, shared) if args.kill_after else None
+            runs.append(("task workers" + (" (one killed)" if killer else ""), _job(
+                env, tmp, [*flags, *shared, "--task-workers", "--job-dir", str(tmp / "workers"), "--tracking-uri",
+                           f"sqlite:///{tmp}/workers.db"], server, workers)))
         if args.pool:
             subprocess.run([str(BIN / "prefect"), "work-pool", "create", "bench-pool", "--type", "process"], env=env,
                            check=True, capture_output=True)

@@ -17,7 +17,7 @@ What Prefect leaves to the caller, done here:
 - **Taken, never begun.** A task run a worker took and died before beginning stays SCHEDULED or PENDING: one still
   SCHEDULED after ``HYPERBAND_TASK_PICKUP_TIMEOUT`` seconds (120) while workers serve the job's code is cancelled and
   sent again; one PENDING for twice the heartbeat timeout is taken for dead.
-- **The API away.** A Prefect API that does not answer is waited for (``_answering``: one warning line, up to
+- **The API away.** A Prefect API that does not answer is waited for (``api_wait.answering``: one warning line, up to
   ``--service-wait``); a restarted server forgets its queue of task runs (it is in memory), and workers' runs that
   needed the API meanwhile fail: those trial-rungs are sent again (``_AfterOutage``).
 - **Code.** A served task's key holds a hash of its code: a worker of other code never receives the job's task
@@ -40,14 +40,16 @@ import logging
 import os
 import threading
 import time
+import types
 from dataclasses import asdict
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 
-from prefect_hyperband.executors import work_pool, worker_slots
+from prefect_hyperband.executors import work_pool, worker_slots, worker_watch
+from prefect_hyperband.executors.api_wait import answering
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks import storage
 from prefect_hyperband.tasks.job import Job, storage_at
@@ -62,28 +64,23 @@ TASK_NAME = "hyperband-trial-rung"
 POLL_SECONDS = 0.2
 #: seconds between looks for a trial-rung's result in a folder (``_landed``)
 RESULT_LOOK = 0.02
-#: seconds between tries of a Prefect API that does not answer, and the least a trial-rung waits for it
-API_RETRY_SECONDS = 1.0
-API_WAIT_AT_LEAST = 60.0
 #: Prefect's client's own retries of a request while the trial-rungs wait (its backoff: about 6 s for 2)
 API_CLIENT_RETRIES = 2
 #: times a trial-rung lost to an outage of the API is sent again before the loop hears of it
 OUTAGE_RESENDS = 2
-#: seconds after the API answers again within which a failure is the same outage (a restarted server's 503s): unsaid
-OUTAGE_QUIET = 60.0
 #: seconds a task run may stay PENDING after an outage it was out in (its worker took it, could not begin it without
 #: the API: Prefect's "Failed to submit task run", and dropped it); a worker begins one in milliseconds
 OUTAGE_PENDING = 15.0
-#: when the Prefect API stopped answering this process's trial-rungs (None: it answers) and last answered again
-_OUTAGE: dict[str, float | None] = {"since": None, "back": None}
-_OUTAGE_LOCK = threading.Lock()
 #: what each of the latest ``SAID_JOBS`` jobs said of its workers (``who_serves``): said once per job, not per
 #: trial-rung; a long-lived process (a served deployment) forgets the oldest job's sentences, not growing
 _SAID: dict[str, set[str]] = {}
 _SAID_LOCK = threading.Lock()
 SAID_JOBS = 64
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+
+
+#: seconds a trial-rung waits before the job first looks whether any worker can serve it (``_not_taken``)
+FIRST_LOOK = 5.0
 
 
 def pickup_timeout() -> float:
@@ -133,6 +130,29 @@ def trial_rung(job: dict[str, Any], rung: dict[str, Any], heartbeat_seconds: flo
         raise work_pool.TrialRunGivenUp(f"given up by the job's controller ({why}); its trial-rung ran again")
     spec.store().write_json(f"results/{run_id}.json", work_pool.result_of(out))
     return {"host": os.uname().nodename, "pid": os.getpid()}
+
+
+def served(root: str | None, **options: Any) -> Any:
+    """``trial_rung`` with its parameters in ``root`` (a job's and its workers' ``--storage``; None: Prefect's
+    task-scheduling storage) and a task key of that storage: what a job sends, and what a worker started with the
+    same ``--storage`` serves; a worker reading other storage is never sent it. Prefect's key of a task is its
+    function's name and a hash of its code: the same code under a name that holds the storage's digest."""
+    settings = {"name": TASK_NAME, "cache_policy": _NoCache(), "log_prints": False, **options}
+    return task(_named(root), result_storage=storage.parameter_storage(root), **settings)
+
+
+def key_of(root: str | None) -> str:
+    """The task key of trial-rungs whose parameters travel through ``root`` (``served``)."""
+    return task(_named(root), name=TASK_NAME).task_key
+
+
+def _named(root: str | None) -> Any:
+    """``trial_rung``'s function (its code) under a name that holds the digest of ``root``."""
+    fn = trial_rung.fn
+    named = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    named.__qualname__ = f"{fn.__name__}{worker_slots.STORE_SEP}{worker_slots.storage_digest(root)}"
+    named.__module__, named.__doc__, named.__annotations__ = fn.__module__, fn.__doc__, dict(fn.__annotations__)
+    return named
 
 
 def hand_back(why: str = HANDED_BACK, wait: float = HAND_BACK_WAIT, taken: Any = (), besides: Any = ()) -> list[str]:
@@ -205,14 +225,17 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelled, Crashed
 
-    future, _ = _answering(lambda: _send(job, one))
+    future, _ = answering(lambda: _send(job, one))
     run_id, store, name = future.task_run_id, job.store(), f"task run {one.trial_id} to r={one.resource}"
     outage, back, parameters = False, 0.0, None  # the API waited for while it was out; when it last answered
-    beats, began, said = work_pool.Beats(store, f"heartbeats/{run_id}.json", work_pool.heartbeat_timeout()), \
-        time.monotonic(), False
+    beats = work_pool.Beats(store, f"heartbeats/{run_id}.json", work_pool.heartbeat_timeout())
+    began = looked = time.monotonic()
+    claims = storage_at(job.task_storage, job.job_dir) if job.task_storage else None
+    holder = worker_watch.Holder(claims, store, run_id, beats.key)  # a worker gone: its trial-rung runs again at once
     with get_client(sync_client=True) as client:
-        def end(state: Any) -> None:
-            _answering(lambda: client.set_task_run_state(run_id, state, force=True))
+        def end(state: Any) -> None:  # the run given up (its parameters and claim deleted) or stopped
+            answering(lambda: client.set_task_run_state(run_id, state, force=True))
+            _drop_parameters(job, run_id, parameters)
 
         while True:
             state, waited = _state(client, run_id, job)
@@ -233,17 +256,10 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
                 end(Cancelled(message="its worker could not begin it while the Prefect API was away: sent again"))
                 raise _AfterOutage(f"{name} ({run_id}): pending since the Prefect API was away (its worker could not "
                                    "begin it without the API)")
-            if waiting and time.monotonic() - began > pickup_timeout():
-                why = worker_slots.who_serves(client, trial_rung.task_key)
-                if why.startswith(worker_slots.SERVED):  # sent to a worker that died before it began (delivery is at most once)
-                    end(Cancelled(message="not begun in time: sent again"))
-                    raise work_pool.TrialRunLost(f"{name} ({run_id}): not begun in "
-                                                 f"{time.monotonic() - began:.0f} s while {why}")
-                if not said and _first_time(job.job_id, why):  # the same for its other trial-rungs: once
-                    log.warning("trial %s at r=%d: no task worker took it in %.0f s; %s", one.trial_id,
-                                one.resource, time.monotonic() - began, why)
-                said, began = True, time.monotonic()  # the server asked again a timeout later, not every poll
-            dead = None if waiting else beats.dead(state)  # PENDING too long, or RUNNING without a heartbeat
+            if waiting and time.monotonic() - looked > (FIRST_LOOK if looked == began else pickup_timeout()):
+                _not_taken(client, job, one, run_id, time.monotonic() - began, end, holder.worker)
+                looked = time.monotonic()  # the server asked again a timeout later, not every poll
+            dead = holder.gone() or (None if waiting else beats.dead(state))  # or PENDING too long, RUNNING unbeaten
             if dead:
                 end(Crashed(message=dead))
                 store.delete(beats.key)
@@ -259,14 +275,32 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
     return work_pool.outcome_of(result)
 
 
+def _not_taken(client: Any, job: Job, one: TrialRung, run_id: Any, waited: float, end: Callable[[Any], None],
+               holder: str | None = None) -> None:
+    """A trial-rung no worker has begun in ``waited`` seconds. No worker able to serve it (none connected, none of this
+    code, none reading the job's storage): said once per job, and it waits for one. Workers serving it, past the
+    pickup timeout, none holding it (a live ``holder`` waits for a slot): it was sent to a worker that died before it
+    began without a claim (delivery is at most once), sent again."""
+    from prefect.states import Cancelled
+
+    why = worker_slots.who_serves(client, key_of(job.task_storage), job.task_storage)
+    if why.startswith(worker_slots.SERVED):
+        if waited > pickup_timeout() and holder is None:
+            end(Cancelled(message="not begun in time: sent again"))
+            raise work_pool.TrialRunLost(f"task run {one.trial_id} to r={one.resource} ({run_id}): not begun in "
+                                         f"{waited:.0f} s while {why}")
+        return
+    if _first_time(job.job_id, why):  # the same for its other trial-rungs: once
+        log.warning("trial %s at r=%d: no task worker took it in %.0f s; %s", one.trial_id, one.resource, waited, why)
+
+
 def _send(job: Job, one: TrialRung) -> Any:
     """The trial-rung as a background task run of ``trial_rung`` (its future), its parameters in the job's storage."""
     beat_every = min(work_pool.HEARTBEAT_SECONDS, work_pool.heartbeat_timeout() / 4)
     # named for the trial-rung: Prefect names a task run made in a flow run "<task's name>-<key>" (the name is not
     # the task's key: the workers still take it)
-    submitted = trial_rung.with_options(name=f"{one.trial_id} to r={one.resource}",
-                                        tags=["hyperband", f"job:{job.job_id}"],
-                                        result_storage=storage.parameter_storage(job.task_storage))
+    submitted = served(job.task_storage, name=f"{one.trial_id} to r={one.resource}",
+                       tags=["hyperband", f"job:{job.job_id}"])
     return contextvars.copy_context().run(_outside_runs, submitted, job=job.to_json(), rung=asdict(one),
                                           heartbeat_seconds=beat_every)
 
@@ -279,6 +313,7 @@ def _drop_parameters(job: Job, run_id: Any, parameters_id: Any) -> None:
     if not job.task_storage:
         return
     try:
+        storage_at(job.task_storage, job.job_dir).delete(worker_watch.claim_key(run_id))  # (``worker_watch``)
         if not parameters_id:
             from prefect.client.orchestration import get_client
 
@@ -318,12 +353,12 @@ def _landed(store: Any, key: str, seconds: float) -> bool:
 
 
 def _state(client: Any, run_id: Any, job: Job) -> tuple[Any, bool]:
-    """The task run's state, and whether the API was waited for (``_answering``); ``TrialRunLost`` naming the likely
+    """The task run's state, and whether the API was waited for (``api_wait.answering``); ``TrialRunLost`` naming the likely
     cause when a worker deleted the run (Prefect's task worker deletes one whose parameters it cannot read)."""
     from prefect.exceptions import ObjectNotFound
 
     try:
-        run, waited = _answering(lambda: client.read_task_run(run_id))
+        run, waited = answering(lambda: client.read_task_run(run_id))
         return run.state, waited
     except ObjectNotFound:
         where = f"--storage {job.task_storage}" if job.task_storage else "the default task-scheduling storage"
@@ -331,41 +366,6 @@ def _state(client: Any, run_id: Any, job: Job) -> tuple[Any, bool]:
             f"task run {run_id} was deleted: a task worker could not read its parameters ({where}); start "
             f"`hyperband worker{' --storage ' + job.task_storage if job.task_storage else ''}` where that storage "
             "is reachable") from None
-
-
-def _answering(call: Callable[[], T]) -> tuple[T, bool]:
-    """``call()`` (a request to the Prefect API), tried again every ``API_RETRY_SECONDS`` while the API does not
-    answer (its server or database restarting), for as long as the job waits for MLflow (``--service-wait``:
-    ``service_wait.client_waits``), and whether it waited. One warning line per outage for the whole process (its
-    trial-rungs all wait); past the bound, the error (the loop stops the job: exit 75, ``--resume``)."""
-    from prefect_hyperband.tasks.service_wait import client_waits
-    from prefect_hyperband.trainers.errors import first_line, unavailable
-
-    began, waited = time.monotonic(), False
-    while True:
-        try:
-            value = call()
-        except Exception as exc:
-            bound = max(client_waits(), API_WAIT_AT_LEAST)
-            if not unavailable(exc) or time.monotonic() - began > bound:
-                raise
-            with _OUTAGE_LOCK:
-                back = _OUTAGE.get("back")
-                if _OUTAGE["since"] is None and back is not None and time.monotonic() - back < OUTAGE_QUIET:
-                    _OUTAGE["since"] = back  # the same outage, already said
-                if _OUTAGE["since"] is None:
-                    _OUTAGE["since"] = time.monotonic()
-                    log.warning("the Prefect API does not answer (%s: %s); the trial-rungs wait for it, up to %.0f s",
-                                type(exc).__name__, first_line(exc), bound)
-            waited = True
-            time.sleep(API_RETRY_SECONDS)
-            continue
-        if waited:
-            with _OUTAGE_LOCK:
-                if _OUTAGE["since"] is not None:
-                    log.info("the Prefect API answers again, after %.0f s", time.monotonic() - _OUTAGE["since"])
-                    _OUTAGE["since"], _OUTAGE["back"] = None, time.monotonic()
-        return value, waited
 
 
 def _outside_runs(submitted: Any, **parameters: Any) -> Any:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -129,13 +130,14 @@ def heartbeat(job: Job, run_id: str, seconds: float, token: stopping.StopToken |
     training is stopped through ``token``."""
     given_up = given_up or _given_up
     store, key, done = job.store(), f"heartbeats/{run_id}.json", threading.Event()
+    worker = f"{socket.gethostname()}-{os.getpid()}"  # a task worker's identifier on the server (``worker_watch``)
 
     def beat() -> None:
         n = 0
         while True:
             n += 1
             try:
-                store.write_json(key, {"beat": n, "pid": os.getpid()}, indent=None)
+                store.write_json(key, {"beat": n, "pid": os.getpid(), "worker": worker}, indent=None)
             except Exception:  # a storage hiccup: the next beat may pass; the controller allows several misses
                 pass
             try:

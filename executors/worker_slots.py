@@ -1,6 +1,10 @@
-"""Which of the Prefect server's task workers serve a job's trial-rung task (its code's key), and the slots they
-offer: a ``hyperband worker``'s identifier on the server ends in ``SLOTS_MARK`` and its ``--limit`` (``app.worker``),
-so that a job without ``--concurrency`` keeps as many trial-rungs in flight as its workers take at once."""
+"""Which of the Prefect server's task workers serve a job's trial-rung task, and the slots they offer.
+
+A job's trial-rungs go to the workers of its task key (``task_workers.served``): Prefect's key of the task, its name
+(which holds a digest of the storage its parameters travel through, ``storage_digest``) and a hash of its code, so
+that a worker that cannot read them never receives them (before, it failed each one). A ``hyperband worker``'s
+identifier on the server ends in ``SLOTS_MARK`` and its ``--limit`` (``app.worker``), so that a job without
+``--concurrency`` keeps as many trial-rungs in flight as its workers take at once."""
 
 from __future__ import annotations
 
@@ -13,6 +17,25 @@ SERVED = "workers serve this code"
 SLOTS_EVERY = 5.0
 #: how a hyperband worker's identifier on the Prefect server ends: the slots it offers (``slots_of``)
 SLOTS_MARK = "~slots="
+#: between the trial-rung task's name and its storage's digest, in its function's name (``task_workers.served``)
+STORE_SEP = "_on_"
+def storage_digest(storage: str | None) -> str:
+    """A short name for the storage a job's trial-rungs' parameters travel through (``--storage``, as
+    ``storage_name`` writes it; None: Prefect's task-scheduling storage), part of their task's key."""
+    import hashlib
+
+    return hashlib.sha256(storage_name(storage).encode()).hexdigest()[:12] if storage else "prefect"
+
+
+def storage_name(storage: str | None) -> str:
+    """``--storage`` as every machine names it: a local path absolute (``file://`` dropped), a URL as given."""
+    from pathlib import Path
+
+    from prefect_hyperband.tasks.storage import is_local
+
+    if not storage:
+        return ""
+    return str(Path(storage.removeprefix("file://")).resolve()) if is_local(storage) else storage
 
 
 def serving(client: Any) -> dict[str, list[str]]:
@@ -21,18 +44,27 @@ def serving(client: Any) -> dict[str, list[str]]:
     return {w["identifier"]: list(w["task_keys"]) for w in response.json()}
 
 
-def who_serves(client: Any, task_key: str) -> str:
-    """One sentence: which workers serve ``task_key`` (this code's), and which the trial-rung task of other code."""
+def who_serves(client: Any, task_key: str, storage: str | None = None) -> str:
+    """One sentence: which workers serve ``task_key`` (this code's, reading ``storage``), and which serve the
+    trial-rung task of this code with another storage, or of other code."""
     try:
         workers = serving(client)
     except Exception as exc:  # noqa: BLE001  (a sentence for a warning: the server did not answer)
         return f"the Prefect server did not list its task workers ({type(exc).__name__})"
     ours = [w for w, keys in workers.items() if task_key in keys]
-    ours_of_any_code = task_key.rsplit("-", 1)[0] + "-"  # the key: the task function's name, a hash of its code
-    other = [w for w, keys in workers.items() if task_key not in keys
-             and any(k.startswith(ours_of_any_code) for k in keys)]
+    name, _, code = task_key.rpartition("-")  # Prefect's key: the function's name, a hash of its code
+    family = name.split(STORE_SEP, 1)[0]  # the trial-rung task, whatever its storage
+    same_code = [w for w, keys in workers.items() if task_key not in keys
+                 and any(k.startswith(family) and k.endswith(f"-{code}") for k in keys)]
+    other = [w for w, keys in workers.items() if task_key not in keys and w not in same_code
+             and any(k.startswith(family) for k in keys)]
     if ours:
         return f"{SERVED}: {len(ours)} worker(s) serve it"
+    if same_code:
+        flag = f"--storage {storage}" if storage else "no --storage (Prefect's task-scheduling storage)"
+        return (f"{len(same_code)} hyperband worker(s) read other storage than this job's trial-rungs travel through: "
+                f"start `hyperband worker{' --storage ' + storage if storage else ''}` ({flag}) where it is "
+                "reachable; the trial-rungs wait for it")
     if other:
         return (f"{len(other)} hyperband worker(s) serve other code (task key {task_key} here): start `hyperband "
                 "worker` from the same version of prefect-hyperband as the job's")
@@ -68,12 +100,12 @@ def slots_of(identifier: str) -> int:
 
 
 def slot_count(task_key: str | None = None) -> int:
-    """The slots the task workers serving this code's trial-rung task offer now (the job's default concurrency, at
-    least 1): each worker's ``--limit``, or one."""
+    """The slots the task workers serving ``task_key`` (a job's: ``task_workers.key_of``) offer now (the job's default
+    concurrency, at least 1): each worker's ``--limit``, or one."""
     from prefect.client.orchestration import get_client
 
-    from prefect_hyperband.executors.task_workers import trial_rung  # (that module sends to the workers it counts)
+    from prefect_hyperband.executors.task_workers import key_of  # (that module sends to the workers it counts)
 
-    key = task_key or trial_rung.task_key
+    key = task_key or key_of(None)
     with get_client(sync_client=True) as client:
         return max(1, sum(slots_of(w) for w, keys in serving(client).items() if key in keys))

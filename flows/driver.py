@@ -96,9 +96,11 @@ def _slots(job: Job) -> Callable[[], int] | None:
     ``--limit``, or one), as they come and go; None: ``job.concurrency``."""
     if not (job.task_workers and job.follow_workers):
         return None
-    from prefect_hyperband.executors.worker_slots import LiveSlots
+    from prefect_hyperband.executors.task_workers import key_of
+    from prefect_hyperband.executors.worker_slots import LiveSlots, slot_count
 
-    return LiveSlots(job.concurrency)
+    key = key_of(job.task_storage)  # the workers reading the job's storage (``worker_slots``)
+    return LiveSlots(job.concurrency, lambda: slot_count(key))
 
 
 class _WorkerSeconds:

@@ -104,7 +104,8 @@ def remembering_taken(task_worker: type) -> type:
     and has not finished: its ``_acquire_token`` (called as a run arrives, before it waits for a free slot) and
     ``_release_token`` (called as it ends) note them. Once ``closed`` (the worker stopping), a run that arrives, or
     that was waiting for a slot, is noted and not begun (``_acquire_token`` False: Prefect's loop then leaves it), for
-    the worker to hand back; ``begun`` holds those that did begin until Prefect's engine has ended them."""
+    the worker to hand back; ``begun`` holds those that did begin until Prefect's engine has ended them. A subclass's
+    ``note_taken`` hears of each run as it arrives."""
 
     class Remembering(task_worker):  # type: ignore[misc,valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -133,16 +134,15 @@ def remembering_taken(task_worker: type) -> type:
         def close_subscription(self, timeout: float) -> bool:
             """Closed, its subscription's socket too (from another thread): a run sent and not acknowledged goes back to
             the server's queue; one acknowledged is in ``taken``. True once no run can arrive (within ``timeout``)."""
-            import asyncio
+            return _close(self, timeout)
 
-            self.closed = True
-            socket = getattr(self.subscription, "_websocket", None)
-            if socket is not None and self.loop is not None and not self.loop.is_closed():
-                asyncio.run_coroutine_threadsafe(socket.close(), self.loop)
-            return self.ended.wait(timeout)
+        #: ``async (task_run_id) -> None``, awaited as a run arrives, before it waits for a slot (``app.worker``'s claim)
+        note_taken: Any = None
 
         async def _acquire_token(self, task_run_id: Any) -> bool:
             self.taken.add(task_run_id)
+            if self.note_taken is not None and not self.closed:
+                await self.note_taken(task_run_id)
             if self.closed:
                 return False
             got = await super()._acquire_token(task_run_id)
@@ -159,6 +159,17 @@ def remembering_taken(task_worker: type) -> type:
             return super()._release_token(task_run_id)
 
     return Remembering
+
+
+def _close(worker: Any, timeout: float) -> bool:
+    """``remembering_taken``'s ``close_subscription``."""
+    import asyncio
+
+    worker.closed = True
+    socket = getattr(worker.subscription, "_websocket", None)
+    if socket is not None and worker.loop is not None and not worker.loop.is_closed():
+        asyncio.run_coroutine_threadsafe(socket.close(), worker.loop)
+    return worker.ended.wait(timeout)
 
 
 class _Closed(Exception):

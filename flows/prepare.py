@@ -279,9 +279,9 @@ def _task_storage(params: TuneParams) -> str | None:
     """``--storage`` as every machine names it (a local path made absolute), for ``--task-workers`` only."""
     if not (params.task_workers and params.storage):
         return None
-    from prefect_hyperband.tasks.storage import is_local
+    from prefect_hyperband.executors.worker_slots import storage_name
 
-    return str(Path(params.storage.removeprefix("file://")).resolve()) if is_local(params.storage) else params.storage
+    return storage_name(params.storage)
 
 
 def _concurrency(params: TuneParams) -> int:
@@ -292,9 +292,10 @@ def _concurrency(params: TuneParams) -> int:
 
         return pool_concurrency(params.trial_pool)
     if params.task_workers and not params.concurrency:
+        from prefect_hyperband.executors.task_workers import key_of
         from prefect_hyperband.executors.worker_slots import slot_count
 
-        return slot_count()
+        return slot_count(key_of(_task_storage(params)))
     size = dask_groups.cluster_size(params.dask_address, params.workers) if params.dask_address else None
     return params.trial_concurrency(size)  # too few workers: one line, before any training
 

@@ -32,7 +32,7 @@ def workers(tmp_path: Path, n: int, limit: int = 2, storage: str | None = None) 
     started = []
     try:
         for i in range(n):
-            (tmp_path / f"machine-{i}").mkdir()
+            (tmp_path / f"machine-{i}").mkdir(parents=True)
             log = open(tmp_path / f"machine-{i}" / "worker.log", "w")
             own = {"PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(tmp_path / f"machine-{i}" / "prefect")} if storage else {}
             where = ["--storage", storage] if storage else []
@@ -103,14 +103,29 @@ def test_two_workers_train_the_job_as_its_threads_do_and_a_killed_one_s_trial_ru
         assert sum(took) == 22 and min(took) > 0, took  # both workers took trial-rungs
         _in_the_jobs_flow_run("workers", 22)
 
-        monkeypatch.setenv("HYPERBAND_HEARTBEAT_TIMEOUT", "4")
-        monkeypatch.setenv("HYPERBAND_TASK_PICKUP_TIMEOUT", "10")  # what the killed worker took and never began
-        killer = _once_it_trains(tmp_path / "jobs" / "killed", first, signal.SIGKILL)
-        killed = tune(TuneParams(**common, job_id="killed", unit_seconds=0.3, task_workers=True))
-        killer.join(timeout=60)
     assert first.poll() is not None and second.poll() is not None
+    # issue 78: workers and job sharing --storage, the default timeouts (60 s heartbeat, 120 s pickup): the killed
+    # worker's trial-rungs, training or taken and waiting for a slot, run again once the server no longer lists it
+    shared = str(tmp_path / "shared")
+    with workers(tmp_path / "with-storage", 2, storage=shared) as (first, second):
+        killer = _once_it_trains(Path(shared) / "killed", first, signal.SIGKILL)  # (the job's folder in --storage)
+        killed = tune(TuneParams(**common, job_id="killed", unit_seconds=0.3, task_workers=True, storage=shared))
+        killer.join(timeout=60)
     assert killer.signalled, "the first worker never trained a trial-rung of the job"
     assert _rows(killed) == _rows(here)  # each trial-rung once, the same scores
+    crashed = _crashed("killed")
+    assert crashed and all("left the Prefect server's task workers" in why for why in crashed), crashed
+    assert not list((Path(shared) / "claims").glob("*.json"))  # each claim deleted with its result
+
+
+def _crashed(job_id: str) -> list[str]:
+    """The messages of the job's task runs marked Crashed (taken for dead)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterTags
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(task_run_filter=TaskRunFilter(tags=TaskRunFilterTags(all_=[f"job:{job_id}"])))
+    return [run.state.message or "" for run in runs if run.state is not None and run.state.type.value == "CRASHED"]
 
 
 def _in_the_jobs_flow_run(job_id: str, n: int) -> None:
@@ -210,6 +225,47 @@ def test_a_worker_of_other_code_is_named_in_one_line_and_a_worker_started_mid_jo
     # deleted each once read: none pile up
     assert (tmp_path / "shared" / "task-parameters" / "parameters").is_dir()
     assert not list((tmp_path / "shared" / "task-parameters" / "parameters").iterdir())
+
+
+def test_workers_without_the_jobs_storage_are_never_sent_its_trial_rungs_and_one_started_with_it_takes_them(
+        tracking_uri, tmp_path):
+    """Issue 78: two workers started without ``--storage`` and a job with ``--task-workers --storage``: no trial-rung
+    reaches them (before: each failed to read its parameters, and trials failed), the job says once what to start,
+    and a worker started with the job's ``--storage`` mid-job takes the trial-rungs: the job completes."""
+    import threading
+
+    from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.flows.tune import tune
+
+    lines: list[str] = []
+    keep = logging.Handler()
+    keep.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("prefect_hyperband.executors.task_workers")
+    logger.addHandler(keep)
+    shared, done = str(tmp_path / "shared"), {}
+    try:
+        with workers(tmp_path / "without", 2) as unfit:
+            job = threading.Thread(target=lambda: done.update(tune(TuneParams(
+                model="synthetic", max_resource=3, eta=3, seed=4, baseline=False, register_model=False,
+                unit_seconds=0.0, job_dir=str(tmp_path / "jobs"), storage=shared, job_id="stored",
+                task_workers=True, concurrency=2))), daemon=True)
+            job.start()
+            deadline = time.monotonic() + 60
+            while not any("read other storage" in line for line in lines) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(3)  # (a second line would come now)
+            said = [line for line in lines if "no task worker took it" in line]
+            assert len(said) == 1 and "2 hyperband worker(s) read other storage" in said[0], lines
+            assert f"start `hyperband worker --storage {shared}`" in said[0] and not done
+            with workers(tmp_path / "with", 1, storage=shared):
+                job.join(timeout=120)
+            logs = [(tmp_path / "without" / f"machine-{i}" / "worker.log").read_text() for i in range(2)]
+            assert all(p.poll() is None for p in unfit)
+    finally:
+        logger.removeHandler(keep)
+    assert not job.is_alive() and len(_rows(done)) == 6 and done["summary"]["failed_trials"] == 0
+    assert not any("Received task run" in log or "Failed to read parameters" in log for log in logs)
+    assert "parameters from Prefect's task-scheduling storage" in logs[0]
 
 
 #: the job's lines for a Prefect server away, each said once per outage

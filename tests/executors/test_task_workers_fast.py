@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_hyperband.executors import task_workers, worker_slots
+from prefect_hyperband.executors import api_wait, task_workers, worker_slots
 from prefect_hyperband.tasks import storage
 
 
@@ -28,6 +28,78 @@ def test_the_job_names_which_workers_serve_its_code_when_none_took_a_trial_rung(
     assert worker_slots.serving(ours) == {"a": [key]}
 
 
+def test_a_jobs_task_key_holds_its_storage_and_workers_reading_other_storage_are_named(tmp_path, monkeypatch):
+    """Issue 78: a job with --storage sends its trial-rungs under a key of that storage; a worker started without it
+    (or with another) serves another key, is never sent them, and the job says what to start."""
+    key_of = task_workers.key_of
+    monkeypatch.chdir(tmp_path)
+    here = key_of("shared")
+    assert here == key_of(str(tmp_path / "shared")) == key_of(f"file://{tmp_path}/shared")
+    assert len({here, key_of(None), key_of("s3://b/x")}) == 3
+    code = task_workers.trial_rung.task_key.rsplit("-", 1)[1]  # Prefect's hash of the code: the same for every storage
+    assert here.startswith("trial_rung_on_") and here.endswith(f"-{code}") and key_of(None).endswith(f"-{code}")
+    sent = task_workers.served("shared", name="s0-0001 to r=3", tags=["hyperband"])
+    assert sent.task_key == here and sent.with_options(persist_result=True).task_key == here  # (as a TaskWorker keeps it)
+    without = _Client([{"identifier": "h-1~slots=2", "task_keys": [key_of(None)]}])
+    said = worker_slots.who_serves(without, here, str(tmp_path / "shared"))
+    assert said.startswith("1 hyperband worker(s) read other storage") and f"--storage {tmp_path}/shared" in said
+    assert "the trial-rungs wait for it" in said
+
+
+def test_a_worker_missing_from_the_servers_list_at_every_look_for_3_s_is_gone_and_one_listed_never_is():
+    from prefect_hyperband.executors.worker_watch import Roster
+
+    now, listed = [0.0], [{"h-1~slots=2", "h-2"}]
+    roster = Roster(read=lambda: listed[0], clock=lambda: now[0])
+    for t in range(0, 100):  # 100 s of a live worker: never gone, whatever else happens
+        now[0] = t * 1.0
+        assert roster.gone("h-1") is None and roster.gone("h-2") is None
+    listed[0] = {"h-2"}  # h-1 killed: its socket closed, the server forgot it
+    said = []
+    for t in range(100, 106):
+        now[0] = t * 1.0
+        said.append(roster.gone("h-1"))
+    assert said[:3] == [None, None, None] and said[3].startswith("its worker h-1 left the Prefect server's task workers")
+    listed[0] = {"h-1", "h-2"}  # missing once, then back (a reconnection): not gone
+    now[0] = 107.0
+    assert roster.gone("h-1") is None
+    listed[0] = {"h-2"}
+    now[0] = 108.0
+    assert roster.gone("h-1") is None  # the clock starts again
+
+
+def test_a_server_that_does_not_answer_is_no_sign_of_a_gone_worker():
+    from prefect_hyperband.executors.worker_watch import Roster
+
+    now = [0.0]
+
+    def away():
+        raise ConnectionError("refused")
+
+    roster = Roster(read=away, clock=lambda: now[0])
+    for t in range(30):
+        now[0] = float(t)
+        assert roster.gone("h-1") is None
+
+
+def test_the_holder_of_a_task_run_is_its_claim_or_its_heartbeat(tmp_path):
+    from prefect_hyperband.executors.worker_watch import Holder, Roster, claim_key
+
+    store = storage.Storage(str(tmp_path / "jobs"), str(tmp_path / "jobs"))
+    claims = storage.Storage(str(tmp_path / "shared"), str(tmp_path / "shared"))
+    roster = Roster(read=lambda: {"h-9"}, clock=lambda: 0.0)
+    holder = Holder(claims, store, "run-1", "heartbeats/run-1.json")
+    assert holder.gone(roster) is None and holder.worker is None  # no claim, no beat: nobody known
+    claims.write_json(claim_key("run-1"), {"worker": "h-3"})
+    holder.at = -10.0  # (looked again a second later)
+    holder.gone(roster)
+    assert holder.worker == "h-3"
+    beaten = Holder(None, store, "run-2", "heartbeats/run-2.json")
+    store.write_json("heartbeats/run-2.json", {"beat": 1, "pid": 7, "worker": "h-7"})
+    beaten.gone(roster)
+    assert beaten.worker == "h-7"
+
+
 def test_a_workers_slots_are_its_limit_on_the_servers_list_of_task_workers(monkeypatch):
     """``hyperband worker --limit N``'s identifier on the server ends in its slots; a job counts the slots of the
     workers serving its code (one for a worker that says none: no --limit, another version, Prefect's own)."""
@@ -42,7 +114,7 @@ def test_a_workers_slots_are_its_limit_on_the_servers_list_of_task_workers(monke
     assert limited.endswith("~slots=3") and "~slots=" not in unlimited
     assert [worker_slots.slots_of(w) for w in (limited, unlimited, "h-1~slots=x", "~slots=4", "h-2~slots=0")] == \
         [3, 1, 1, 1, 1]
-    key = task_workers.trial_rung.task_key
+    key = task_workers.key_of(None)
     client = _Client([{"identifier": limited, "task_keys": [key]}, {"identifier": unlimited, "task_keys": [key]},
                       {"identifier": "other~slots=8", "task_keys": ["trial_rung-0badc0de"]}])
     import prefect.client.orchestration as orchestration
@@ -137,12 +209,12 @@ def test_a_prefect_api_away_for_a_while_is_waited_for_with_one_line_and_past_the
     records: list[logging.LogRecord] = []
     keep = logging.Handler(logging.INFO)
     keep.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("prefect_hyperband.executors.task_workers")
+    logger = logging.getLogger("prefect_hyperband.executors.api_wait")
     monkeypatch.setattr(logger, "level", logging.INFO)
     monkeypatch.setattr(logger, "disabled", False)  # a logging.config of another test's may have disabled it
     logger.addHandler(keep)
-    monkeypatch.setitem(task_workers._OUTAGE, "since", None)
-    monkeypatch.setattr(task_workers.time, "sleep", lambda seconds: None)
+    monkeypatch.setitem(api_wait._OUTAGE, "since", None)
+    monkeypatch.setattr(api_wait.time, "sleep", lambda seconds: None)
     answers = iter([httpx.ConnectError("All connection attempts failed")] * 3 + ["state"])
 
     def call():
@@ -151,26 +223,26 @@ def test_a_prefect_api_away_for_a_while_is_waited_for_with_one_line_and_past_the
             raise answer
         return answer
 
-    monkeypatch.setitem(task_workers._OUTAGE, "back", None)
+    monkeypatch.setitem(api_wait._OUTAGE, "back", None)
     try:
-        assert task_workers._answering(call) == ("state", True)
-        assert task_workers._answering(lambda: "again") == ("again", False)
+        assert api_wait.answering(call) == ("state", True)
+        assert api_wait.answering(lambda: "again") == ("again", False)
         # a restarted server's 503s while it starts its services, seconds after it answered: the same outage
         answers = iter([httpx.HTTPStatusError("503 Service Unavailable", request=None, response=None), "later"])
-        assert task_workers._answering(call) == ("later", True)
+        assert api_wait.answering(call) == ("later", True)
     finally:
         logger.removeHandler(keep)
     said = [r for r in records if r.levelno == logging.WARNING]
     assert len(said) == 1 and "the Prefect API does not answer (ConnectError" in said[0].getMessage()
     assert any("answers again" in r.getMessage() for r in records)
     with pytest.raises(ValueError):  # not an outage: at once
-        task_workers._answering(lambda: (_ for _ in ()).throw(ValueError("bad request")))
-    monkeypatch.setattr(task_workers, "API_WAIT_AT_LEAST", 0.0)
+        api_wait.answering(lambda: (_ for _ in ()).throw(ValueError("bad request")))
+    monkeypatch.setattr(api_wait, "API_WAIT_AT_LEAST", 0.0)
     monkeypatch.setattr("prefect_hyperband.tasks.service_wait.client_waits", lambda: 0.0)
     clock = iter(range(0, 100, 10))
-    monkeypatch.setattr(task_workers.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(api_wait.time, "monotonic", lambda: next(clock))
     with pytest.raises(httpx.ConnectError):  # past --service-wait: the loop stops the job (exit 75)
-        task_workers._answering(lambda: (_ for _ in ()).throw(httpx.ConnectError("refused")))
+        api_wait.answering(lambda: (_ for _ in ()).throw(httpx.ConnectError("refused")))
 
 
 def test_the_jobs_slots_follow_the_workers_counted_every_few_seconds_and_keep_the_last_count_while_the_server_is_away(
@@ -267,8 +339,8 @@ def test_a_task_run_its_worker_took_as_the_api_went_away_is_sent_again_quietly_o
 
     monkeypatch.setattr(task_workers.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(task_workers.time, "sleep", sleep)
-    monkeypatch.setitem(task_workers._OUTAGE, "since", None)
-    monkeypatch.setitem(task_workers._OUTAGE, "back", None)
+    monkeypatch.setitem(api_wait._OUTAGE, "since", None)
+    monkeypatch.setitem(api_wait._OUTAGE, "back", None)
     answers = iter([httpx.ConnectError("All connection attempts failed")] * 20)
     marked: list = []
 
@@ -298,7 +370,7 @@ def test_a_task_run_its_worker_took_as_the_api_went_away_is_sent_again_quietly_o
     with pytest.raises(task_workers._AfterOutage, match="pending since the Prefect API was away"):
         task_workers._on_workers(job, one)
     assert [(run, kind.value, force) for run, kind, force in marked] == [("run-1", "CANCELLED", True)]
-    assert 0 < clock[0] - 20 * task_workers.API_RETRY_SECONDS < task_workers.OUTAGE_PENDING + 1
+    assert 0 < clock[0] - 20 * api_wait.API_RETRY_SECONDS < task_workers.OUTAGE_PENDING + 1
 
 
 def test_what_a_job_says_of_its_workers_is_said_once_per_job_not_per_trial_rung(monkeypatch):
