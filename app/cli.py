@@ -131,7 +131,10 @@ def _model_error(flags: dict[str, Any]) -> str | None:
     if model not in models and not flags.get("trainer") and not flags.get("script"):
         return (f"unknown model {model!r}; choose {', '.join(models[:-1])} or {models[-1]}, "
                 "or your own code with --trainer or --script")
-    return None
+    chosen = "script" if flags.get("script") else "function" if flags.get("trainer") else model
+    workers = flags.get("workers") or 1  # (a list on `hyperband scale`: its largest)
+    workers = max(workers) if isinstance(workers, (list, tuple)) else workers
+    return registry.missing_extra(chosen, workers if isinstance(workers, int) else 1)
 
 
 def _scale(flags: dict[str, Any], args: argparse.Namespace) -> int:

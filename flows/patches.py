@@ -1,6 +1,7 @@
-"""Every patch of a library's internals, in one module: what each replaces, why, and the version it was written for
-(``WRITTEN_FOR``, the pins in pyproject.toml). ``tests/flows/test_patches.py`` fails when an installed version
-differs from it or an internal a patch relies on changed, and when code outside this module patches a library.
+"""Every patch of a library's internals, in one module: what each replaces, why, and the versions it was checked on
+(``WRITTEN_FOR``: the oldest and the newest of pyproject.toml's range). ``tests/flows/test_patches.py`` fails when an
+installed version is not one of them or an internal a patch relies on changed, and when code outside this module
+patches a library.
 
 - ``sqlite_begin_immediate``: Prefect's server, ``AioSqliteConfiguration.begin_transaction``: the two POSTs that read
   and then insert begin IMMEDIATE on SQLite (``flows.server``'s notes: a 503 and a 2 s retry otherwise).
@@ -25,8 +26,9 @@ import logging
 import threading
 from typing import Any, Callable, Iterator
 
-#: the versions these patches were written and tested for
-WRITTEN_FOR = {"prefect": "3.8.8"}
+#: the versions these patches were written and tested for (the suite passed on each: the oldest the package declares
+#: and the newest released)
+WRITTEN_FOR = {"prefect": ("3.8.8", "3.9.1")}
 
 _MISSING = object()
 
@@ -86,7 +88,11 @@ def api_log_errors_as_warnings(logger: str) -> None:
 
     async def _handle_batch(self: Any, items: Any) -> None:
         try:
-            await self._client.create_logs(items)
+            if items and isinstance(items[0], (bytes, bytearray)):  # 3.9: each line serialized as it was queued
+                await self._client.request("POST", "/logs/", content=b"[" + b",".join(items) + b"]",
+                                           headers={"Content-Type": "application/json"})
+            else:  # 3.8: the lines as dicts
+                await self._client.create_logs(items)
         except Exception as exc:  # noqa: BLE001  (as Prefect's: a log line is never the job's failure)
             from prefect.settings import PREFECT_LOGGING_INTERNAL_LEVEL
 

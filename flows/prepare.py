@@ -89,6 +89,9 @@ def resolve(params: TuneParams) -> TuneParams:
 def prepare(params: TuneParams) -> Job:
     """Validate the schedule, the search space, the data, the metric and the tracking store."""
     model = registry.get(params.model)
+    missing = registry.missing_extra(params.model, params.workers)  # torch not installed: one line, not an ImportError
+    if missing:
+        raise InputError(missing.replace("--model ", "model ") if model.user_code is None else missing)
     _check_run_settings(params, model)
     space, default_config = _space(params, model)
     spec = spec_of(params)

@@ -27,10 +27,9 @@ Python API's, the test suite's, the benchmarks') run it; Prefect is pinned, and 
 
 from __future__ import annotations
 
-import contextlib
 import os
 from contextvars import ContextVar
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 BATCHED_WRITES = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "200",
@@ -94,19 +93,3 @@ def with_our_app(popen: Callable[..., Any]) -> Callable[..., Any]:
         return popen(*args, **kwargs)
 
     return start
-
-
-@contextlib.contextmanager
-def harness(startup_timeout: int = 180) -> Iterator[None]:
-    """Prefect's test harness (a temporary server, this process's settings pointing at it) with its server running
-    ``OUR_APP``: the test suite's and the benchmarks' Prefect, as the CLI's temporary server."""
-    import subprocess
-
-    from prefect.testing.utilities import prefect_test_harness
-
-    from prefect_hyperband.flows.patches import starting_our_app
-
-    with contextlib.ExitStack() as started:
-        with starting_our_app(with_our_app(subprocess.Popen)):  # only while it starts
-            started.enter_context(prefect_test_harness(server_startup_timeout=startup_timeout))
-        yield

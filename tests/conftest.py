@@ -69,7 +69,7 @@ def _log_handlers_follow_the_tests_stderr():
 def prefect_harness():
     """One temporary Prefect server for every flow test (starting one takes seconds), running the app the CLI's
     temporary server runs (``flows.server.create_app``)."""
-    from prefect_hyperband.flows.server import harness
+    from harness import harness  # tests/harness.py
 
     with harness(startup_timeout=180):
         yield

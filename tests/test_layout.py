@@ -155,7 +155,10 @@ def test_the_readme_is_a_front_page_its_two_commands_as_they_were():
     assert len(text.splitlines()) <= 160
     assert not re.search(r"\d+ (fast )?tests in \d+ min", text)
     assert ".venv/bin/pip install -e . && .venv/bin/hyperband tune\n" in text
-    assert ".venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q -n 2 --durations=30\n" in text
+    assert ".venv/bin/pip install -c constraints.txt -e '.[test]' && .venv/bin/python -m pytest -q -n 2 --durations=30\n" \
+        in text
+    ci = (ROOT / ".ci" / "run").read_text()  # CI installs and runs what the README's test command does
+    assert "pip install -q -c constraints.txt -e '.[test]'" in ci and "pytest -q -n 2 --durations=30" in ci
 
 
 #: issue 38's bounds: a module a newcomer reads in one sitting, a function on one screen
@@ -180,3 +183,15 @@ def test_no_module_over_400_lines_no_function_over_60_no_two_modules_of_one_name
     assert not too_long, f"over {MAX_MODULE_LINES} lines a module or {MAX_FUNCTION_LINES} a function: {too_long}"
     twice = {name: paths for name, paths in by_name.items() if len(paths) > 1}
     assert not twice, f"modules of one file name: {twice}"
+
+
+def test_the_installed_package_imports_nothing_from_prefect_testing():
+    """Issue 75: Prefect's test utilities are the suite's (``tests/harness.py``), not the package's."""
+    found = []
+    for folder in (*MAY_IMPORT, "prefect_hyperband", "deployments", "examples", "data"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("prefect.testing")]
+    assert not found, found

@@ -55,7 +55,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_the_default_job_beside_a_user
     assert "prefect_hyperband/data/bank-marketing/bank-additional-full.csv.gz" in names
     assert "prefect_hyperband/deployments/prefect.yaml" in names
     top_level = zipfile.ZipFile(wheel).read(f"prefect_hyperband-{VERSION}.dist-info/METADATA").decode()
-    assert "License-Expression: Apache-2.0" in top_level and "Requires-Python: <3.12,>=3.11" in top_level
+    assert "License-Expression: Apache-2.0" in top_level and "Requires-Python: >=3.11" in top_level
 
     # a fresh venv that finds the wheel's dependencies in this test run's environment (a path in a .pth file: its
     # packages, not its editable install of this project, whose hook is a .pth of its own and is not read from

@@ -50,6 +50,9 @@ class Model:
     checkpoint_suffix: str = ".json"
     #: the TuneParams field that names the user's code (``trainer``, ``script``); None for a built-in
     user_code: str | None = None
+    #: optional packages it imports, each with the extra that installs it (``("torch", "torch")``): a job whose model
+    #: needs one that is missing ends before any training, in one line naming the extra (``missing_extra``)
+    needs: tuple[tuple[str, str], ...] = ()
     #: ``--workers`` starts that many processes on this machine per trial (bounded by its cores)
     local_workers: bool = False
     #: ``TrainerSettings.extra`` from the job's parameters (model-specific knobs)
@@ -124,6 +127,21 @@ def names() -> tuple[str, ...]:
 def built_in() -> tuple[str, ...]:
     """The models that need no code of the user's (``--model`` choices)."""
     return tuple(n for n in names() if _models[n].user_code is None)
+
+
+def missing_extra(name: str, workers: int = 1) -> str | None:
+    """Why model ``name`` cannot run here (an optional package it needs is not installed: the extra to install), or
+    None. A script with several ranks needs torch's launcher."""
+    import importlib.util
+
+    model = get(name)
+    needs = list(model.needs) + ([("torch", "torch")] if model.user_code == "script" and workers > 1 else [])
+    for module, extra in needs:
+        if importlib.util.find_spec(module) is None:
+            what = f"--model {name}" if model.user_code is None else f"--script with --workers {workers} (torch's launcher)"
+            return (f"{what} needs {module}, which is not installed here: pip install 'prefect-hyperband[{extra}]' "
+                    f"(or install your own {module} build first, a CUDA one on GPU machines)")
+    return None
 
 
 def model_specific_fields() -> tuple[str, ...]:

@@ -80,4 +80,5 @@ def check_config(config: dict[str, Any]) -> None:
 MODEL = Model(
     "torch", build, "PyTorch CNN/MLP with DDP (one unit = one epoch)", space=space, metric=metric,
     checkpoint_suffix=".pt", local_workers=True, log_model=log_model, order=1, check_config=check_config,
+    needs=(("torch", "torch"),),
 )
