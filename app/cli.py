@@ -63,17 +63,29 @@ def _plan(flags: dict[str, Any], args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError, create_model
 
+    from prefect_hyperband.trainers import gpus
+    from prefect_hyperband.trainers.errors import InputError
+
     try:
         values = create_model("Schedule", **schedule_fields())(**flags)
         plan = plan_summary(values.min_resource, values.max_resource, values.eta)
+        ids = gpus.choose(values.device, values.gpus, values.workers)  # too few GPUs for a trial's ranks: one line
     except ValidationError as exc:
         return _fail(_one_line(exc))
+    except InputError as exc:
+        return _fail(str(exc))
     except ValueError as exc:
         return _fail(_flags_in(str(exc)))
+    plan.update(gpus_per_trial=values.workers if ids else 0, gpus=list(ids or ()),
+                trials_at_once_on_gpus=len(gpus.groups(ids, values.workers)) if ids else 0)
     if args.json:
         print(json.dumps(plan))
         return 0
     print(render_plan(plan))
+    print(f"placement: {values.workers} GPU{'s' if values.workers > 1 else ''} a trial-rung (a rank per GPU), "
+          f"{plan['trials_at_once_on_gpus']} at once on GPUs {','.join(map(str, ids))}" if ids else
+          f"placement: the CPU, {values.workers} rank{'s' if values.workers > 1 else ''} a trial-rung"
+          + (" (--device cpu)" if ids == () else " (no GPU visible here)"))
     return 0
 
 

@@ -126,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: the fields ``hyperband plan`` takes
-SCHEDULE = ("min_resource", "max_resource", "eta")
+#: the fields ``hyperband plan`` takes: the schedule, and a trial's ranks with the GPUs they would take
+SCHEDULE = ("min_resource", "max_resource", "eta", "workers", "gpus", "device")
 
 
 def schedule_fields() -> dict[str, Any]:

@@ -33,6 +33,15 @@ def workers_of(client: Any) -> dict[str, Any]:
     return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
 
 
+def gpu_resources(client: Any, addresses: tuple[str, ...]) -> dict[str, float]:
+    """Dask's ``resources`` a rank on these workers takes: one GPU where every one of them was started with
+    ``--resources GPU=1`` (or more; the task then holds a GPU of its worker), none otherwise (a task asking for a
+    resource its worker lacks would never run)."""
+    info = workers_of(client)
+    has = [float((info.get(a) or {}).get("resources", {}).get("GPU", 0)) >= 1 for a in addresses]
+    return {"GPU": 1} if has and all(has) else {}
+
+
 def connect(address: str, workers: int):
     """A ``distributed.Client`` of the scheduler at ``address`` with at least ``workers`` workers (else one line)."""
     from distributed import Client

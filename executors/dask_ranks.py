@@ -54,7 +54,8 @@ def rank_task(job: Mapping[str, Any], env: Mapping[str, str], data: Mapping[str,
         if checkpoint is not None:
             Path(tmp, "in.pt").write_bytes(checkpoint)
             job["checkpoint"] = os.path.join(tmp, "in.pt")
-        device, backend = torch_worker.device_for(int(env["LOCAL_RANK"]))
+        # a Dask worker given its own GPUs (CUDA_VISIBLE_DEVICES, as dask-cuda starts them) runs its rank on its first
+        device, backend = torch_worker.device_for(0 if os.environ.get("CUDA_VISIBLE_DEVICES") else int(env["LOCAL_RANK"]))
         _join(dist, env, backend, timeout)
         try:
             torch_worker.train_job(job, rank, world, device, backend, torch_worker.Arrays(data, rank, world))
@@ -213,10 +214,12 @@ class DaskRanks:
                 raise GroupLost(group, gone, exc) from exc
             raise
         job = {**job, "launched_at": time.time(), "cancel": f"hyperband-cancel-{uuid.uuid4().hex}"}
+        gpus = dask_groups.gpu_resources(self.client, group)  # workers started with --resources GPU=1: a rank holds its GPU
         futures = [
             self.client.submit(
                 task, job, contract(i, len(group), hosts[:i].count(host), hosts.count(host), hosts[0], port),
                 data, previous, self.timeout, workers=[address], allow_other_workers=False, pure=False,
+                **({"resources": gpus} if gpus else {}),
             )
             for i, (address, host) in enumerate(zip(group, hosts))
         ]

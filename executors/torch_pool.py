@@ -177,9 +177,10 @@ class TorchPool:
 
 
 class WarmPools:
-    """A pool per concurrent ``train`` call, started on demand and reused; at most ``size`` pools."""
+    """A pool per concurrent ``train`` call, started on demand and reused; at most ``size`` pools (the ``factory``
+    makes pool number n: on a host with GPUs, its ranks on the trainer's n-th set of GPUs for good)."""
 
-    def __init__(self, factory: Callable[[], TorchPool], size: int | None = None) -> None:
+    def __init__(self, factory: Callable[[int], TorchPool], size: int | None = None) -> None:
         self._factory, self.size = factory, size
         self._idle: list[TorchPool] = []
         self._all: list[TorchPool] = []
@@ -196,7 +197,7 @@ class WarmPools:
                 pool = live[-1] if live else self._idle[-1]
                 self._idle.remove(pool)
             else:
-                pool = self._factory()
+                pool = self._factory(len(self._all))  # (the pool's number: its GPUs, where a host has them)
                 self._all.append(pool)
         try:
             yield pool
@@ -220,8 +221,9 @@ def warm_pools(trainer: Any) -> WarmPools:
     """The torch trainer's warm local pools (given by the torch plug-in as ``pools``): a pool per concurrent call, at
     most ``trainer.pool_size``, each the trainer's launcher serving (``serve_command``) with its split
     (``save_arrays``), environment and threads."""
-    return WarmPools(lambda: TorchPool(trainer.serve_command, trainer.save_arrays, trainer.environment,
-                                       trainer.threads_per_rank, trainer.scratch_dir), trainer.pool_size)
+    return WarmPools(lambda number: TorchPool(trainer.serve_command, trainer.save_arrays,
+                                              lambda: trainer.environment(trainer.gpu_group(number)),
+                                              trainer.threads_per_rank, trainer.scratch_dir), trainer.pool_size)
 
 
 @atexit.register

@@ -211,6 +211,7 @@ def _job_metrics(job: Job, summary: Summary, wall: float) -> dict[str, Any]:
         "resource_used": summary.resource_used,
         "resource_without_early_stopping": summary.resource_without_early_stopping,
         "worker_seconds": summary.worker_seconds,
+        "gpu_seconds": summary.gpu_seconds,
         "lost_worker_seconds": summary.lost_worker_seconds,
         "worker_seconds_without_early_stopping": summary.worker_seconds_without_early_stopping,
         "wall_seconds": wall,

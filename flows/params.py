@@ -135,6 +135,18 @@ class TuneParams(BaseModel):
         json_schema_extra={"mlflow": "param"})
     workers: int = Field(1, ge=1, description="Workers per trial (Dask allreduce for XGBoost, DDP ranks for torch).",
         json_schema_extra={"mlflow": "param", "metavar": "N"})
+    gpus: Optional[str] = Field(None, description="GPUs a host's trials take, by CUDA id (e.g. 0,1,2,3): a "
+        "trial-rung of N workers takes N of them (a rank per GPU), trials at once on disjoint GPUs; default: every "
+        "GPU visible here.", json_schema_extra={"mlflow": "param", "metavar": "IDS", "on_resume": "may change"})
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="cpu keeps a GPU machine's trials on its CPU; "
+        "cuda needs a GPU; auto: the GPUs where there are any.",
+        json_schema_extra={"mlflow": "param", "on_resume": "may change"})
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="torch: bf16 trains the forward pass under "
+        "autocast to bfloat16 (GPUs with bf16: H100, H200, A100; the weights stay float32).",
+        json_schema_extra={"mlflow": "param"})
+    deterministic: bool = Field(False, description="torch: deterministic cuDNN and torch algorithms "
+        "(CUBLAS_WORKSPACE_CONFIG set): a GPU trial resumed equals one trained straight, at some speed.",
+        json_schema_extra={"mlflow": "param"})
     concurrency: int = Field(0, ge=0, description="Trials trained at once; 0 picks from the cores and workers.",
         json_schema_extra={"mlflow": "param", "on_resume": "may change"})
     dask_address: Optional[str] = Field(None, description="tcp://host:8786 of an existing Dask scheduler.",

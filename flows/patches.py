@@ -185,7 +185,7 @@ class _Closed(Exception):
 def _ending(subscription: type, worker: Any) -> type:
     """Prefect's ``Subscription`` (``prefect.client.subscriptions``), kept on ``worker`` and ended once it is closed:
     its socket closed under it, or a reconnection it would make, ends the iteration."""
-    import websockets
+    import websockets.exceptions
 
     class Ending(subscription):  # type: ignore[misc,valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -22,7 +22,7 @@ from prefect_hyperband.tasks import mlflow_input
 from prefect_hyperband.tasks.tracking import check_reachable, tracking_uri
 from prefect_hyperband.executors import dask_groups
 from prefect_hyperband.executors.loop import stop_grace
-from prefect_hyperband.trainers import registry
+from prefect_hyperband.trainers import gpus, registry
 from prefect_hyperband.trainers import data as datasets
 from prefect_hyperband.trainers.errors import InputError
 from prefect_hyperband.trainers.factory import TrainerSettings, model_space
@@ -96,7 +96,7 @@ def prepare(params: TuneParams) -> Job:
     space, default_config = _space(params, model)
     spec = spec_of(params)
     metric, direction, chosen = _objectives(params, model, spec)
-    concurrency = _concurrency(params)
+    concurrency = _concurrency(params, _gpus(params, model))
     settings = _settings(params, model, spec, metric, max(1, (os.cpu_count() or 1) // concurrency))
     if model.user_code:  # a trainer file that does not import, a script that is not a file: fail now, in one line
         model.build(dataclasses.replace(settings, dask_address=None)).close()  # the code, not the cluster (above)
@@ -219,6 +219,9 @@ def _settings(params: TuneParams, model, spec: datasets.DataSpec, metric: str, t
         threads=threads,
         trainer=_on_every_machine(params.trainer, params.trial_pool or params.task_workers),
         timeout=params.trial_timeout,
+        gpus=gpus.parse(params.gpus),
+        device=params.device,
+        deterministic=params.deterministic,
         script=_on_every_machine(params.script, params.trial_pool or params.task_workers),
         extra=model.extra(params),
     )
@@ -287,9 +290,25 @@ def _task_storage(params: TuneParams) -> str | None:
     return storage_name(params.storage)
 
 
-def _concurrency(params: TuneParams) -> int:
-    """Trial-rungs at once: given, the trial pool's limit (or one per online worker), the task workers' slots, or
-    from the cores."""
+def _gpus(params: TuneParams, model) -> tuple[int, ...] | None:
+    """This machine's GPUs for the job's trial-rungs (``trainers.gpus.choose``: too few for a trial's ranks is one line,
+    before any training); None where the trials run elsewhere (a trial pool's, the task workers' or Dask's hosts
+    place them on theirs) or on no GPU."""
+    if not model.gpus:
+        if params.gpus is not None or params.device == "cuda":
+            raise InputError(f"--gpus and --device cuda: model {params.model!r} trains on the CPU only")
+        return None
+    elsewhere = bool(params.trial_pool or params.task_workers or params.dask_address)
+    ids = gpus.choose(params.device, params.gpus, params.workers, on_dask=elsewhere)
+    return None if elsewhere else ids
+
+
+def _concurrency(params: TuneParams, gpu_ids: tuple[int, ...] | None = None) -> int:
+    """Trial-rungs at once: given, the trial pool's limit (or one per online worker), the task workers' slots, one
+    per set of ``workers`` GPUs here (at most), or from the cores."""
+    if gpu_ids:
+        slots = len(gpus.groups(gpu_ids, params.workers))
+        return min(params.concurrency or slots, slots)
     if params.trial_pool and not params.concurrency:
         from prefect_hyperband.executors.work_pool import pool_concurrency
 

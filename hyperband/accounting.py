@@ -21,6 +21,7 @@ class RungResult:
     score: float | None
     started: float | None = None  # epoch seconds the training began and the evaluation ended (None: unknown)
     ended: float | None = None
+    gpus: int = 0  # GPUs the training held (a rank per GPU; 0: the CPU)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,10 @@ class Summary:
     #: several objectives: their names (the metric first), and how many configs are on the Pareto front
     objectives: tuple[str, ...] = ()
     front_size: int = 0
+    #: measured: the trainings' seconds times the GPUs each held (beside ``worker_seconds``, which counts every rank)
+    gpu_seconds: float = 0.0
+    #: GPUs a trial-rung held (the most of any; 0: none on a GPU)
+    gpus_per_trial: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,6 +114,8 @@ def summarise(
         longest_idle_seconds=longest_idle(rows),
         lost_worker_seconds=lost_worker_seconds,
         baseline_worker_seconds=base_ws,
+        gpu_seconds=sum(r.train_seconds * r.gpus for r in rows),
+        gpus_per_trial=max((r.gpus for r in rows), default=0),
     )
 
 
@@ -167,5 +174,7 @@ def table(s: Summary) -> str:
         + (f"; the default config's training {s.baseline_worker_seconds:,.1f} worker-s, in both costs"
            if s.baseline_worker_seconds >= 0.05 else "")
         + (f"; {s.front_size} configs on the Pareto front of {', '.join(s.objectives)}" if s.objectives else "")
+        + (f"; {s.gpu_seconds:,.1f} GPU-s ({s.gpus_per_trial} GPU{'s' if s.gpus_per_trial > 1 else ''} a trial-rung)"
+           if s.gpus_per_trial else "")
     )
     return "\n".join([*lines, footer])

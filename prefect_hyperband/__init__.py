@@ -17,7 +17,14 @@ are mapped under this name by ``pyproject.toml``. Importing this module imports 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
+
+_TREE = Path(__file__).resolve().parent.parent
+if (_TREE / "pyproject.toml").is_file() and (_TREE / "trainers").is_dir() and str(_TREE) not in __path__:
+    # a source checkout on sys.path, not installed (``benchmarks/gpu_check.py`` on a machine with torch alone): the
+    # subpackages at the root are this package's, as pyproject.toml maps them when it is installed
+    __path__.append(str(_TREE))
 
 try:
     __version__ = version("prefect-hyperband")

@@ -50,7 +50,7 @@ class Outcome:
             trial_id=j.trial_id, bracket=j.bracket, rung=j.rung, resource=j.resource,
             resource_trained=t.resource_trained if t else 0, train_seconds=t.seconds if t else 0.0,
             eval_seconds=e.seconds if e else 0.0, workers=t.workers if t else 1, score=self.metric,
-            started=self.started, ended=self.ended,
+            started=self.started, ended=self.ended, gpus=int(t.info.get("gpus", 0)) if t else 0,
         )
 
     def batch(self, metric_key: str) -> tuple[list[dict[str, float]], dict[str, float], dict[str, str]]:

@@ -28,6 +28,9 @@ class TrainerSettings:
     trainer: str | None = None  # function: path/to/file.py:function or package.module:function
     script: str | None = None  # script: a training script run under torch's launcher
     timeout: float | None = None  # --trial-timeout, for trainers that run processes (they kill them themselves)
+    gpus: tuple[int, ...] | None = None  # --gpus (None: every GPU the host running the trainer sees)
+    device: str = "auto"  # --device: auto, cpu, cuda (``trainers.gpus.choose`` on the trainer's host)
+    deterministic: bool = False  # --deterministic: torch's deterministic algorithms
     extra: tuple[tuple[str, Any], ...] = field(default=())  # the model's own knobs (``Model.extra``)
 
 

@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_json_atomic
 from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.gpus import GpuPool
 
 #: callables handed to ``prefect_hyperband.tune`` in this process that have no importable name
 _LOCAL: dict[str, Callable[..., Any]] = {}
@@ -47,6 +48,13 @@ class Trial:
     checkpoint_dir: str
     trial_id: str = ""
     history: list[dict[str, float]] = field(default_factory=list)
+    #: the GPUs this call holds (CUDA ids as this process sees them: ``--gpus``); () on the CPU
+    gpus: tuple[int, ...] = ()
+
+    @property
+    def device(self) -> str:
+        """Where to train: ``"cuda:<id>"`` of the call's first GPU, else ``"cpu"`` (``torch.device(trial.device)``)."""
+        return f"cuda:{self.gpus[0]}" if self.gpus else "cpu"
 
     def report(self, step: int, **metrics: float) -> None:
         """Metrics at ``step`` (a unit, 1..resource), logged to the trial's MLflow run at that step.
@@ -208,8 +216,11 @@ class FunctionTrainer(Placed):
     model = "function"
 
     def __init__(self, entry: str, metric: str, workers: int = 1,
-                 placement: Callable[[FunctionTrainer], Placement] | None = None) -> None:
+                 placement: Callable[[FunctionTrainer], Placement] | None = None,
+                 gpus: tuple[int, ...] | None = None) -> None:
         self.entry, self.metric, self.workers = entry, metric, workers
+        #: this host's GPUs (``trainers.gpus``): a call holds ``workers`` of them, handed to it as ``trial.gpus``
+        self.gpu_pool = GpuPool(gpus, workers)
         self.fn = load(entry)
         #: ``log_model(checkpoint_dir) -> ModelInfo`` beside the function in its module, if any: the champion's flavour
         hook = getattr(sys.modules.get(getattr(self.fn, "__module__", "") or ""), "log_model", None)
@@ -231,8 +242,10 @@ class FunctionTrainer(Placed):
             info = {"lost_worker_seconds": ran.lost_worker_seconds, "attempts": float(ran.attempts),
                     "warm_start": ran.warm}
         else:
-            returned, seconds = call(self.fn, trial)
-            metrics = metrics_of(returned, self.metric)
+            with self.gpu_pool.lease() as gpus:  # (in this process: the ids, not CUDA_VISIBLE_DEVICES)
+                trial.gpus = tuple(gpus or ())
+                returned, seconds = call(self.fn, trial)
+            metrics, info = metrics_of(returned, self.metric), {"gpus": float(len(trial.gpus))}
         write_json_atomic(out, {"resource": resource, "metrics": metrics})
         return TrainResult(str(out), resource, resource - start, seconds, self.workers, history=trial.history, info=info)
 

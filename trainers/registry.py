@@ -55,6 +55,8 @@ class Model:
     needs: tuple[tuple[str, str], ...] = ()
     #: ``--workers`` starts that many processes on this machine per trial (bounded by its cores)
     local_workers: bool = False
+    #: its trials run on GPUs where a host has them (``--gpus``, ``--device``: ``trainers.gpus``)
+    gpus: bool = False
     #: ``TrainerSettings.extra`` from the job's parameters (model-specific knobs)
     extra: Callable[[Any], tuple[tuple[str, Any], ...]] = _no_extra
     #: log ``checkpoint`` as an MLflow model in its flavour, inside the best trial's active run; returns the

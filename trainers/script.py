@@ -39,6 +39,7 @@ from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_json_atomic
 from prefect_hyperband.trainers.errors import InputError
 from prefect_hyperband.trainers.exits import checkpoint_complete, failed_ranks, why_kept
+from prefect_hyperband.trainers.gpus import GpuPool, env_for
 from prefect_hyperband.trainers.launch import contract, free_port, torch_launcher
 
 #: lines of the script's output kept on a failed trial's run
@@ -55,7 +56,8 @@ class ScriptTrainer(Placed):
     model = "script"
 
     def __init__(self, script: str, metric: str, workers: int = 1, threads: int | None = None,
-                 timeout: float | None = None, placement: Callable[[ScriptTrainer], Placement] | None = None) -> None:
+                 timeout: float | None = None, placement: Callable[[ScriptTrainer], Placement] | None = None,
+                 gpus: tuple[int, ...] | None = None) -> None:
         path = Path(script)
         if not path.is_file():
             raise InputError(f"--script {script!r} is not a file")
@@ -70,6 +72,8 @@ class ScriptTrainer(Placed):
         self.timeout = timeout
         self._running: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
+        #: this host's GPUs (``trainers.gpus``): a trial-rung's ranks take ``workers`` of them, as CUDA_VISIBLE_DEVICES
+        self.gpu_pool = GpuPool(gpus, workers)
         #: with ``--dask-address``: each trial-rung's ranks on a group of the cluster's workers (``executors.dask_script``)
         self._dask = placement(self) if placement is not None else None
 
@@ -104,7 +108,8 @@ class ScriptTrainer(Placed):
         }
         previous = Path(checkpoint).with_suffix("") if checkpoint else None
         began = time.perf_counter()
-        info: dict[str, float] = {"world_size": float(self.workers)}
+        info: dict[str, float] = {"world_size": float(self.workers),
+                                  "gpus": float(self.workers if self.gpu_pool.ids and self._dask is None else 0)}
         if self._dask is not None:
             ran = self._dask.train(self, config, tuner, previous, directory, reports, log)
             info.update(lost_worker_seconds=ran.lost_worker_seconds, attempts=float(ran.attempts),
@@ -149,8 +154,8 @@ class ScriptTrainer(Placed):
                 reports: Path, log: Path, began: float) -> int:
         """The trial-rung on this machine: ``command``'s process in a session of its own; its exit code."""
         alone = contract(0, 1, 0, 1, "127.0.0.1", free_port()) if self.workers == 1 else {}
-        env = script_env(tuner, previous, directory, reports, **alone)
-        with open(log, "wb") as sink:
+        with open(log, "wb") as sink, self.gpu_pool.lease() as gpus:
+            env = script_env(tuner, previous, directory, reports, **alone, **env_for(gpus))
             proc = subprocess.Popen(self.command(config), stdin=subprocess.DEVNULL, stdout=sink,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
             with self._lock:

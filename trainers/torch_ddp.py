@@ -32,57 +32,18 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, checkpoint_resource, write_json_atomic, write_sidecar
+from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_json_atomic, write_sidecar
 from prefect_hyperband.trainers.data import (DataSpec, Dataset, example_rows, layout_of, load, metric_direction, score,
                                              table_of)
 from prefect_hyperband.trainers.exits import failed_ranks, why_kept
+from prefect_hyperband.trainers.gpus import GpuPool, env_for, groups
 from prefect_hyperband.trainers.launch import failure_message, terminate, torch_launcher
+from prefect_hyperband.trainers.torch_checkpoint import (checkpoint_epochs, load_model, predict, read_checkpoint,
+                                                         timed_predict)
 from prefect_hyperband.trainers.torch_config import _as_float, _as_int, _check, check_metric, effective_lr, resolve_config
-from prefect_hyperband.trainers.torch_models import Predictor, build_model
 from prefect_hyperband.trainers.torch_rows import table_meta
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# ---------------------------------------------------------------------------- checkpoints
-
-
-def read_checkpoint(checkpoint: str) -> dict[str, Any]:
-    if not Path(checkpoint).is_file():
-        raise FileNotFoundError(f"torch checkpoint {checkpoint} not found")
-    return torch.load(checkpoint, map_location="cpu", weights_only=True)
-
-
-def checkpoint_epochs(checkpoint: str) -> int:
-    """Epochs a checkpoint holds: from its JSON sidecar, else from the checkpoint itself."""
-    meta = Path(f"{checkpoint}.json")
-    if meta.is_file():
-        return checkpoint_resource(meta)
-    return int(read_checkpoint(checkpoint)["epoch"])
-
-
-def load_model(checkpoint: str) -> torch.nn.Module:
-    """The checkpoint's network in eval mode: raw float32 rows (n, n_features) -> probabilities / values."""
-    ck = read_checkpoint(checkpoint)
-    model = build_model(ck["arch"])
-    model.load_state_dict(ck["model"])
-    std = ck["standardisation"]
-    predictor = Predictor(model, ck["arch"]["task"], std["y_mean"], std["y_std"])
-    return predictor.eval()
-
-
-def predict(checkpoint: str, X: np.ndarray) -> np.ndarray:
-    """Class probabilities (n, k), or values (n,) for regression, of raw feature rows."""
-    return timed_predict(checkpoint, X)[0]
-
-
-def timed_predict(checkpoint: str, X: np.ndarray) -> tuple[np.ndarray, float]:
-    """``predict``, and the seconds the loaded model took for the rows (loading not counted)."""
-    model = load_model(checkpoint)
-    began = time.perf_counter()
-    with torch.no_grad():
-        out = model(torch.as_tensor(np.asarray(X, dtype=np.float32)))
-    return out.double().numpy(), time.perf_counter() - began
-
 
 # ---------------------------------------------------------------------------- the trainer
 
@@ -131,6 +92,9 @@ class TorchTrainer(Placed):
         pool_size: int | None = None,
         placement: Callable[[TorchTrainer], Placement] | None = None,
         pools: Callable[[TorchTrainer], Any] | None = None,
+        gpus: tuple[int, ...] | None = None,
+        deterministic: bool = False,
+        precision: str = "fp32",
     ):
         self.workers = _as_int("workers", workers)
         _check(self.workers >= 1, f"workers must be >= 1, got {workers}")
@@ -157,6 +121,13 @@ class TorchTrainer(Placed):
         if pool_size is not None:
             pool_size = _as_int("pool_size", pool_size)
             _check(pool_size >= 1, f"pool_size must be >= 1 (concurrent trials per job), got {pool_size}")
+        #: this host's GPUs for the trial-rungs (``trainers.gpus``): a call's ranks take ``workers`` of them
+        self.gpu_pool = GpuPool(gpus, self.workers)
+        self.deterministic = bool(deterministic)
+        _check(precision in ("fp32", "bf16"), f"precision must be fp32 or bf16, got {precision!r}")
+        self.precision = precision
+        if self.gpu_pool.slots:  # a warm pool per set of GPUs, each pool's ranks on its own set for good
+            pool_size = min(pool_size or self.gpu_pool.slots, self.gpu_pool.slots)
         self.pool_size = pool_size
         self._pools = pools(self) if self.warm and pools is not None else None
         self._closed = False
@@ -164,6 +135,11 @@ class TorchTrainer(Placed):
         self._dask = placement(self) if placement is not None else None
         if self._dask is not None:
             self.warm = False  # the Dask workers are the warm processes
+
+    def gpu_group(self, number: int) -> tuple[int, ...] | None:
+        """Warm pool ``number``'s GPUs: its own set of ``workers`` (None or (): as the trainer's, none placed)."""
+        ids = self.gpu_pool.ids
+        return groups(ids, self.workers)[number] if ids else ids
 
     @property
     def world_size(self) -> int:
@@ -271,8 +247,12 @@ class TorchTrainer(Placed):
             "-m", self.worker_module, *worker_args,
         ]  # fmt: skip
 
-    def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+    def environment(self, gpus: tuple[int, ...] | None = None) -> dict[str, str]:
+        """The ranks' environment: the threads, these GPUs (``CUDA_VISIBLE_DEVICES``: local rank k on ``cuda:k``),
+        cuBLAS's deterministic workspace with ``deterministic``."""
+        env = {**os.environ, **env_for(gpus)}
+        if self.deterministic:
+            env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         env["OMP_NUM_THREADS"] = str(self.threads_per_rank)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         return env
@@ -292,6 +272,8 @@ class TorchTrainer(Placed):
             "metric": self.metric,
             "effective_lr": effective_lr(cfg, self.world_size),
             "threads_per_rank": self.threads_per_rank,
+            "deterministic": self.deterministic,
+            "precision": self.precision,
         }
 
     def arrays(self) -> dict[str, Any]:
@@ -324,10 +306,10 @@ class TorchTrainer(Placed):
         command = self.launch_command(job_path)
         job["launched_at"] = time.time()
         write_json_atomic(job_path, job)
-        with open(workdir / "launcher.log", "wb") as log:
+        with open(workdir / "launcher.log", "wb") as log, self.gpu_pool.lease() as gpus:
             proc = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self.environment(), start_new_session=True,
+                env=self.environment(gpus), start_new_session=True,
             )  # fmt: skip
             try:
                 code: int | None = proc.wait(timeout=self.trial_timeout)
@@ -356,6 +338,7 @@ class TorchTrainer(Placed):
             "setup_seconds": float(result["setup_seconds"]),
             "train_seconds": float(result["train_seconds"]),
             "epoch_seconds": float(result["epoch_seconds"]),
+            **({"pass_seconds": float(result["pass_seconds"])} if "pass_seconds" in result else {}),
             "world_size": world,
             "per_replica_batch_size": int(cfg["batch_size"]),
             "global_batch_size": int(cfg["batch_size"]) * world,
@@ -365,7 +348,8 @@ class TorchTrainer(Placed):
             **({"train_rows": int(result["train_rows"])} if "train_rows" in result else {}),  # every rank's together
             **({"lost_worker_seconds": float(result["lost_worker_seconds"]), "attempts": float(result["attempts"])}
                if "attempts" in result else {}),
-            **{k: result[k] for k in ("exit_race_rank", "exit_code", "exit_kept") if k in result},
+            **{k: result[k] for k in ("exit_race_rank", "exit_code", "exit_kept", "gpus",
+                                                   "deterministic", "device", "visible") if k in result},
         }
 
     def _unchanged(self, checkpoint: str, out: str, resource: int, started: float) -> TrainResult:

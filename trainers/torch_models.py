@@ -135,3 +135,28 @@ def predictions(outputs: torch.Tensor, task: str, y_mean: float, y_std: float) -
     if task == "regression":
         return (outputs.squeeze(-1).double() * y_std + y_mean).numpy()
     return torch.softmax(outputs.double(), dim=-1).numpy()
+
+
+def safe_score(metric: str, y_true: np.ndarray, prediction: np.ndarray) -> float:
+    """``trainers.data.score``, or the worst value when training diverged (non-finite predictions).
+
+    Accuracy and RMSE are computed here with the same formulas, which spares the rank the
+    second it takes to import scikit-learn; other metrics go through ``score``.
+    """
+    if not np.all(np.isfinite(prediction)):
+        return 0.0 if metric in ("auc", "accuracy") else math.inf
+    if metric == "accuracy" and prediction.ndim == 2:
+        return float(np.mean(prediction.argmax(axis=1) == y_true))
+    if metric == "rmse":
+        return float(np.sqrt(np.mean((np.asarray(y_true, dtype=np.float64) - prediction) ** 2)))
+    from prefect_hyperband.trainers.data import score
+
+    return score(metric, y_true, prediction)
+
+
+def learning_rate(effective_lr: float, warmup_epochs: int, epoch: int, step: int, steps_per_epoch: int) -> float:
+    """Linear warm-up per iteration over the first ``warmup_epochs`` (Goyal et al. 2017), constant after."""
+    if warmup_epochs <= 0:
+        return effective_lr
+    done = epoch * steps_per_epoch + step + 1
+    return effective_lr * min(1.0, done / (warmup_epochs * steps_per_epoch))

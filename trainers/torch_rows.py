@@ -129,11 +129,15 @@ class ShareSampler:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
+        return iter(self.order().tolist())
+
+    def order(self) -> torch.Tensor:
+        """This epoch's order as a tensor (no Python list of every row between the permutation and the device)."""
         g = torch.Generator()
         g.manual_seed((self.seed * 1_000_003 + self.epoch * 1_009 + self.rank) % (1 << 63))
         order = torch.randperm(self.n, generator=g)
         repeats = -(-self.num_samples // self.n)
-        return iter(order.repeat(repeats)[: self.num_samples].tolist())
+        return order.repeat(repeats)[: self.num_samples]
 
 
 def gather_scored(prediction: np.ndarray, y: np.ndarray, rank: int, world: int

@@ -16,6 +16,7 @@ Each rank sends its stderr to ``rank<N>.stderr`` in that folder so the trainer c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import inspect
 import math
@@ -37,9 +38,12 @@ from prefect_hyperband.trainers import torch_rows
 from prefect_hyperband.trainers.torch_rows import Arrays
 from prefect_hyperband.trainers.base import write_json_atomic
 from prefect_hyperband.trainers.torch_requests import next_request, read_job
+from prefect_hyperband.trainers.torch_device import device_for, join, set_deterministic
 from prefect_hyperband.trainers.torch_rng import rng_state, seed_rank, set_rng_state
 from prefect_hyperband.trainers.torch_models import (
     build_model,
+    learning_rate,
+    safe_score,
     fit_standardisation,
     fit_target,
     loss_function,
@@ -74,31 +78,6 @@ def architecture(ds: Arrays, config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- training
-
-
-def learning_rate(effective_lr: float, warmup_epochs: int, epoch: int, step: int, steps_per_epoch: int) -> float:
-    """Linear warm-up per iteration over the first ``warmup_epochs`` (Goyal et al. 2017), constant after."""
-    if warmup_epochs <= 0:
-        return effective_lr
-    done = epoch * steps_per_epoch + step + 1
-    return effective_lr * min(1.0, done / (warmup_epochs * steps_per_epoch))
-
-
-def safe_score(metric: str, y_true: np.ndarray, prediction: np.ndarray) -> float:
-    """``trainers.data.score``, or the worst value when training diverged (non-finite predictions).
-
-    Accuracy and RMSE are computed here with the same formulas, which spares the rank the
-    second it takes to import scikit-learn; other metrics go through ``score``.
-    """
-    if not np.all(np.isfinite(prediction)):
-        return 0.0 if metric in ("auc", "accuracy") else math.inf
-    if metric == "accuracy" and prediction.ndim == 2:
-        return float(np.mean(prediction.argmax(axis=1) == y_true))
-    if metric == "rmse":
-        return float(np.sqrt(np.mean((np.asarray(y_true, dtype=np.float64) - prediction) ** 2)))
-    from prefect_hyperband.trainers.data import score
-
-    return score(metric, y_true, prediction)
 
 
 class Run:
@@ -138,6 +117,7 @@ class Run:
         self.batch_size = int(self.config["batch_size"])
         self.steps_per_epoch = math.ceil(self.sampler.num_samples / self.batch_size)
         self.loss_fn = loss_function(self.task)
+        self.bf16 = job.get("precision") == "bf16"
 
     def _read_checkpoint(self, path: str | None) -> dict[str, Any] | None:
         if not path:
@@ -156,8 +136,10 @@ class Run:
         if checkpoint is not None:
             model.load_state_dict(checkpoint["model"])
         model.to(self.device)
+        self.net = model  # the network itself (its checkpoint, its validation)
         ids = [self.device.index] if self.device.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=ids, **NO_BUFFER_SYNC)
+        # one rank: no DDP (its all-reduce of every step's gradients with itself costs ~20 % of a small model's step)
+        ddp = DistributedDataParallel(model, device_ids=ids, **NO_BUFFER_SYNC) if self.world_size > 1 else model
         optimizer = torch.optim.SGD(
             ddp.parameters(),
             lr=float(self.job["effective_lr"]),
@@ -179,26 +161,36 @@ class Run:
         """One pass over this rank's shard; returns the mean training loss over all ranks."""
         self.sampler.set_epoch(epoch)
         self.model.train()
-        order = torch.tensor(list(iter(self.sampler)), dtype=torch.int64, device=self.device)
-        total = torch.zeros(2, dtype=torch.float64, device=self.device)
+        order = (self.sampler.order() if isinstance(self.sampler, torch_rows.ShareSampler)
+                 else torch.tensor(list(iter(self.sampler)), dtype=torch.int64)).to(self.device)
+        losses: list[torch.Tensor] = []  # on the device, summed once an epoch: no host sync (nor kernel) per step
+        lr0, warmup, groups = float(self.job["effective_lr"]), int(self.config["warmup_epochs"]), self.optimizer.param_groups
+        for group in groups:  # after the warm-up, constant: written once an epoch (a resumed optimizer's included)
+            group["lr"] = lr0
+        cast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if self.bf16 else contextlib.nullcontext
         for step, batch in enumerate(order.split(self.batch_size)):
-            lr = learning_rate(
-                float(self.job["effective_lr"]), int(self.config["warmup_epochs"]), epoch, step, self.steps_per_epoch
-            )
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            loss = self.loss_fn(self.model(self.X[batch]), self.y[batch])
+            if epoch < warmup:
+                lr = learning_rate(lr0, warmup, epoch, step, self.steps_per_epoch)
+                for group in groups:
+                    group["lr"] = lr
+            with cast():  # --precision bf16: autocast (fp32: nothing entered)
+                loss = self.loss_fn(self.model(self.X[batch]), self.y[batch])
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
-            total += torch.stack([loss.detach().double() * len(batch), torch.tensor(float(len(batch)), dtype=torch.float64, device=self.device)])
-        dist.all_reduce(total)
+            losses.append(loss.detach())
+        rows = [float(min(self.batch_size, len(order) - i)) for i in range(0, len(order), self.batch_size)]
+        loss_sum = (torch.stack(losses).double() * torch.tensor(rows, dtype=torch.float64, device=self.device)).sum() \
+            if losses else torch.zeros((), dtype=torch.float64, device=self.device)
+        total = torch.stack([loss_sum, torch.tensor(float(len(order)), dtype=torch.float64, device=self.device)])
+        if self.world_size > 1:
+            dist.all_reduce(total)
         return float(total[0] / total[1])
 
     def validate(self) -> float | None:
         """The validation metric on the whole validation split: rank 0's alone (no collective), or with every rank's
         share of a table, gathered to rank 0 (the others get None)."""
-        module = self.model.module
+        module = self.net
         module.eval()
         with torch.no_grad():
             out = module(self.X_val).cpu()
@@ -212,7 +204,7 @@ class Run:
         return safe_score(self.job["metric"], y, pred)
 
     def checkpoint(self, epoch: int, rng: list[dict[str, Any]]) -> dict[str, Any]:
-        model = self.model.module
+        model = self.net
         return {
             "format": CHECKPOINT_FORMAT,
             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
@@ -251,13 +243,6 @@ def redirect_stderr(path: Path) -> None:
     faulthandler.enable()
 
 
-def device_for(local_rank: int) -> tuple[torch.device, str]:
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank), "nccl"
-    return torch.device("cpu"), "gloo"
-
-
 def train_job(
     job: Mapping[str, Any], rank: int, world_size: int, device: torch.device, backend: str, ds: Arrays | None = None
 ) -> None:
@@ -268,13 +253,16 @@ def train_job(
     """
     startup = time.time() - float(job["launched_at"])
     torch.set_num_threads(int(job["threads_per_rank"]))
+    set_deterministic(bool(job.get("deterministic")))
     t0 = time.perf_counter()
     state = Run(job, rank, world_size, device, ds)
     setup_seconds = time.perf_counter() - t0
     history: list[dict[str, float]] = []
-    t0, value = time.perf_counter(), None
+    t0, value, pass_seconds = time.perf_counter(), None, 0.0
     for epoch in range(state.start_epoch, int(job["resource"])):
-        train_loss = state.train_epoch(epoch)
+        began = time.perf_counter()
+        train_loss = state.train_epoch(epoch)  # (its loss a float: the pass has ended on the device too)
+        pass_seconds += time.perf_counter() - began
         if rank == 0 or state.ds.shared:
             value = state.validate()
         if rank == 0:
@@ -294,8 +282,13 @@ def train_job(
                 "setup_seconds": setup_seconds,
                 "train_seconds": train_seconds,
                 "epoch_seconds": train_seconds / epochs,
+                "pass_seconds": pass_seconds,  # the training passes alone (no validation)
                 "world_size": world_size,
                 "backend": backend,
+                "device": str(device),
+                "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "gpus": float(world_size if device.type == "cuda" else 0),  # GPUs the trial-rung trained on
+                "deterministic": float(torch.are_deterministic_algorithms_enabled()),
                 "train_rows": state.train_rows,
             },
         )
@@ -305,7 +298,7 @@ def train_job(
 def run(job: Mapping[str, Any], rank: int, world_size: int, local_rank: int) -> None:
     """Cold path: join the group, train the one job, leave."""
     device, backend = device_for(local_rank)
-    dist.init_process_group(backend)
+    join(backend, device)
     dist.barrier()
     train_job(job, rank, world_size, device, backend)
     dist.destroy_process_group()
@@ -333,7 +326,7 @@ def peer_failure(exc: BaseException) -> bool:
 def serve(pool_dir: Path, rank: int, world_size: int, local_rank: int, owner: int) -> None:
     """Warm path: join the group and load the data once, then train the requests one after another."""
     device, backend = device_for(local_rank)
-    dist.init_process_group(backend, timeout=SERVE_PG_TIMEOUT)
+    join(backend, device, timeout=SERVE_PG_TIMEOUT)
     meta = read_job(str(pool_dir / "pool.json"))
     ds = Arrays(meta["data"], rank, world_size)
     torch.set_num_threads(int(meta["threads_per_rank"]))

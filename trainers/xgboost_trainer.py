@@ -39,6 +39,7 @@ from prefect_hyperband.trainers import external_memory as extmem
 from prefect_hyperband.trainers.data import (DataSpec, Dataset, check_metric, example_rows, layout_of, load, score,
                                              table_of)
 from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.gpus import GpuPool
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class XGBoostTrainer:
         nthread: int | None = None,
         device: str = "cpu",
         external_memory: bool = False,
+        gpus: tuple[int, ...] | None = None,
     ) -> None:
         if workers < 1:
             raise InputError(f"workers must be >= 1, got {workers}")
@@ -141,6 +143,7 @@ class XGBoostTrainer:
         check_metric(self.info, self.metric)
         self.nthread = nthread or max(1, (os.cpu_count() or 1))
         self.device = device
+        self.gpu_pool = GpuPool(gpus if workers == 1 and placement is None else None, 1)  # a trial-rung: one, cuda:<id>
         self.objective = self._objective()
         self._key = f"hyperband-{os.getpid()}-{id(self):x}-{time.time_ns():x}"  # this trainer's, on Dask's workers
         #: this machine's training matrices not in use (``_dtrain_local``), and how many were built
@@ -303,7 +306,19 @@ class XGBoostTrainer:
         if resource <= start:
             raise ValueError(f"resource {resource} must exceed the checkpoint's {start}")
         booster = xgb.Booster(model_file=checkpoint) if checkpoint else None
-        params = self.params(config)
+        with self.gpu_pool.lease() as gpus:
+            params = {**self.params(config), **({"device": f"cuda:{gpus[0]}"} if gpus else {})}
+            booster = self._segments(params, start, resource, booster)
+        booster.save_model(out)
+        write_sidecar(out, resource, rounds=booster.num_boosted_rounds())
+        seconds = time.perf_counter() - began
+        return TrainResult(out, resource, resource - start, seconds, self.workers, model=booster,  # measure's: not loaded again
+                           info={"gpus": float(len(gpus or ()))})
+
+    def _segments(self, params: dict[str, Any], start: int, resource: int, booster):
+        """The booster trained from ``start`` to ``resource`` units, a segment between milestones at a time."""
+        import xgboost as xgb
+
         for a, b in segments(start, resource, self.milestones):
             seeded = {**params, "seed": self._segment_seed(a)}
             rounds = (b - a) * self.rounds_per_unit
@@ -316,10 +331,7 @@ class XGBoostTrainer:
             else:
                 booster = self._train_dask(seeded, rounds, booster)
             stopping.check()  # a stop came mid-segment: the booster holds fewer rounds than due, save nothing
-        booster.save_model(out)
-        write_sidecar(out, resource, rounds=booster.num_boosted_rounds())
-        seconds = time.perf_counter() - began
-        return TrainResult(out, resource, resource - start, seconds, self.workers, model=booster)  # measure's: not loaded again
+        return booster
 
     def _train_dask(self, params: dict[str, Any], rounds: int, booster):
         from xgboost import dask as dxgb
@@ -351,7 +363,7 @@ class XGBoostTrainer:
     def _timed_predict(self, checkpoint: str, X: np.ndarray, model: Any = None) -> tuple[np.ndarray, float]:
         """The predictions, and the seconds the loaded booster took for them."""
         booster = self._loaded(checkpoint, model)
-        booster.set_param({"nthread": self.nthread})
+        booster.set_param({"nthread": self.nthread, "device": self.device})  # rows here, in memory: the CPU's
         began = time.perf_counter()
         prediction = booster.inplace_predict(X)
         return prediction, time.perf_counter() - began

@@ -30,7 +30,8 @@ def _load(name: str):
 @pytest.mark.parametrize("name", ["bench_overhead", "bench_efficiency", "bench_quality", "bench_scaling", "bench_stalls",
                                   "bench_vs_optuna", "bench_dask_groups", "bench_dask_torch", "bench_multi_objective",
                                   "bench_priors", "bench_job_size", "bench_bookkeeping",
-                                  "bench_load", "bench_startup", "bench_big_data", "bench_task_workers"])
+                                  "bench_load", "bench_startup", "bench_big_data", "bench_task_workers",
+                                  "bench_torch_epoch", "gpu_check"])
 def test_imports_and_has_main(name):
     module = _load(name)
     assert callable(module.main)
@@ -155,3 +156,26 @@ def test_replay_makes_the_jobs_mlflow_writes(tmp_path):
     steps = [m.step for m in client.get_metric_history(runs["t0"].info.run_id, "auc")]
     assert steps == [1, 3]
     assert client.get_metric_history(runs["t0"].info.run_id, "auc")[-1].value == result["scores"][("t0", 3)]
+
+
+@pytest.mark.slow  # torch ranks, a few seconds each
+def test_the_gpu_check_runs_on_this_cpu_without_prefect_or_mlflow_and_writes_its_json(tmp_path):
+    """Issue 76: one call, Prefect and MLflow unimportable (as on a lent GPU machine), the GPU checks skipped here."""
+    import json
+    import subprocess
+
+    out = tmp_path / "gpu_check.json"
+    code = ("import runpy, sys; sys.modules['prefect'] = sys.modules['mlflow'] = None; "
+            f"sys.argv = ['gpu_check.py', '--rows', '4000', '--epochs', '1', '--repeats', '1', '--threads', '1', "
+            f"'--out', {str(out)!r}]; runpy.run_path({str(BENCH / 'gpu_check.py')!r}, run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = json.loads(out.read_text())["checks"]
+    assert {name: c["status"] for name, c in checks.items()} == {
+        "devices": "ok", "ranks": "ok", "epoch_gpu": "skipped (no GPU, or no xgboost)", "epoch_cpu": "ok", "bf16": "ok",
+        "resume": "ok", "two_trials": "skipped (no GPU, or no xgboost)", "xgboost_cuda": "ok"}
+    assert checks["ranks"]["figures"]["device"] == "cpu" and checks["ranks"]["figures"]["backend"] == "gloo"
+    assert checks["resume"]["figures"]["within_1e-6"] and checks["resume"]["figures"]["deterministic"] == 1.0
+    assert set(checks["epoch_cpu"]["figures"]) == {"32", "512"}
+    assert checks["xgboost_cuda"]["figures"]["cpu"]["resumed_equals_straight"]
+    assert len(proc.stdout.strip().splitlines()) == len(checks)  # one line a check

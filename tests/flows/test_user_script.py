@@ -167,6 +167,37 @@ def test_a_failing_script_fails_its_trial_with_the_last_lines_of_its_output(trac
     assert result["best"]["config"]["x"] >= 0.75
 
 
+@pytest.mark.slow  # processes end to end
+def test_a_job_given_gpus_0_1_runs_two_trials_at_once_each_on_its_own_gpu(tracking_uri, tmp_path, capsys, monkeypatch):
+    """Issue 76, on a CPU machine: every trial-rung's script sees CUDA_VISIBLE_DEVICES of one GPU, two run at once on
+    different GPUs, and the summary counts GPU-seconds."""
+    from prefect_hyperband.app import cli
+
+    seen = tmp_path / "seen.jsonl"
+    monkeypatch.setenv("SEEN_FILE", str(seen))
+    path = script(tmp_path, """
+        import json, os, time
+        import prefect_hyperband as hb
+        began = time.time()
+        time.sleep(0.4)
+        with open(os.environ["SEEN_FILE"], "a") as f:
+            f.write(json.dumps([os.environ["CUDA_VISIBLE_DEVICES"], began, time.time()]) + "\\n")
+        hb.report(int(os.environ["HYPERBAND_RESOURCE"]), loss=1.0 / int(os.environ["HYPERBAND_RESOURCE"]))
+    """)
+    space = tmp_path / "space.yaml"
+    space.write_text("x: {type: float, low: 0.0, high: 1.0}\n")
+    code = cli.main(["tune", "--script", path, "--space", str(space), "--metric", "loss", "--direction", "minimize",
+                     "--max-resource", "3", "--eta", "3", "--gpus", "0,1", "--job-dir", str(tmp_path / "jobs"),
+                     "--experiment", "gpu-script", "--json"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]
+    rows = [json.loads(line) for line in seen.read_text().splitlines()]
+    assert len(rows) == summary["trial_rungs"] == 6 and {r[0] for r in rows} == {"0", "1"}
+    overlapping = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:] if a[1] < b[2] and b[1] < a[2]]
+    assert overlapping and all(a[0] != b[0] for a, b in overlapping)  # at once: never on one GPU
+    assert summary["concurrency"] == 2 and summary["gpus_per_trial"] == 1 and summary["gpu_seconds"] > 0
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -176,6 +207,8 @@ def test_a_failing_script_fails_its_trial_with_the_last_lines_of_its_output(trac
         (["--script", DDP, "--space", DDP_SPACE, "--direction", "maximize"], "your own script needs metric"),
         (["--script", DDP, "--space", DDP_SPACE, "--metric", "val_accuracy", "--direction", "maximize",
           "--workers", str((os.cpu_count() or 1) + 1)], "local worker processes per trial"),
+        (["--script", DDP, "--space", DDP_SPACE, "--metric", "val_accuracy", "--direction", "maximize",
+          "--workers", "2", "--gpus", "0"], "--workers 2 puts a rank on each of 2 GPUs of one host, but --gpus gives 1"),
     ],
 )
 def test_bad_script_input_is_one_line_and_exit_2(tracking_uri, tmp_path, capsys, extra, message):

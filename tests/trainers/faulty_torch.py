@@ -58,8 +58,8 @@ class FaultyTorchTrainer(_FewRows, TorchTrainer):
             job["fault"] = asdict(self._fault)
         return job
 
-    def environment(self) -> dict[str, str]:
-        env = super().environment()
+    def environment(self, gpus: tuple[int, ...] | None = None) -> dict[str, str]:
+        env = super().environment(gpus)
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env["PYTHONPATH"]])
         return env
 

@@ -167,7 +167,7 @@ def test_one_worker_runs_the_script_itself_under_the_launchers_contract_for_rank
     user.write_text(ONE_RANK)
     trainer = ScriptTrainer(str(user), "loss", timeout=60)
     trained = trainer.train({"x": 0.5}, 3, None, str(tmp_path / "t0" / "r3.json"))
-    assert trained.history[-1] == {"step": 3.0, "loss": 0.5} and trained.info == {"world_size": 1.0}
+    assert trained.history[-1] == {"step": 3.0, "loss": 0.5} and trained.info == {"world_size": 1.0, "gpus": 0.0}
     seen = json.loads((tmp_path / "t0" / "r3" / "seen.json").read_text())
     assert {k: seen[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")} == {
         "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}

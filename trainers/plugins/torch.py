@@ -26,6 +26,11 @@ def build(settings: Any):
         from prefect_hyperband.executors.torch_pool import warm_pools
 
         kwargs["pools"] = warm_pools
+    from prefect_hyperband.trainers.gpus import of_settings
+
+    kwargs.setdefault("deterministic", settings.deterministic)
+    if not settings.dask_address:  # (a Dask group's GPUs are its workers' own)
+        kwargs.setdefault("gpus", of_settings(settings))
     return TorchTrainer(settings.data, workers=settings.workers, metric=settings.metric, seed=settings.seed, **kwargs)
 
 
@@ -80,5 +85,6 @@ def check_config(config: dict[str, Any]) -> None:
 MODEL = Model(
     "torch", build, "PyTorch CNN/MLP with DDP (one unit = one epoch)", space=space, metric=metric,
     checkpoint_suffix=".pt", local_workers=True, log_model=log_model, order=1, check_config=check_config,
-    needs=(("torch", "torch"),),
+    needs=(("torch", "torch"),), gpus=True, extra=lambda params: (("precision", params.precision),),
+    fields=("precision",),
 )

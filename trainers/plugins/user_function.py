@@ -17,7 +17,10 @@ def build(settings: Any):
         from prefect_hyperband.executors.dask_function import function_on
 
         placement = function_on(settings.dask_address)
-    return FunctionTrainer(settings.trainer, settings.metric, workers=settings.workers, placement=placement)
+    from prefect_hyperband.trainers.gpus import of_settings
+
+    return FunctionTrainer(settings.trainer, settings.metric, workers=settings.workers, placement=placement,
+                           gpus=of_settings(settings))
 
 
 def log_model(trainer: Any, checkpoint: str, tags: dict[str, str] | None = None):
@@ -38,4 +41,4 @@ def log_model(trainer: Any, checkpoint: str, tags: dict[str, str] | None = None)
 
 
 MODEL = Model("function", build, "your training function (--trainer file.py:train)", user_code="trainer",
-              log_model=log_model, order=10)
+              log_model=log_model, order=10, gpus=True)

@@ -16,9 +16,11 @@ def build(settings: Any):
         from prefect_hyperband.executors.dask_script import script_on
 
         placement = script_on(settings.dask_address)
+    from prefect_hyperband.trainers.gpus import of_settings
+
     return ScriptTrainer(settings.script, settings.metric, workers=settings.workers, threads=settings.threads,
-                         timeout=settings.timeout, placement=placement)
+                         timeout=settings.timeout, placement=placement, gpus=of_settings(settings))
 
 
 MODEL = Model("script", build, "your training script under torch's launcher (--script train.py)", user_code="script",
-              local_workers=True, order=11)
+              local_workers=True, order=11, gpus=True)

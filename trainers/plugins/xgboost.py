@@ -8,6 +8,7 @@ from prefect_hyperband.trainers.registry import Model
 
 
 def build(settings: Any):
+    from prefect_hyperband.trainers.gpus import of_settings
     from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
 
     placement = None
@@ -18,6 +19,7 @@ def build(settings: Any):
     return XGBoostTrainer(
         settings.data, workers=settings.workers, metric=settings.metric, seed=settings.seed,
         milestones=settings.milestones, placement=placement, nthread=settings.threads, **dict(settings.extra),
+        gpus=of_settings(settings) if placement is None else None,  # (a Dask group's GPUs: its workers' own)
     )
 
 
@@ -77,5 +79,5 @@ def check_config(config: dict[str, Any]) -> None:
 MODEL = Model(
     "xgboost", build, "XGBoost (one unit = --rounds-per-unit boosting rounds)", space=space, metric=metric,
     checkpoint_suffix=".ubj", local_workers=True, log_model=log_model, order=0, fields=("rounds_per_unit", "external_memory"),
-    extra=extra, check_config=check_config,
+    extra=extra, check_config=check_config, gpus=True,
 )
