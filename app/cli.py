@@ -64,7 +64,7 @@ def _plan(flags: dict[str, Any], args: argparse.Namespace) -> int:
     from pydantic import ValidationError, create_model
 
     from prefect_hyperband.trainers import gpus
-    from prefect_hyperband.trainers.errors import InputError
+    from prefect_hyperband.common.errors import InputError
 
     try:
         values = create_model("Schedule", **schedule_fields())(**flags)
@@ -114,7 +114,7 @@ def job_params(flags: dict[str, Any]):
 def _tune(flags: dict[str, Any], args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from prefect_hyperband.trainers.errors import InputError
+    from prefect_hyperband.common.errors import InputError
 
     _env()
     message = _model_error(flags)
@@ -300,7 +300,7 @@ def _ended(state, params, args: argparse.Namespace, out=None) -> int:
 
     failed = every_trial_failed(state)  # the flow run Failed, its summary written: shown, then one line, exit 2
     if not state.is_completed() and failed is None:
-        from prefect_hyperband.trainers.errors import InputError
+        from prefect_hyperband.common.errors import InputError
 
         error = state.result(raise_on_failure=False)
         if isinstance(error, InputError):  # refused inside the flow (a lock taken between preflight and start)
@@ -345,7 +345,7 @@ def _temporary_server(launched=None) -> bool:
 def preflight(params) -> str | None:
     """Everything that can be wrong with the input, checked before any training; a message or None."""
     from prefect_hyperband.hyperband.space import SpaceError
-    from prefect_hyperband.trainers.errors import InputError
+    from prefect_hyperband.common.errors import InputError
 
     from prefect_hyperband.flows.prepare import new_job_id, prepare
     from prefect_hyperband.flows.process import start_timeout

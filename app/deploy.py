@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 ENTRYPOINT = "prefect_hyperband.flows.tune:tune"
 DEFAULT_POOL = "hyperband-process"

@@ -60,7 +60,7 @@ def unavailable(exc: BaseException) -> bool:
     """A server error (5xx), a timeout or no connection from the API, anywhere in the exception's chain."""
     import httpx
 
-    from prefect_hyperband.trainers.errors import causes
+    from prefect_hyperband.common.errors import causes
 
     return any(isinstance(e, httpx.HTTPStatusError) and e.response.status_code >= 500
                or isinstance(e, (httpx.TransportError, ConnectionError)) for e in causes(exc))

@@ -11,7 +11,7 @@ from prefect_hyperband.flows import patches
 from prefect_hyperband.flows.groups import FLOW_NAME as GROUP_FLOW
 from prefect_hyperband.tasks.record import CUT_SHORT
 from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 
 def live_display():
@@ -25,9 +25,9 @@ def live_display():
 
 def job_log_path(params) -> str:
     """``<job folder>/job.log``: beside the job's state (the local folder when its storage is a URL)."""
-    from prefect_hyperband.flows.prepare import _job_root
+    from prefect_hyperband.flows.prepare import job_root
 
-    return os.path.join(os.path.abspath(_job_root(params.job_dir, params.storage)), params.job_id, "job.log")
+    return os.path.join(os.path.abspath(job_root(params.job_dir, params.storage)), params.job_id, "job.log")
 
 
 #: libraries whose INFO lines are the job log's, not the terminal's (MLflow's database set-up, its registry's
@@ -44,8 +44,11 @@ class JobLog:
         import logging
         import logging.handlers
 
-        import mlflow  # noqa: F401  (configures its logger, whose handler is quieted here)
         from prefect.logging.configuration import setup_logging
+
+        from prefect_hyperband.tasks.flavours import load_mlflow
+
+        load_mlflow()  # MLflow configures its logger as it is imported; its handler is quieted here
 
         setup_logging()  # Prefect's console handler first: it leaves out the root logger once another handler is on it
         patches.api_log_errors_as_warnings(API_LOGS)  # --verbose too
@@ -88,7 +91,7 @@ class _JobLogFile(logging.FileHandler):
     why in one line)."""
 
     def handleError(self, record) -> None:
-        from prefect_hyperband.trainers.errors import no_space
+        from prefect_hyperband.common.errors import no_space
 
         if no_space(sys.exc_info()[1]):
             return

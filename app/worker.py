@@ -114,7 +114,7 @@ def _unreadable(root: str | None) -> str | None:
         return None
     import os
 
-    from prefect_hyperband.trainers.errors import first_line
+    from prefect_hyperband.common.errors import first_line
 
     key = f"claims/probe-{os.uname().nodename}-{os.getpid()}.json"
     try:

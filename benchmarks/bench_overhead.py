@@ -44,7 +44,7 @@ def plain_loop(min_r: int, max_r: int, eta: int, seed: int, out: Path,
     from prefect_hyperband.hyperband import schedule
     from prefect_hyperband.hyperband.bracket import BracketState
     from prefect_hyperband.hyperband.space import parse
-    from prefect_hyperband.trainers.base import write_json_atomic
+    from prefect_hyperband.common.files import write_json_atomic
     from prefect_hyperband.trainers.synthetic_trainer import DEFAULT_SPACE, PARAMS, SyntheticTrainer
 
     trainer = SyntheticTrainer(seed=seed, seconds_per_unit=0.0)

@@ -26,7 +26,7 @@ def answering(call: Callable[[], T]) -> tuple[T, bool]:
     ``service_wait.client_waits``), and whether it waited. One warning line per outage for the whole process (its
     trial-rungs all wait); past the bound, the error (the loop stops the job: exit 75, ``--resume``)."""
     from prefect_hyperband.tasks.service_wait import client_waits
-    from prefect_hyperband.trainers.errors import first_line, unavailable
+    from prefect_hyperband.common.errors import first_line, unavailable
 
     began, waited = time.monotonic(), False
     while True:

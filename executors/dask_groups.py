@@ -16,7 +16,7 @@ import threading
 from typing import Any, Callable, Iterator
 
 from prefect_hyperband.trainers import stopping
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 #: seconds between looks for a free group
 POLL = 0.5

@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping
 
 from prefect_hyperband.executors import dask_groups
 from prefect_hyperband.trainers import stopping
-from prefect_hyperband.trainers.launch import contract, free_port
+from prefect_hyperband.trainers.launch import contract
+from prefect_hyperband.common.ports import free_port
 
 #: seconds between looks at a stop request and the deadline while the ranks train
 WAIT_POLL = 0.5

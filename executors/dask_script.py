@@ -81,7 +81,7 @@ def script_rank(job: Mapping[str, Any], env: Mapping[str, str], data: Any, previ
                 timeout: float) -> dict[str, Any]:
     """One rank of one trial-rung, in a Dask worker: run the script under the contract; its checkpoint files,
     and on rank 0 its reports, come back. A non-zero exit raises ``ScriptFailed`` with the rank's last lines."""
-    from prefect_hyperband.trainers.script import ScriptFailed, _failure, _kill_group, script_env
+    from prefect_hyperband.trainers.script import ScriptFailed, exit_failure, kill_group, script_env
 
     rank = int(env["RANK"])
     with tempfile.TemporaryDirectory(prefix="hyperband-script-") as tmp:
@@ -108,12 +108,12 @@ def script_rank(job: Mapping[str, Any], env: Mapping[str, str], data: Any, previ
                         if cancel.is_set():  # the job stopped, or a peer failed: the trial-rung is given up
                             raise ScriptFailed(f"rank {rank} stopped: its trial-rung was given up")
             finally:
-                _kill_group(proc)  # a timeout, the worker closing: no process of the script left behind
+                kill_group(proc)  # a timeout, the worker closing: no process of the script left behind
         done = _event(f"{job['cancel']}-rank0-exited") if job.get("cancel") else None
         code = proc.returncode
         if code != 0 and not _after_work(rank, job, reports, done):
             raise ScriptFailed(f"rank {rank} on {env['MASTER_ADDR'] if rank == 0 else 'its worker'} "
-                               f"{_failure(code, log)}")
+                               f"{exit_failure(code, log)}")
         if rank == 0 and done is not None:
             done.set()  # a peer that torch aborts at exit may now keep its result (``_after_work``)
         return {"checkpoint": pack(out), "reports": reports.read_text() if rank == 0 and reports.is_file() else "",

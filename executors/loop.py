@@ -28,7 +28,7 @@ from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, ended
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.result import Outcome  # (re-exported: the loop's protocol speaks it)
 from prefect_hyperband.trainers.base import TrainResult
-from prefect_hyperband.trainers.errors import first_line, no_space, seconds_from_env, unavailable
+from prefect_hyperband.common.errors import first_line, no_space, seconds_from_env, unavailable
 
 #: a trial-rung whose orchestration (not its trainer) failed is run again this many times
 ORCHESTRATION_RETRIES = 2

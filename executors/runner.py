@@ -86,20 +86,6 @@ def here(job: Job, trial_rung: TrialRung) -> Outcome:
     return work(job, trial_rung, trainer)
 
 
-def remote(job: Job, trial_rung: TrialRung) -> Outcome:
-    """The same trial-rung as a flow run on the job's trial pool (``executors.work_pool``)."""
-    from prefect_hyperband.executors.work_pool import run_remote
-
-    return Outcome(trial_rung, *run_remote(job, trial_rung))
-
-
-def on_task_workers(job: Job, trial_rung: TrialRung) -> Outcome:
-    """The same trial-rung as a background task run that a ``hyperband worker`` takes (``executors.task_workers``)."""
-    from prefect_hyperband.executors.task_workers import run_on_workers
-
-    return Outcome(trial_rung, *run_on_workers(job, trial_rung))
-
-
 def _describe(value: object, state: object) -> str:
     if isinstance(value, BaseException):
         text = str(value).strip()

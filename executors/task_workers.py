@@ -56,7 +56,7 @@ from prefect_hyperband.tasks.job import Job, storage_at
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
 from prefect_hyperband.trainers.base import TrainResult
-from prefect_hyperband.trainers.errors import seconds_from_env
+from prefect_hyperband.common.errors import seconds_from_env
 
 TASK_NAME = "hyperband-trial-rung"
 #: seconds between reads of a trial-rung's task run (a work pool's flow run is read every 0.5 s: it takes seconds to

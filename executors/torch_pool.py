@@ -29,7 +29,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from prefect_hyperband.trainers.base import write_json_atomic
+from prefect_hyperband.common.files import write_json_atomic
 from prefect_hyperband.trainers.launch import failure_message, terminate
 from prefect_hyperband.trainers.torch_requests import request_path
 

@@ -41,7 +41,7 @@ from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
 from prefect_hyperband.trainers.base import TrainResult
-from prefect_hyperband.trainers.errors import InputError, seconds_from_env
+from prefect_hyperband.common.errors import InputError, seconds_from_env
 
 FLOW_NAME = "hyperband-trial"
 #: seconds between a trial flow run's heartbeats (written to the job's storage)

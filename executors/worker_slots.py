@@ -99,13 +99,10 @@ def slots_of(identifier: str) -> int:
     return int(n) if head and n.isdigit() and int(n) > 0 else 1
 
 
-def slot_count(task_key: str | None = None) -> int:
+def slot_count(task_key: str) -> int:
     """The slots the task workers serving ``task_key`` (a job's: ``task_workers.key_of``) offer now (the job's default
     concurrency, at least 1): each worker's ``--limit``, or one."""
     from prefect.client.orchestration import get_client
 
-    from prefect_hyperband.executors.task_workers import key_of  # (that module sends to the workers it counts)
-
-    key = task_key or key_of(None)
     with get_client(sync_client=True) as client:
-        return max(1, sum(slots_of(w) for w, keys in serving(client).items() if key in keys))
+        return max(1, sum(slots_of(w) for w, keys in serving(client).items() if task_key in keys))

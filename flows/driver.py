@@ -31,7 +31,7 @@ from prefect_hyperband.tasks.record import close_trial_runs
 from prefect_hyperband.tasks.trials import promote_rung
 from prefect_hyperband.tasks.writer import Writer
 from prefect_hyperband.trainers import factory, stopping
-from prefect_hyperband.trainers.errors import shown
+from prefect_hyperband.common.errors import shown
 
 #: seconds between progress-artifact updates: one API write per interval, not per result
 PROGRESS_INTERVAL = 2.0
@@ -57,9 +57,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     logger = get_run_logger()
     trainers = factory.current()
     groups = Groups(job.mode, warn=logger.warning)  # the trial-rungs' subflow runs (``flows.groups``)
-    where = functools.partial(runner.remote, job) if job.trial_pool else \
-        functools.partial(runner.on_task_workers, job) if job.task_workers else \
-        functools.partial(runner.work, job, trainer=trainers.get(job.settings))  # built by the job flow, before
+    where = _where(job, trainers)
     executor = ThreadExecutor(where, token,
                               interrupt=lambda: trainers.interrupt(job.settings), place=groups.enter)
     tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning, writer)
@@ -101,6 +99,21 @@ def _slots(job: Job) -> Callable[[], int] | None:
 
     key = key_of(job.task_storage)  # the workers reading the job's storage (``worker_slots``)
     return LiveSlots(job.concurrency, lambda: slot_count(key))
+
+
+def _where(job: Job, trainers: Any) -> Callable[[Any], Outcome]:
+    """Where a trial-rung runs: a flow run on the job's trial pool (``executors.work_pool``), a background task run a
+    ``hyperband worker`` takes (``executors.task_workers``), or this process's thread with the job's trainer (built by
+    the job flow, before)."""
+    if job.trial_pool:
+        from prefect_hyperband.executors.work_pool import run_remote
+
+        return lambda trial_rung: Outcome(trial_rung, *run_remote(job, trial_rung))
+    if job.task_workers:
+        from prefect_hyperband.executors.task_workers import run_on_workers
+
+        return lambda trial_rung: Outcome(trial_rung, *run_on_workers(job, trial_rung))
+    return functools.partial(runner.work, job, trainer=trainers.get(job.settings))
 
 
 class _WorkerSeconds:

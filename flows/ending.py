@@ -26,7 +26,7 @@ from prefect_hyperband.tasks.record import (
     FULL, cut_short, ends_the_job, finish_job_run, keep_best_checkpoint, outage, reason, register_champion, retrying,
 )
 from prefect_hyperband.trainers import registry
-from prefect_hyperband.trainers.errors import first_line, shown
+from prefect_hyperband.common.errors import first_line, shown
 
 
 def finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs: dict[str, str], max_trials: int,

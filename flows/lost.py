@@ -61,7 +61,7 @@ def end_orphan_runs(job: Any, records: list, runs: dict[str, str], logger) -> li
     """Child runs of trials this job does not hold (created by a process killed before it saved them, and not
     sampled again): ended ``KILLED`` with ``hyperband.status`` ``abandoned``; their run ids."""
     from prefect_hyperband.tasks import tracking
-    from prefect_hyperband.trainers.errors import unavailable
+    from prefect_hyperband.common.errors import unavailable
 
     known = {t.trial_id for t in records}
     orphans = [run_id for trial_id, run_id in runs.items() if trial_id not in known]

@@ -18,7 +18,7 @@ from prefect_hyperband.hyperband.promotion import as_direction, best_key, failed
 from prefect_hyperband.hyperband.space import parse
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers import registry
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 
 def facts(job: Job, params: Any) -> dict[str, Any]:
@@ -159,17 +159,17 @@ def overall_best(job: Job, best: dict[str, Any] | None) -> dict[str, Any] | None
 
 def _old_facts(job: Job, record: dict[str, Any]) -> dict[str, Any]:
     """The facts of a job recorded before they were kept: worked out again from its parameters."""
-    from prefect_hyperband.flows import prepare
     from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.flows.search_space import job_objectives, job_space
     from prefect_hyperband.trainers.data import DataSpec
 
     saved = {k: v for k, v in record["params"].items() if k in TuneParams.model_fields}
     params = TuneParams(**{**saved, "resume": False, "warm_start": None})
     model = registry.get(params.model)
-    space, _ = prepare._space(params, model)
+    space, _ = job_space(params, model)
     spec = DataSpec(data=params.data, target=params.target, validation_fraction=params.validation_fraction,
                     seed=params.seed)
-    metric, direction, chosen = prepare._objectives(params, model, spec)
+    metric, direction, chosen = job_objectives(params, model, spec)
     then = dataclasses.replace(job, settings=dataclasses.replace(job.settings, model=params.model, data=spec),
                                metric=metric, direction=direction, objectives=chosen, space=space.to_dict())
     return facts(then, params)

@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect_hyperband.flows import objectives, parents
+from prefect_hyperband.flows import parents
 from prefect_hyperband.flows.params import TuneParams, may_change_on_resume
+from prefect_hyperband.flows.search_space import job_objectives, job_space
 from prefect_hyperband.flows.lock import check_free
 from prefect_hyperband.flows.state import check_resumable, job_store, load_job_record
-from prefect_hyperband.hyperband import priors, schedule, space as spaces
-from prefect_hyperband.hyperband.promotion import Direction
+from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.tasks import storage as storages
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks import mlflow_input
@@ -24,8 +24,8 @@ from prefect_hyperband.executors import dask_groups
 from prefect_hyperband.executors.loop import stop_grace
 from prefect_hyperband.trainers import gpus, registry
 from prefect_hyperband.trainers import data as datasets
-from prefect_hyperband.trainers.errors import InputError
-from prefect_hyperband.trainers.factory import TrainerSettings, model_space
+from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers.factory import TrainerSettings
 
 
 def _on_every_machine(path: str | None, pool: str | bool | None) -> str | None:
@@ -46,7 +46,7 @@ def new_job_id() -> str:
 MAY_CHANGE_ON_RESUME = may_change_on_resume()
 
 
-def _job_root(job_dir: str, storage: str | None) -> str:
+def job_root(job_dir: str, storage: str | None) -> str:
     """The folder that holds job folders: a local ``--storage`` is one; with a URL the local one is ``job_dir``."""
     return storage if storage and storages.is_local(storage) else job_dir
 
@@ -60,7 +60,7 @@ def resume_params(job_dir: str, job_id: str, given: dict[str, Any] | None = None
     resume may change (``MAY_CHANGE_ON_RESUME``).
     """
     storage = (given or {}).get("storage")
-    root = _job_root(job_dir, storage)
+    root = job_root(job_dir, storage)
     record = load_job_record(job_store(Path(root).resolve() / job_id, job_id, storage))
     if record is None:
         where = storage if storage and not storages.is_local(storage) else root
@@ -93,9 +93,9 @@ def prepare(params: TuneParams) -> Job:
     if missing:
         raise InputError(missing.replace("--model ", "model ") if model.user_code is None else missing)
     _check_run_settings(params, model)
-    space, default_config = _space(params, model)
+    space, default_config = job_space(params, model)
     spec = spec_of(params)
-    metric, direction, chosen = _objectives(params, model, spec)
+    metric, direction, chosen = job_objectives(params, model, spec)
     concurrency = _concurrency(params, _gpus(params, model))
     settings = _settings(params, model, spec, metric, max(1, (os.cpu_count() or 1) // concurrency))
     if model.user_code:  # a trainer file that does not import, a script that is not a file: fail now, in one line
@@ -227,60 +227,6 @@ def _settings(params: TuneParams, model, spec: datasets.DataSpec, metric: str, t
     )
 
 
-def _space(params: TuneParams, model) -> tuple[Any, dict[str, Any]]:
-    """The job's search space (given, a file, or the model's own) and the model's default config."""
-    default_space, known, default_config = model_space(params.model)
-    if isinstance(params.space, dict):
-        space = spaces.parse(params.space, known, params.model)
-    elif params.space:
-        space = spaces.load(params.space, known, params.model)
-    else:
-        space = spaces.parse(default_space, known, params.model)
-    if model.check_config is not None:
-        _check_bounds(space, default_config, model.check_config)
-    if params.prior_first and not priors.has_priors(space):
-        raise InputError("--prior-first trains the space's priors first, but no parameter of the space has one; "
-                         "give it a prior: value (docs/search-spaces.md)")
-    return space, default_config
-
-
-def _check_bounds(space: Any, default_config: dict[str, Any], check: Any) -> None:
-    """Each parameter at its bounds and choices (the others at the model's defaults), by the model's own check."""
-    for param in space.params:
-        for value in param.choices or (param.low, param.high):
-            try:
-                check({**default_config, param.name: value})
-            except InputError as why:
-                raise InputError(f"search space: {param.name}={value!r}: {why}") from None
-
-
-def _objectives(params: TuneParams, model, spec: datasets.DataSpec) -> tuple[str, Direction, Any]:
-    """The metric tuned, its direction and the objectives (several with ``--metric`` given again), checked."""
-    entries = params.metric or []
-    first, stated = objectives.parse_entry(entries[0]) if entries else (None, None)
-    if model.metric is None:  # the user's code reads its own data; the metric is theirs, by their name
-        metric = first or ""
-        flag: Direction | None = None if params.direction is None else ("min" if params.direction == "minimize" else "max")
-        if stated and flag and stated != flag:
-            raise InputError(f"--metric {entries[0]} and --direction {params.direction} disagree; give one")
-        direction: Direction = stated or flag or "max"
-    else:
-        metric = model.metric(spec, first[4:] if first and first.startswith("val_") else first)
-        direction = datasets.metric_direction(metric)
-        better = 'larger' if direction == 'max' else 'smaller'
-        if stated and stated != direction:
-            raise InputError(f"--metric {entries[0]}: {metric} is better {better}; drop :{stated}")
-        if params.direction and params.direction != ("minimize" if direction == "min" else "maximize"):
-            raise InputError(f"--direction {params.direction}: {metric} is better {better}; drop --direction")
-    try:
-        chosen = objectives.objectives(entries, metric if model.metric is None else f"val_{metric}", direction,
-                                       model.metric is None)
-        objectives.check_select(objectives.parse_select(params.select), [name for name, _ in chosen] or [metric])
-    except ValueError as why:
-        raise InputError(str(why)) from None
-    return metric, direction, chosen
-
-
 def _task_storage(params: TuneParams) -> str | None:
     """``--storage`` as every machine names it (a local path made absolute), for ``--task-workers`` only."""
     if not (params.task_workers and params.storage):
@@ -326,7 +272,7 @@ def _place(params: TuneParams, job_id: str) -> tuple[Path, Any, dict[str, Any] |
     """The job's folder (made, and checked free), its store, and the record of the job a resume continues."""
     if params.storage:
         storages.check(params.storage)
-    job_dir = Path(_job_root(params.job_dir, params.storage)).resolve() / job_id
+    job_dir = Path(job_root(params.job_dir, params.storage)).resolve() / job_id
     if any(folder.exists() and not folder.is_dir() for folder in (job_dir, *job_dir.parents)):
         raise InputError(f"--job-dir {params.job_dir}: {job_dir} cannot be a folder: a file is in its path")
     store = job_store(job_dir, job_id, params.storage)

@@ -89,8 +89,8 @@ def launch_temporary_server() -> Launched | None:
     if PREFECT_API_URL.value():
         return None
     from prefect_hyperband.flows.server import batch_server_writes
-    from prefect_hyperband.trainers.base import file_lock
-    from prefect_hyperband.trainers.launch import free_port
+    from prefect_hyperband.common.files import file_lock
+    from prefect_hyperband.common.ports import free_port
 
     batch_server_writes()  # the server inherits them: its event consumers write in batches
     held = contextlib.ExitStack()
@@ -121,7 +121,7 @@ class ServerNotStarted(ConnectionError):
 
 def start_timeout() -> float:
     """``HYPERBAND_SERVER_START_TIMEOUT`` in seconds (``InputError`` for a value that is not one)."""
-    from prefect_hyperband.trainers.errors import seconds_from_env
+    from prefect_hyperband.common.errors import seconds_from_env
 
     return seconds_from_env(START_TIMEOUT, START_TIMEOUT_DEFAULT)
 
@@ -144,7 +144,7 @@ def temporary_server(launched: Launched | None = None, say: Callable[[str], None
             return None
     from prefect.server.api import server as prefect_server
 
-    from prefect_hyperband.trainers.errors import InputError
+    from prefect_hyperband.common.errors import InputError
 
     try:
         bound = start_timeout()
@@ -182,7 +182,7 @@ def _left_starting(instance: Any) -> Launched | None:
     process = instance.server_process
     if instance.running or process is None or process.poll() is not None:
         return None
-    from prefect_hyperband.trainers.base import file_lock
+    from prefect_hyperband.common.files import file_lock
 
     held = contextlib.ExitStack()
     held.enter_context(file_lock(_server_log().with_name("temporary-server.lock")))
@@ -197,7 +197,7 @@ def _wait_for_health(launched: Launched, bound: float, say: Callable[[str], None
     """Until the launched server answers ``/api/health``: one line past ``SAY_AFTER`` seconds, a new process on a
     new port when it exits 3 (its port was taken meanwhile), ``ServerNotStarted`` when it exits otherwise or past
     ``bound`` seconds since its launch (wall time: Prefect's own wait counts only its sleeps)."""
-    from prefect_hyperband.trainers.launch import free_port
+    from prefect_hyperband.common.ports import free_port
 
     begun = launched.began
     said = False

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from prefect_hyperband.hyperband.journal import Diverged, Journal, replay
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.storage import PREVIOUS, Storage, is_local, join
-from prefect_hyperband.trainers.errors import InputError, full_disk, no_space
+from prefect_hyperband.common.errors import InputError, full_disk, no_space
 
 def job_store(job_dir: str | Path, job_id: str, storage: str | None = None) -> Storage:
     """The job's record, state and checkpoints: in ``job_dir``, or under ``<storage>/<job_id>`` when that is a URL."""

@@ -27,7 +27,7 @@ from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import start_job_run
 from prefect_hyperband.tasks.writer import Writer, make_writer, writer_for
 from prefect_hyperband.trainers import factory, registry, stopping
-from prefect_hyperband.trainers.errors import first_line, unavailable
+from prefect_hyperband.common.errors import first_line, unavailable
 
 
 def _run_name() -> str:

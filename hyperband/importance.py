@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from prefect_hyperband.hyperband.promotion import Directions, Score, failed
-from prefect_hyperband.hyperband.sampler import _distribution, _fits
+from prefect_hyperband.hyperband.sampler import distribution, fits
 from prefect_hyperband.hyperband.space import Space
 
 #: the evaluators offered (``--importance``)
@@ -64,12 +64,12 @@ def importance(space: Space, results: Iterable[tuple[Mapping[str, Any], int, Sco
 
     if method not in METHODS:
         raise ValueError(f"importance method must be one of {', '.join(METHODS)}, got {method!r}")
-    dists = {p.name: _distribution(p) for p in space.params}
+    dists = {p.name: distribution(p) for p in space.params}
     if len(dists) < 2:
         return None
     by_rung: dict[int, list[tuple[dict[str, Any], Score]]] = {}
     for config, resource, score in results:
-        if failed(score) or not all(k in config and _fits(d, config[k]) for k, d in dists.items()):
+        if failed(score) or not all(k in config and fits(d, config[k]) for k, d in dists.items()):
             continue
         by_rung.setdefault(int(resource), []).append(({k: config[k] for k in dists}, score))
     enough = [r for r, rows in by_rung.items() if len(rows) >= MIN_RESULTS]

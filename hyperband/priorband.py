@@ -113,13 +113,13 @@ class PriorBandSampler:
 
     # -- persistence -------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        from prefect_hyperband.hyperband.sampler import _plain
+        from prefect_hyperband.hyperband.sampler import plain
 
         return {
             "kind": "priorband", "seed": self.seed,
             "direction": list(self.direction) if several(self.direction) else self.direction,
             "min_resource": self.min_resource, "max_resource": self.max_resource, "eta": self.eta,
-            "rng": _plain(self.rng.bit_generator.state), "draws": dict(self.draws),
+            "rng": plain(self.rng.bit_generator.state), "draws": dict(self.draws),
             "observations": {str(r): [{"config": c, "score": v} for c, v in obs] for r, obs in self.observations.items()},
         }
 

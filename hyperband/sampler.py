@@ -41,7 +41,7 @@ class RandomSampler:
         """Random search learns nothing."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": "random", "seed": self.seed, "rng": _plain(self.rng.bit_generator.state)}
+        return {"kind": "random", "seed": self.seed, "rng": plain(self.rng.bit_generator.state)}
 
     @classmethod
     def from_json(cls, space: Space, raw: Mapping[str, Any]) -> "RandomSampler":
@@ -65,7 +65,7 @@ class TPESampler:
         self.rng = np.random.default_rng(seed)
         #: resource -> [(config, score)], in the order told; score None: failed (a tuple: several objectives)
         self.observations: dict[int, list[tuple[dict[str, Any], Score]]] = {}
-        self._distributions = {p.name: _distribution(p) for p in space.params}
+        self._distributions = {p.name: distribution(p) for p in space.params}
 
     def tell(self, config: Mapping[str, Any], resource: int, score: Score) -> None:
         """Record a result of ``config`` at ``resource``."""
@@ -78,7 +78,7 @@ class TPESampler:
         return [
             (c, v)
             for c, v in self.observations.get(resource, [])
-            if v is not None and all(name in c and _fits(dist, c[name]) for name, dist in self._distributions.items())
+            if v is not None and all(name in c and fits(dist, c[name]) for name, dist in self._distributions.items())
         ]
 
     def chosen_resource(self) -> int | None:
@@ -116,7 +116,7 @@ class TPESampler:
             "seed": self.seed,
             "direction": list(self.direction) if several(self.direction) else self.direction,
             "min_observations": self.min_observations,
-            "rng": _plain(self.rng.bit_generator.state),
+            "rng": plain(self.rng.bit_generator.state),
             "observations": {
                 str(r): [{"config": c, "score": v} for c, v in obs] for r, obs in self.observations.items()
             },
@@ -132,7 +132,7 @@ class TPESampler:
         return sampler
 
 
-def _distribution(p: Param):
+def distribution(p: Param):
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     if p.type == "categorical":
@@ -146,7 +146,7 @@ def _distribution(p: Param):
     return FloatDistribution(float(p.low), float(p.high), log=p.log)
 
 
-def _fits(dist: Any, value: Any) -> bool:
+def fits(dist: Any, value: Any) -> bool:
     """Whether ``value`` lies in an Optuna distribution (a told config may come from outside the space)."""
     if isinstance(value, bool) and not hasattr(dist, "choices"):
         return False
@@ -165,9 +165,9 @@ def _native(p: Param, value: Any) -> Any:
     return value
 
 
-def _plain(state: Mapping[str, Any]) -> dict[str, Any]:
+def plain(state: Mapping[str, Any]) -> dict[str, Any]:
     """A bit generator's state as JSON-able data (PCG64's is ints and strings already)."""
-    return {k: _plain(v) if isinstance(v, Mapping) else (int(v) if isinstance(v, np.integer) else v) for k, v in state.items()}
+    return {k: plain(v) if isinstance(v, Mapping) else (int(v) if isinstance(v, np.integer) else v) for k, v in state.items()}
 
 
 __all__ = ["RandomSampler", "TPESampler"]

@@ -7,7 +7,9 @@ import inspect
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
+from prefect_hyperband.tasks.flavours import log_flavoured
 from prefect_hyperband.tasks.tracking import client
+from prefect_hyperband.trainers.base import Flavoured
 
 #: the registered model's alias for the best model of the newest job
 CHAMPION = "champion"
@@ -42,6 +44,8 @@ def log_champion(uri: str, run_id: str, model: Any, trainer: Callable[[], Any], 
         tagged = "tags" in inspect.signature(model.log_model).parameters  # born with them: no window for a cut
         with mlflow.start_run(run_id=run_id), _to_logger():
             info = model.log_model(trainer(), checkpoint, **({"tags": _tags(job_id, step)} if tagged else {}))
+            if isinstance(info, Flavoured):  # a built-in's model, described by its plug-in: logged here, born tagged
+                info, tagged = log_flavoured(info, _tags(job_id, step)), True
         if info is None:
             return None
         model_uri, model_id = info.model_uri, getattr(info, "model_id", None)

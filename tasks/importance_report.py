@@ -17,7 +17,7 @@ from prefect_hyperband.hyperband import space as spaces
 from prefect_hyperband.hyperband.importance import Importance, importance
 from prefect_hyperband.tasks import tracking
 from prefect_hyperband.tasks.record import ends_the_job, retrying
-from prefect_hyperband.tasks.report import _warn, figure
+from prefect_hyperband.tasks.report import warn_failure, figure
 
 IMPORTANCE_KEY = "hyperband-importance"
 #: ASHA: seconds between the importances computed while results arrive (``Live``)
@@ -79,7 +79,7 @@ def publish(found: Importance, tracking_uri: str | None, run_id: str | None, ste
                 table=table, key=IMPORTANCE_KEY, description=f"Which hyperparameters mattered: {found.method}, "
                 f"{found.results} results at r={found.resource}"))
         except Exception as exc:  # noqa: BLE001
-            _warn("importance artifact", exc)
+            warn_failure("importance artifact", exc)
     if tracking_uri and run_id:
         try:
             retrying(tracking.log_metrics, tracking_uri, run_id, metrics(found), step)
@@ -91,7 +91,7 @@ def publish(found: Importance, tracking_uri: str | None, run_id: str | None, ste
         except Exception as exc:  # noqa: BLE001
             if at_the_end and ends_the_job(exc):
                 raise
-            _warn("MLflow importance", exc)
+            warn_failure("MLflow importance", exc)
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from prefect_hyperband.tasks.tracking import client
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 SQLITE = "sqlite:///"
 

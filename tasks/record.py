@@ -16,7 +16,7 @@ from prefect_hyperband.tasks import champion, datasets, service_wait, tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.result import Outcome
 from prefect_hyperband.trainers import factory, registry
-from prefect_hyperband.trainers.errors import causes, first_line, no_space, unavailable
+from prefect_hyperband.common.errors import causes, first_line, no_space, unavailable
 
 T = TypeVar("T")
 #: the one retry policy of every MLflow write (``retrying``; the end of the job's writes are tasks that call it,

@@ -305,13 +305,13 @@ class ProgressBar:
         try:
             update_progress(self.id, done, total)  # type: ignore[arg-type]  (checked by the callers)
         except Exception as exc:
-            _warn("progress update", exc)
+            warn_failure("progress update", exc)
 
 
 # ---------------------------------------------------------------- thin Prefect tasks (best effort)
 
 
-def _warn(what: str, exc: BaseException) -> None:
+def warn_failure(what: str, exc: BaseException) -> None:
     try:
         get_run_logger().warning("%s failed (the job goes on): %s: %s", what, type(exc).__name__, exc)
     except Exception:  # outside a run context
@@ -324,7 +324,7 @@ def report_start(total_trial_rungs: int) -> str | None:
     try:
         return str(start_progress(total_trial_rungs))
     except Exception as exc:
-        _warn("progress artifact", exc)
+        warn_failure("progress artifact", exc)
         return None
 
 
@@ -349,11 +349,11 @@ def report_results(
     try:
         out["leaderboard"] = str(publish_leaderboard(rows, configs, metric, direction, board=board))
     except Exception as exc:
-        _warn("leaderboard artifact", exc)
+        warn_failure("leaderboard artifact", exc)
     try:
         out["summary"] = str(publish_summary(summary, title, extra))
     except Exception as exc:
-        _warn("summary artifact", exc)
+        warn_failure("summary artifact", exc)
     if tracking_uri and run_id:
         from prefect_hyperband.tasks.record import ends_the_job, retrying
 
@@ -366,11 +366,11 @@ def report_results(
         except Exception as exc:
             if ends_the_job(exc):  # at the job's end: it stops in one line (flows.ending), --resume writes these
                 raise
-            _warn("MLflow leaderboard table", exc)
+            warn_failure("MLflow leaderboard table", exc)
         try:
             out["plots"] = retrying(log_plots, tracking_uri, run_id, rows, metric, direction)
         except Exception as exc:
             if ends_the_job(exc):
                 raise
-            _warn("MLflow plots", exc)
+            warn_failure("MLflow plots", exc)
     return out

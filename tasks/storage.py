@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
-from prefect_hyperband.trainers.base import write_json_atomic
-from prefect_hyperband.trainers.errors import InputError, first_line
+from prefect_hyperband.common.files import write_json_atomic
+from prefect_hyperband.common.errors import InputError, first_line
 
 T = TypeVar("T")
 #: the suffix of a document's previous version, kept by ``Storage.write_json(keep_previous=True)``

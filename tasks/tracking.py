@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from prefect_hyperband.trainers.base import file_lock
-from prefect_hyperband.trainers.errors import InputError, first_line
+from prefect_hyperband.common.files import file_lock
+from prefect_hyperband.common.errors import InputError, first_line
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 

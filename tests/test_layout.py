@@ -10,6 +10,8 @@
       ↓
     trainers/   what a trial-rung trains: XGBoost, torch, synthetic, the user's function or script
     hyperband/  the algorithm: no Prefect, MLflow or trainer (beside trainers/, neither imports the other)
+      ↓
+    common/     what every folder may import: errors a person acts on, files written whole, locks, a free port
 
 An import against the arrows fails this test, deferred imports included. A model's plug-in (``trainers/plugins/``)
 wires its trainer to the executor that places it (Dask groups, torch's warm pools), so it may import
@@ -23,12 +25,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MAY_IMPORT = {
-    "hyperband": {"hyperband"},
-    "trainers": {"trainers"},
-    "tasks": {"tasks", "trainers", "hyperband"},
-    "executors": {"executors", "tasks", "trainers", "hyperband"},
-    "flows": {"flows", "executors", "tasks", "trainers", "hyperband"},
-    "app": {"app", "flows", "executors", "tasks", "trainers", "hyperband"},
+    "common": {"common"},
+    "hyperband": {"hyperband", "common"},
+    "trainers": {"trainers", "common"},
+    "tasks": {"tasks", "trainers", "hyperband", "common"},
+    "executors": {"executors", "tasks", "trainers", "hyperband", "common"},
+    "flows": {"flows", "executors", "tasks", "trainers", "hyperband", "common"},
+    "app": {"app", "flows", "executors", "tasks", "trainers", "hyperband", "common"},
 }
 #: a model's plug-in wires its trainer to the executor that places it (``--dask-address``): it may import both
 WIRING = "trainers/plugins/"

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol
+
+from prefect_hyperband.common.files import write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,21 @@ class Evaluation:
     score: float | tuple[float, ...]
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Flavoured:
+    """A built-in model as MLflow logs it in one of its flavours (``tasks.flavours`` logs it: MLflow is imported there
+    alone): the flavour's module name (``mlflow.<flavour>``), the model object, an input example with the model's
+    output on it (the signature), the pip requirements, and ``code`` (given a folder, the package it writes there for
+    the model's ``code_paths``)."""
+
+    flavour: str
+    model: Any
+    example: Any
+    output: Any
+    requirements: tuple[str, ...] = ()
+    code: Any = None
 
 
 @dataclass(frozen=True)
@@ -119,33 +134,6 @@ def placement(trainer: Any) -> Iterator[tuple[str, ...]]:
         return
     with groups.reserve() as group:
         yield group
-
-
-def write_json_atomic(path: str | os.PathLike[str], payload: Mapping[str, Any], indent: int | None = 2) -> None:
-    """Write JSON so that a reader never sees half a file (a killed job leaves the old or the new one).
-
-    ``indent=None`` for files rewritten often: ``json.dumps`` then runs in C, ~10x faster than indented.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(payload, indent=indent, sort_keys=True, default=str)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (created if missing), across processes on this machine; released on
-    exit, or by the kernel when the process dies."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def checkpoint_resource(meta_path: str | os.PathLike[str]) -> int:

@@ -22,11 +22,12 @@ import numpy as np
 import pandas as pd
 
 from prefect_hyperband.trainers import tables
-from prefect_hyperband.trainers.errors import InputError, first_line
+from prefect_hyperband.trainers.layout import DEFAULT_METRIC, MAX_CLASSES, layout, read_part
+from prefect_hyperband.common.errors import InputError, first_line
 
 #: the bundled UCI bank-marketing file, package data of ``prefect_hyperband.data`` (see its PROVENANCE.md)
 BANK_MARKETING = ("bank-marketing", "bank-additional-full.csv.gz")
-BUILTIN = ("bank-marketing", "digits", "breast-cancer")
+BUILTIN = tables.BUILTIN
 
 Task = Literal["binary", "multiclass", "regression"]
 #: the metrics a model scores on a data set: name -> direction; "max" metrics are better when larger.
@@ -38,10 +39,6 @@ DATA_METRICS: dict[str, Literal["max", "min"]] = {
 }
 #: every built-in metric, the synthetic objective's too
 METRICS: dict[str, Literal["max", "min"]] = {**DATA_METRICS, "loss": "min"}
-#: integer targets with at most this many distinct values are classes, not numbers.
-MAX_CLASSES = 20
-#: the metric a task is scored by unless ``--metric`` says otherwise
-DEFAULT_METRIC = {"binary": "auc", "multiclass": "accuracy", "regression": "rmse"}
 
 
 @dataclass(frozen=True)
@@ -204,7 +201,6 @@ def table_of(spec: DataSpec) -> Any:
 def example_rows(spec: DataSpec, table: Any, n: int) -> np.ndarray:
     """``n`` encoded rows of a table's first 1,000 (validation rows where there are any): a registered model's input
     example, or the rows a model's prediction is timed on, without reading the table."""
-    from prefect_hyperband.trainers.layout import read_part
 
     X_train, _, X_val, _ = read_part(table, table.parts[0], layout_of(spec), spec.seed, spec.validation_fraction,
                                      limit=max(n, 1000))
@@ -223,7 +219,6 @@ def layout_of(spec: DataSpec) -> Any:
 
 @lru_cache(maxsize=8)
 def _layout(spec: DataSpec, digest: str) -> Any:  # per listing: a resume whose data changed sees the new one
-    from prefect_hyperband.trainers.layout import layout
 
     table = tables.find(spec.data)
     if not spec.target:
@@ -239,7 +234,6 @@ def _layout(spec: DataSpec, digest: str) -> Any:  # per listing: a resume whose 
 def _from_table(spec: DataSpec) -> Dataset:
     """A table read in parts (``trainers.tables``): each part read and encoded by the table's layout (as a Dask
     worker reads its own), its rows split by their key (part and row number), not shuffled."""
-    from prefect_hyperband.trainers.layout import read_part
 
     table = tables.find(spec.data)
     shape = _layout(spec, table.digest)

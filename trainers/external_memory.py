@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 log = logging.getLogger(__name__)
 

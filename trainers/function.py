@@ -19,6 +19,8 @@ import inspect
 import json
 import math
 import os
+import posixpath
+import re
 import sys
 import threading
 import time
@@ -27,8 +29,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from prefect_hyperband.trainers import stopping
-from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_json_atomic
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.base import Placed, Placement, TrainResult
+from prefect_hyperband.common.files import write_json_atomic
+from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.gpus import GpuPool
 
 #: callables handed to ``prefect_hyperband.tune`` in this process that have no importable name
@@ -73,19 +76,23 @@ class Trial:
         self.history.append(row)
 
 
-def _check_metric_name(name: str) -> None:
-    """A name MLflow takes (its own rule and length limit): one it refuses answers 400, which a write takes for a
-    server in trouble, retried for minutes while the trial is trained again (found by a fuzz)."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, _validate_metric_name
+#: MLflow's rule for a metric's name (``mlflow.utils.validation``, Linux and macOS), and its longest
+_METRIC_NAME, MAX_METRIC_NAME = re.compile(r"^[/\w.\- :]*$"), 250
 
-    try:
-        _validate_metric_name(name)
-    except MlflowException as exc:
-        raise ValueError(f"trial.report: metric {name!r}: {exc.message}") from None
-    if len(name) > MAX_ENTITY_KEY_LENGTH:
+
+def _check_metric_name(name: str) -> None:
+    """A name MLflow takes (its rule and length limit): one it refuses answers 400, which a write takes for a
+    server in trouble, retried for minutes while the trial is trained again (found by a fuzz)."""
+    if not _METRIC_NAME.match(name):
+        raise ValueError(f"trial.report: metric {name!r}: Names may only contain alphanumerics, underscores (_), "
+                         "dashes (-), periods (.), spaces ( ), colons (:) and slashes (/)")
+    norm = posixpath.normpath(name)
+    if norm != name or norm == "." or norm.startswith(("..", "/")):
+        raise ValueError(f"trial.report: metric {name!r}: a name MLflow may treat as a file must not resolve to "
+                         f"another ({norm!r})")
+    if len(name) > MAX_METRIC_NAME:
         raise ValueError(f"trial.report: metric {name[:40]!r}...: {len(name)} characters, MLflow takes at most "
-                         f"{MAX_ENTITY_KEY_LENGTH}")
+                         f"{MAX_METRIC_NAME}")
 
 
 def report(step: int, **metrics: float) -> None:

@@ -17,7 +17,7 @@ import subprocess
 import threading
 from typing import Iterator, Sequence
 
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 DEVICES = ("auto", "cpu", "cuda")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,13 +28,6 @@ LAUNCHER = ("import gc, runpy\n"
 def torch_launcher() -> list[str]:
     """The command that starts torch's launcher (``torch.distributed.run``); its arguments follow."""
     return [sys.executable, "-c", LAUNCHER]
-
-
-def free_port() -> int:
-    """A port free on this host (for a rendezvous: a one-rank script here, a group's first Dask worker)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 def contract(rank: int, world: int, local_rank: int, local_world: int, master: str, port: int) -> dict[str, str]:

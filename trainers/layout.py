@@ -15,9 +15,14 @@ from typing import Any, Iterator, Literal
 
 import numpy as np
 
-from prefect_hyperband.trainers.data import DEFAULT_METRIC, MAX_CLASSES
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.tables import Part, Table, validation_rows
+
+
+#: integer targets with at most this many distinct values are classes, not numbers
+MAX_CLASSES = 20
+#: the metric a task is scored by unless ``--metric`` says otherwise
+DEFAULT_METRIC = {"binary": "auc", "multiclass": "accuracy", "regression": "rmse"}
 
 
 @dataclass(frozen=True)
@@ -104,9 +109,9 @@ def _kinds(fs: Any, table: Table, columns: list[str]) -> dict[str, str]:
             kinds[c] = "bool" if pa.types.is_boolean(t) else "number" if (
                 pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)) else "text"
         return kinds
-    from prefect_hyperband.trainers.tables import _read_csv
+    from prefect_hyperband.trainers.tables import read_part_csv
 
-    sample = _read_csv(fs, table.parts[0].path, nrows=10_000)
+    sample = read_part_csv(fs, table.parts[0].path, nrows=10_000)
     return {c: "bool" if pd.api.types.is_bool_dtype(sample[c]) else
             "number" if pd.api.types.is_numeric_dtype(sample[c]) else "text" for c in columns}
 
@@ -131,8 +136,8 @@ def _label(value: Any) -> str:
 
 def _read(fs: Any, table: Table, part: Part, columns: list[str] | None = None, limit: int | None = None) -> Any:
     """A part's ``columns`` (all: None), its first ``limit`` rows only when given."""
-    from prefect_hyperband.trainers.errors import first_line
-    from prefect_hyperband.trainers.tables import _read_csv, _url
+    from prefect_hyperband.common.errors import first_line
+    from prefect_hyperband.trainers.tables import read_part_csv, part_url
 
     try:
         if table.format == "parquet":
@@ -144,10 +149,10 @@ def _read(fs: Any, table: Table, part: Part, columns: list[str] | None = None, l
                 batch = next(pq.ParquetFile(fh).iter_batches(batch_size=limit, columns=columns), None)
                 return (batch.to_pandas() if batch is not None else
                         pq.read_schema(fh).empty_table().select(columns or []).to_pandas())
-        frame = _read_csv(fs, part.path, nrows=limit)
+        frame = read_part_csv(fs, part.path, nrows=limit)
         return frame if columns is None else frame[columns]
     except Exception as exc:  # noqa: BLE001  (an object that cannot be read: named in one line)
-        raise InputError(f"cannot read {_url(table, part)}: {type(exc).__name__}: {first_line(exc)}") from None
+        raise InputError(f"cannot read {part_url(table, part)}: {type(exc).__name__}: {first_line(exc)}") from None
 
 
 def read_part(table: Table, part: Part, layout: Layout, seed: int, fraction: float, limit: int | None = None,
@@ -184,10 +189,10 @@ def read_batches(table: Table, part: Part, layout: Layout, seed: int, fraction: 
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001  (an object that cannot be read: named in one line)
-        from prefect_hyperband.trainers.errors import first_line
-        from prefect_hyperband.trainers.tables import _url
+        from prefect_hyperband.common.errors import first_line
+        from prefect_hyperband.trainers.tables import part_url
 
-        raise InputError(f"cannot read {_url(table, part)}: {type(exc).__name__}: {first_line(exc)}") from None
+        raise InputError(f"cannot read {part_url(table, part)}: {type(exc).__name__}: {first_line(exc)}") from None
 
 
 def _columns(layout: Layout) -> list[str]:
@@ -197,7 +202,7 @@ def _columns(layout: Layout) -> list[str]:
 def _split(frame: Any, validation: np.ndarray, table: Table, part: Part, layout: Layout
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``frame``'s rows with a target, encoded, split into training and validation rows by ``validation``."""
-    from prefect_hyperband.trainers.tables import _url
+    from prefect_hyperband.trainers.tables import part_url
 
     keep = frame[layout.target].notna().to_numpy()
     if not keep.all():
@@ -205,15 +210,15 @@ def _split(frame: Any, validation: np.ndarray, table: Table, part: Part, layout:
     try:
         X = encode(frame, layout)
     except (ValueError, TypeError) as exc:  # text in a column the first part's rows showed as numbers (CSV)
-        from prefect_hyperband.trainers.errors import first_line
+        from prefect_hyperband.common.errors import first_line
 
-        raise InputError(f"{_url(table, part)}: {first_line(exc)}; every part's column needs the type it has in the "
+        raise InputError(f"{part_url(table, part)}: {first_line(exc)}; every part's column needs the type it has in the "
                          "first part") from None
     bad = np.isinf(X).any(axis=0)
     if bad.any():
-        raise InputError(f"{_url(table, part)}: column {layout.feature_names[int(np.argmax(bad))]!r} has infinite "
+        raise InputError(f"{part_url(table, part)}: column {layout.feature_names[int(np.argmax(bad))]!r} has infinite "
                          "values (or values too large for float32); fix them, or leave them empty (missing)")
-    y = _target(frame[layout.target], layout, _url(table, part))
+    y = _target(frame[layout.target], layout, part_url(table, part))
     return X[~validation], y[~validation], X[validation], y[validation]
 
 

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
     from prefect_hyperband.trainers.base import Trainer

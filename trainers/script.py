@@ -36,11 +36,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from prefect_hyperband.trainers import stopping
-from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_json_atomic
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.base import Placed, Placement, TrainResult
+from prefect_hyperband.common.files import write_json_atomic
+from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.exits import checkpoint_complete, failed_ranks, why_kept
 from prefect_hyperband.trainers.gpus import GpuPool, env_for
-from prefect_hyperband.trainers.launch import contract, free_port, torch_launcher
+from prefect_hyperband.trainers.launch import contract, torch_launcher
+from prefect_hyperband.common.ports import free_port
 
 #: lines of the script's output kept on a failed trial's run
 TAIL_LINES = 30
@@ -124,7 +126,7 @@ class ScriptTrainer(Placed):
             seconds = time.perf_counter() - began
             if code != 0:
                 failed = failed_ranks(_text_of(log)) or [(0, code)]
-                info.update(self._kept_after_exit(failed, reports, resource, directory, lambda: _failure(code, log)))
+                info.update(self._kept_after_exit(failed, reports, resource, directory, lambda: exit_failure(code, log)))
         history = _read_reports(reports)
         at_end = [row for row in history if row["step"] == resource and self.metric in row]
         if not at_end:
@@ -163,15 +165,15 @@ class ScriptTrainer(Placed):
             try:
                 code = _wait(proc, began, self.timeout)
             except subprocess.TimeoutExpired:
-                _kill_group(proc)
+                kill_group(proc)
                 raise ScriptFailed(f"timed out after {self.timeout:g} s; last output:\n{_tail_of(log)}") from None
             except BaseException:  # the job is stopping (Ctrl-C, a timeout, a cancellation): no rank left behind
-                _kill_group(proc)
+                kill_group(proc)
                 raise
             finally:
                 with self._lock:
                     self._running.discard(proc)
-                _kill_group(proc)  # ranks the launcher left (it exits when rank 0 does)
+                kill_group(proc)  # ranks the launcher left (it exits when rank 0 does)
         return code
 
     def evaluate(self, checkpoint: str) -> float:
@@ -187,7 +189,7 @@ class ScriptTrainer(Placed):
         with self._lock:
             running = list(self._running)
         for proc in running:
-            _kill_group(proc)
+            kill_group(proc)
         self.leave_placement()
 
 
@@ -214,7 +216,7 @@ def _wait(proc: subprocess.Popen, began: float, timeout: float | None) -> int:
                 raise
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
     """The launcher, its process group and every process under it: torch's launcher starts each rank in a
     session of its own, so killing the launcher's group alone leaves the ranks running."""
     ranks = []
@@ -252,7 +254,7 @@ def _read_reports(path: Path) -> list[dict[str, float]]:
 _RANK_FAILED = re.compile(r"\] failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 
 
-def _failure(code: int, log: Path) -> str:
+def exit_failure(code: int, log: Path) -> str:
     """The failed rank's exit code and the script's last lines, without the launcher's traceback after them."""
     try:
         text = log.read_bytes()[-200_000:].decode("utf-8", "replace")

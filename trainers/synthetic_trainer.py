@@ -28,8 +28,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from prefect_hyperband.trainers import stopping
-from prefect_hyperband.trainers.base import TrainResult, write_json_atomic, write_sidecar
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.trainers.base import TrainResult, write_sidecar
+from prefect_hyperband.common.files import write_json_atomic
+from prefect_hyperband.common.errors import InputError
 
 DEFAULT_SPACE: dict[str, dict[str, Any]] = {
     "x": {"type": "float", "low": 0.0, "high": 1.0},

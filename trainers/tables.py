@@ -16,11 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from prefect_hyperband.trainers.errors import InputError, first_line
+from prefect_hyperband.common.errors import InputError, first_line
 
 #: a part's format by the end of its name (compressed CSV as pandas reads it)
 _CSV_ENDS = (".csv", ".csv.gz", ".csv.bz2", ".csv.zip", ".csv.xz", ".csv.zst")
 _PARQUET_ENDS = (".parquet", ".pq")
+
+
+#: the data sets bundled with the package (``--data`` names them), not tables read in parts
+BUILTIN = ("bank-marketing", "digits", "breast-cancer")
 
 
 def file_format(name: str) -> str | None:
@@ -89,8 +93,7 @@ class Table:
 
 
 def lineage_of(data: str) -> dict[str, Any] | None:
-    """``Table.lineage`` of the data ``data`` names; None for a bundled data set (``data.BUILTIN``)."""
-    from prefect_hyperband.trainers.data import BUILTIN
+    """``Table.lineage`` of the data ``data`` names; None for a bundled data set (``BUILTIN``)."""
 
     return None if data in BUILTIN else find(data).lineage()
 
@@ -160,19 +163,19 @@ def schema(table: Table) -> list[str]:
         try:
             names = _columns(fs, part.path, table.format)
         except Exception as exc:  # noqa: BLE001  (an unreadable object or file: named in one line)
-            raise InputError(f"cannot read {_url(table, part)}: {type(exc).__name__}: {first_line(exc)}") from None
+            raise InputError(f"cannot read {part_url(table, part)}: {type(exc).__name__}: {first_line(exc)}") from None
         if first is None:
             first = names
         elif names != first:
             missing, extra = [c for c in first if c not in names], [c for c in names if c not in first]
             how = "; ".join(x for x in (f"missing {', '.join(missing)}" if missing else "",
                                         f"extra {', '.join(extra)}" if extra else "") if x) or "in another order"
-            raise InputError(f"{_url(table, part)}: its columns differ from {_url(table, table.parts[0])}'s ({how}); "
+            raise InputError(f"{part_url(table, part)}: its columns differ from {part_url(table, table.parts[0])}'s ({how}); "
                              "every part of a table needs the same columns")
     return first or []
 
 
-def _url(table: Table, part: Part) -> str:
+def part_url(table: Table, part: Part) -> str:
     if "://" not in table.url:
         return part.path
     return f"{table.url.split('://', 1)[0]}://{part.path}"
@@ -184,10 +187,10 @@ def _columns(fs: Any, path: str, kind: str) -> list[str]:
 
         with fs.open(path, "rb") as fh:
             return list(pq.read_schema(fh).names)
-    return list(_read_csv(fs, path, nrows=0).columns)
+    return list(read_part_csv(fs, path, nrows=0).columns)
 
 
-def _read_csv(fs: Any, path: str, nrows: int | None = None) -> Any:
+def read_part_csv(fs: Any, path: str, nrows: int | None = None) -> Any:
     """A CSV part, comma or semicolon separated (from its first line), compressed as its name says."""
     import csv
 
@@ -227,9 +230,9 @@ def read(table: Table) -> tuple[Any, list[tuple[str, int]]]:
                 with fs.open(part.path, "rb") as fh:
                     frame = pq.read_table(fh).to_pandas()
             else:
-                frame = _read_csv(fs, part.path)
+                frame = read_part_csv(fs, part.path)
         except Exception as exc:  # noqa: BLE001
-            raise InputError(f"cannot read {_url(table, part)}: {type(exc).__name__}: {first_line(exc)}") from None
+            raise InputError(f"cannot read {part_url(table, part)}: {type(exc).__name__}: {first_line(exc)}") from None
         frames.append(frame)
         sizes.append((table.name(part), len(frame)))
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0], sizes

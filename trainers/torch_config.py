@@ -8,7 +8,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from prefect_hyperband.trainers.data import metric_direction
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 #: Trains digits (CNN, 2 workers, linear lr scaling) to >= 0.95 validation accuracy in well under 9 epochs.
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -35,7 +35,7 @@ DEFAULT_SPACE: dict[str, dict[str, Any]] = {
 
 
 
-def _as_int(name: str, value: Any) -> int:
+def as_int(name: str, value: Any) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise InputError(f"{name} must be an integer, got {value!r}")
     if not float(value).is_integer():
@@ -43,7 +43,7 @@ def _as_int(name: str, value: Any) -> int:
     return int(value)
 
 
-def _as_float(name: str, value: Any) -> float:
+def as_float(name: str, value: Any) -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise InputError(f"{name} must be a number, got {value!r}")
     if not math.isfinite(float(value)):
@@ -51,7 +51,7 @@ def _as_float(name: str, value: Any) -> float:
     return float(value)
 
 
-def _check(ok: bool, message: str) -> None:
+def require(ok: bool, message: str) -> None:
     if not ok:
         raise InputError(message)
 
@@ -59,27 +59,27 @@ def _check(ok: bool, message: str) -> None:
 def resolve_config(config: Mapping[str, Any], seed: int = 0) -> dict[str, Any]:
     """``config`` over ``DEFAULT_CONFIG``, checked and coerced to plain types (InputError on a bad value)."""
     unknown = sorted(str(k) for k in config if k not in PARAMS)
-    _check(not unknown, f"unknown torch hyperparameter(s) {', '.join(unknown)}; accepted: {', '.join(sorted(PARAMS))}")
+    require(not unknown, f"unknown torch hyperparameter(s) {', '.join(unknown)}; accepted: {', '.join(sorted(PARAMS))}")
     merged = {**DEFAULT_CONFIG, "seed": seed, **config}
     out: dict[str, Any] = {
-        "lr": _as_float("lr", merged["lr"]),
-        "batch_size": _as_int("batch_size", merged["batch_size"]),
-        "weight_decay": _as_float("weight_decay", merged["weight_decay"]),
-        "width": _as_int("width", merged["width"]),
-        "dropout": _as_float("dropout", merged["dropout"]),
-        "momentum": _as_float("momentum", merged["momentum"]),
+        "lr": as_float("lr", merged["lr"]),
+        "batch_size": as_int("batch_size", merged["batch_size"]),
+        "weight_decay": as_float("weight_decay", merged["weight_decay"]),
+        "width": as_int("width", merged["width"]),
+        "dropout": as_float("dropout", merged["dropout"]),
+        "momentum": as_float("momentum", merged["momentum"]),
         "lr_scaling": str(merged["lr_scaling"]),
-        "warmup_epochs": _as_int("warmup_epochs", merged["warmup_epochs"]),
-        "seed": _as_int("seed", merged["seed"]),
+        "warmup_epochs": as_int("warmup_epochs", merged["warmup_epochs"]),
+        "seed": as_int("seed", merged["seed"]),
     }
-    _check(out["lr"] > 0, f"lr must be > 0, got {out['lr']}")
-    _check(out["batch_size"] >= 1, f"batch_size must be >= 1, got {out['batch_size']}")
-    _check(out["weight_decay"] >= 0, f"weight_decay must be >= 0, got {out['weight_decay']}")
-    _check(out["width"] >= 1, f"width must be >= 1, got {out['width']}")
-    _check(0 <= out["dropout"] < 1, f"dropout must be in [0, 1), got {out['dropout']}")
-    _check(0 <= out["momentum"] < 1, f"momentum must be in [0, 1), got {out['momentum']}")
-    _check(out["lr_scaling"] in LR_SCALING, f"lr_scaling must be one of {', '.join(LR_SCALING)}, got {out['lr_scaling']!r}")
-    _check(out["warmup_epochs"] >= 0, f"warmup_epochs must be >= 0, got {out['warmup_epochs']}")
+    require(out["lr"] > 0, f"lr must be > 0, got {out['lr']}")
+    require(out["batch_size"] >= 1, f"batch_size must be >= 1, got {out['batch_size']}")
+    require(out["weight_decay"] >= 0, f"weight_decay must be >= 0, got {out['weight_decay']}")
+    require(out["width"] >= 1, f"width must be >= 1, got {out['width']}")
+    require(0 <= out["dropout"] < 1, f"dropout must be in [0, 1), got {out['dropout']}")
+    require(0 <= out["momentum"] < 1, f"momentum must be in [0, 1), got {out['momentum']}")
+    require(out["lr_scaling"] in LR_SCALING, f"lr_scaling must be one of {', '.join(LR_SCALING)}, got {out['lr_scaling']!r}")
+    require(out["warmup_epochs"] >= 0, f"warmup_epochs must be >= 0, got {out['warmup_epochs']}")
     return out
 
 
@@ -91,4 +91,4 @@ def effective_lr(config: Mapping[str, Any], world_size: int) -> float:
 def check_metric(metric: str, task: str) -> None:
     metric_direction(metric)  # unknown names
     allowed = {"regression": ("rmse",), "binary": ("auc", "accuracy", "logloss"), "multiclass": ("accuracy", "logloss")}
-    _check(metric in allowed[task], f"metric {metric!r} does not fit a {task} task; use one of {', '.join(allowed[task])}")
+    require(metric in allowed[task], f"metric {metric!r} does not fit a {task} task; use one of {', '.join(allowed[task])}")

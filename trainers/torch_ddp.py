@@ -32,7 +32,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_json_atomic, write_sidecar
+from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_sidecar
+from prefect_hyperband.common.files import write_json_atomic
 from prefect_hyperband.trainers.data import (DataSpec, Dataset, example_rows, layout_of, load, metric_direction, score,
                                              table_of)
 from prefect_hyperband.trainers.exits import failed_ranks, why_kept
@@ -40,7 +41,7 @@ from prefect_hyperband.trainers.gpus import GpuPool, env_for, groups
 from prefect_hyperband.trainers.launch import failure_message, terminate, torch_launcher
 from prefect_hyperband.trainers.torch_checkpoint import (checkpoint_epochs, load_model, predict, read_checkpoint,
                                                          timed_predict)
-from prefect_hyperband.trainers.torch_config import _as_float, _as_int, _check, check_metric, effective_lr, resolve_config
+from prefect_hyperband.trainers.torch_config import as_float, as_int, require, check_metric, effective_lr, resolve_config
 from prefect_hyperband.trainers.torch_rows import table_meta
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,35 +97,35 @@ class TorchTrainer(Placed):
         deterministic: bool = False,
         precision: str = "fp32",
     ):
-        self.workers = _as_int("workers", workers)
-        _check(self.workers >= 1, f"workers must be >= 1, got {workers}")
-        self.trial_timeout = _as_float("trial_timeout", trial_timeout)
-        _check(self.trial_timeout > 0, f"trial_timeout must be > 0 seconds, got {trial_timeout}")
-        concurrent_trials = _as_int("concurrent_trials", concurrent_trials)
-        _check(concurrent_trials >= 1, f"concurrent_trials must be >= 1, got {concurrent_trials}")
+        self.workers = as_int("workers", workers)
+        require(self.workers >= 1, f"workers must be >= 1, got {workers}")
+        self.trial_timeout = as_float("trial_timeout", trial_timeout)
+        require(self.trial_timeout > 0, f"trial_timeout must be > 0 seconds, got {trial_timeout}")
+        concurrent_trials = as_int("concurrent_trials", concurrent_trials)
+        require(concurrent_trials >= 1, f"concurrent_trials must be >= 1, got {concurrent_trials}")
         default_threads = max(1, (os.cpu_count() or 1) // (self.workers * concurrent_trials))
-        self.threads_per_rank = _as_int("threads_per_rank", threads_per_rank or default_threads)
-        _check(self.threads_per_rank >= 1, f"threads_per_rank must be >= 1, got {threads_per_rank}")
-        self.spec, self.seed = spec, _as_int("seed", seed)
+        self.threads_per_rank = as_int("threads_per_rank", threads_per_rank or default_threads)
+        require(self.threads_per_rank >= 1, f"threads_per_rank must be >= 1, got {threads_per_rank}")
+        self.spec, self.seed = spec, as_int("seed", seed)
         self.scratch_dir = scratch_dir
         #: a table in parts (``trainers.tables``): each rank reads its own share, this process only its layout
         self._table, self._data, self._sample = table_of(spec), None, None
         self.info = layout_of(spec)
         self.metric = metric or self.info.default_metric
         check_metric(self.metric, self.info.task)
-        _check(warm is None or isinstance(warm, bool), f"warm must be true or false, got {warm!r}")
+        require(warm is None or isinstance(warm, bool), f"warm must be true or false, got {warm!r}")
         #: warm (the default where the plug-in gives ``pools``, ``executors.torch_pool.warm_pools``): the ranks stay up
         #: between calls; built directly without ``pools``, every call launches them (``warm=True`` then is an error)
         self.warm = pools is not None if warm is None else warm
-        _check(not (self.warm and pools is None),
+        require(not (self.warm and pools is None),
                "warm=True needs the warm pools (executors.torch_pool.warm_pools), as the torch plug-in gives them")
         if pool_size is not None:
-            pool_size = _as_int("pool_size", pool_size)
-            _check(pool_size >= 1, f"pool_size must be >= 1 (concurrent trials per job), got {pool_size}")
+            pool_size = as_int("pool_size", pool_size)
+            require(pool_size >= 1, f"pool_size must be >= 1 (concurrent trials per job), got {pool_size}")
         #: this host's GPUs for the trial-rungs (``trainers.gpus``): a call's ranks take ``workers`` of them
         self.gpu_pool = GpuPool(gpus, self.workers)
         self.deterministic = bool(deterministic)
-        _check(precision in ("fp32", "bf16"), f"precision must be fp32 or bf16, got {precision!r}")
+        require(precision in ("fp32", "bf16"), f"precision must be fp32 or bf16, got {precision!r}")
         self.precision = precision
         if self.gpu_pool.slots:  # a warm pool per set of GPUs, each pool's ranks on its own set for good
             pool_size = min(pool_size or self.gpu_pool.slots, self.gpu_pool.slots)
@@ -152,10 +153,10 @@ class TorchTrainer(Placed):
         """Train ``config`` to ``resource`` epochs (resuming ``checkpoint``), checkpoint to ``out``."""
         started = time.perf_counter()
         cfg = resolve_config(config, self.seed)
-        resource = _as_int("resource", resource)
-        _check(resource >= 1, f"resource (epochs) must be >= 1, got {resource}")
+        resource = as_int("resource", resource)
+        require(resource >= 1, f"resource (epochs) must be >= 1, got {resource}")
         start = checkpoint_epochs(checkpoint) if checkpoint else 0
-        _check(resource >= start, f"resource {resource} is below the {start} epochs checkpoint {checkpoint} holds")
+        require(resource >= start, f"resource {resource} is below the {start} epochs checkpoint {checkpoint} holds")
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         if checkpoint and resource == start:
             return self._unchanged(checkpoint, out, resource, started)

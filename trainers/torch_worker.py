@@ -36,7 +36,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from prefect_hyperband.trainers import torch_rows
 from prefect_hyperband.trainers.torch_rows import Arrays
-from prefect_hyperband.trainers.base import write_json_atomic
+from prefect_hyperband.common.files import write_json_atomic
 from prefect_hyperband.trainers.torch_requests import next_request, read_job
 from prefect_hyperband.trainers.torch_device import device_for, join, set_deterministic
 from prefect_hyperband.trainers.torch_rng import rng_state, seed_rank, set_rng_state

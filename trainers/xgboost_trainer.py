@@ -38,7 +38,7 @@ from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, wr
 from prefect_hyperband.trainers import external_memory as extmem
 from prefect_hyperband.trainers.data import (DataSpec, Dataset, check_metric, example_rows, layout_of, load, score,
                                              table_of)
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.gpus import GpuPool
 
 log = logging.getLogger(__name__)

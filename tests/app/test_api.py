@@ -64,7 +64,7 @@ def test_input_the_job_would_refuse_raises_before_a_server_or_a_flow_run(monkeyp
     from prefect_hyperband.flows import process
     from prefect_hyperband.flows import tune as tune_module
     from prefect_hyperband.hyperband.space import SpaceError
-    from prefect_hyperband.trainers.errors import InputError
+    from prefect_hyperband.common.errors import InputError
 
     calls: list[str] = []
     monkeypatch.setattr(process, "temporary_server", lambda: calls.append("server"))

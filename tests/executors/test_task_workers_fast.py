@@ -127,7 +127,9 @@ def test_a_workers_slots_are_its_limit_on_the_servers_list_of_task_workers(monke
             return False
 
     monkeypatch.setattr(orchestration, "get_client", lambda sync_client=False: _Sync())
-    assert worker_slots.slot_count() == 4  # 3 + 1; the other code's 8 are not the job's
+    from prefect_hyperband.executors.task_workers import key_of
+
+    assert worker_slots.slot_count(key_of(None)) == 4  # 3 + 1; the other code's 8 are not the job's
 
 
 def test_task_workers_need_a_server_the_workers_reach_and_no_trial_pool():

@@ -95,7 +95,7 @@ def test_scheduled_waits_for_a_worker_but_pending_too_long_is_a_worker_gone(cloc
 
 
 def test_a_missing_pool_is_one_line(prefect_harness):
-    from prefect_hyperband.trainers.errors import InputError
+    from prefect_hyperband.common.errors import InputError
 
     with pytest.raises(InputError, match="--trial-pool no-such-pool: no such work pool; create it"):
         trial_flow.ensure_deployment("no-such-pool")

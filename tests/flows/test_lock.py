@@ -11,7 +11,7 @@ import time
 import pytest
 
 from prefect_hyperband.flows import lock
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 
 def _write(job_dir, host: str, pid: int, age: float = 0.0, **about) -> None:

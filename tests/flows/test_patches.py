@@ -15,7 +15,7 @@ import pytest
 from prefect_hyperband.flows import patches
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ("app", "flows", "tasks", "executors", "trainers", "hyperband", "deployments", "examples")
+PACKAGE = ("app", "flows", "tasks", "executors", "trainers", "hyperband", "deployments", "examples", "common")
 
 
 def test_the_installed_libraries_are_the_versions_the_patches_were_written_for():

@@ -257,7 +257,7 @@ def test_a_full_disk_is_known_by_errno_and_by_the_words_libraries_raise():
     import errno
     import sqlite3
 
-    from prefect_hyperband.trainers.errors import no_space
+    from prefect_hyperband.common.errors import no_space
 
     assert no_space(OSError(errno.ENOSPC, "No space left on device"))
     assert no_space(sqlite3.OperationalError("database or disk is full"))

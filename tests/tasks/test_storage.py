@@ -7,7 +7,7 @@ import pytest
 
 from prefect_hyperband.flows.state import job_store
 from prefect_hyperband.tasks.storage import Storage, check
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 from ports import free_port  # tests/ports.py
 

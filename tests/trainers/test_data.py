@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from prefect_hyperband.trainers.data import DataSpec, check_metric, load, read_csv
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 
 def test_bundled_bank_marketing_drops_duration_and_splits_stratified():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect_hyperband.trainers.errors import SHOWN_CHARS, shown
+from prefect_hyperband.common.errors import SHOWN_CHARS, shown
 
 
 def test_a_huge_error_is_cut_and_a_script_s_control_characters_are_escaped():

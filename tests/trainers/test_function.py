@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.function import FunctionTrainer, Trial, entry_of, load, report
 
 

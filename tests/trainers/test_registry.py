@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prefect_hyperband.trainers import registry
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 
 def test_the_built_ins_and_user_code_are_registry_entries():

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from prefect_hyperband.trainers import data, tables
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 
 
 def _frame(rows: int = 300, seed: int = 0) -> pd.DataFrame:

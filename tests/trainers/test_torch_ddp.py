@@ -18,7 +18,7 @@ import torch
 from faulty_torch import Fault, FaultyTorchTrainer, SmallTorchTrainer
 from torch_helpers import max_difference, torch_descendants
 from prefect_hyperband.trainers.data import DataSpec
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG, DEFAULT_SPACE, PARAMS, resolve_config
 from prefect_hyperband.trainers.torch_ddp import TorchTrainer, load_model, predict
 from prefect_hyperband.trainers.launch import processes_with

@@ -19,7 +19,7 @@ from torch_helpers import max_difference, torch_descendants
 from prefect_hyperband.executors.torch_pool import warm_pools
 from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.data import DataSpec
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.factory import TrainerSettings
 from prefect_hyperband.trainers.launch import processes_with
 from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG

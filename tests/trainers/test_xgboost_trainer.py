@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from prefect_hyperband.trainers.data import DataSpec
-from prefect_hyperband.trainers.errors import InputError
+from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.xgboost_trainer import DEFAULT_CONFIG, XGBoostTrainer, segments
 
 CONFIG = {"eta": 0.1, "max_depth": 5, "colsample_bytree": 0.7, "colsample_bylevel": 0.8, "alpha": 0.1, "min_child_weight": 2.0}

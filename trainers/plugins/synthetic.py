@@ -20,7 +20,7 @@ def space():
 
 
 def metric(spec: Any, given: str | None) -> str:
-    from prefect_hyperband.trainers.errors import InputError
+    from prefect_hyperband.common.errors import InputError
     from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
 
     if given not in (None, SyntheticTrainer.metric):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from typing import Any
 
 from prefect_hyperband.trainers.registry import Model
@@ -46,22 +45,18 @@ def metric(spec: Any, given: str | None) -> str:
     return from_data(spec, given)
 
 
-def log_model(trainer: Any, checkpoint: str, tags: dict[str, str] | None = None):
-    """The module in MLflow's PyTorch flavour; its class ships as code, so loading needs no install of ours; ``tags``
-    on the logged model."""
-    import mlflow
+def log_model(trainer: Any, checkpoint: str):
+    """The module, for MLflow's PyTorch flavour (``tasks.flavours``); its class ships as code, so loading needs no
+    install of ours."""
     import torch
-    from mlflow.models import infer_signature
+
+    from prefect_hyperband.trainers.base import Flavoured
 
     example = trainer.example(5)
     module = trainer.load_model(checkpoint)
     with torch.no_grad():
-        signature = infer_signature(example, module(torch.from_numpy(example)).numpy())
-    with tempfile.TemporaryDirectory() as tmp:
-        return mlflow.pytorch.log_model(
-            module, name="model", code_paths=[_model_code(tmp)], signature=signature,
-            input_example=example, pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"], tags=tags,
-        )
+        output = module(torch.from_numpy(example)).numpy()
+    return Flavoured("pytorch", module, example, output, (f"torch=={torch.__version__.split('+')[0]}",), _model_code)
 
 
 def _model_code(tmp: str) -> str:

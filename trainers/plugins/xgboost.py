@@ -43,21 +43,18 @@ def metric(spec: Any, given: str | None) -> str:
     return chosen
 
 
-def log_model(trainer: Any, checkpoint: str, tags: dict[str, str] | None = None):
-    """The booster in MLflow's XGBoost flavour, with a signature and an input example; ``tags`` on the logged model."""
-    import mlflow
+def log_model(trainer: Any, checkpoint: str):
+    """The booster, for MLflow's XGBoost flavour (``tasks.flavours``), with an input example and its predictions."""
     import pandas as pd
     import xgboost as xgb
-    from mlflow.models import infer_signature
+
+    from prefect_hyperband.trainers.base import Flavoured
 
     names = list(trainer.info.feature_names)
     example = pd.DataFrame(trainer.example(5), columns=names)
     booster = trainer.booster(checkpoint)
     booster.feature_names = names
-    return mlflow.xgboost.log_model(
-        booster, name="model", signature=infer_signature(example, booster.inplace_predict(example)),
-        input_example=example, pip_requirements=[f"xgboost=={xgb.__version__}"], tags=tags,
-    )
+    return Flavoured("xgboost", booster, example, booster.inplace_predict(example), (f"xgboost=={xgb.__version__}",))
 
 
 def check_config(config: dict[str, Any]) -> None:
@@ -65,7 +62,7 @@ def check_config(config: dict[str, Any]) -> None:
     import numpy as np
     import xgboost as xgb
 
-    from prefect_hyperband.trainers.errors import InputError
+    from prefect_hyperband.common.errors import InputError
 
     tiny = xgb.DMatrix(np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]]), label=[0, 1, 0, 1])
     try:
