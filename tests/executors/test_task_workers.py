@@ -210,10 +210,13 @@ def test_a_worker_of_other_code_is_named_in_one_line_and_a_worker_started_mid_jo
 
             from prefect_hyperband.executors import worker_slots
 
-            with get_client(sync_client=True) as client:  # its --limit on the server's list, as the job counts it
-                listed = worker_slots.serving(client)  # (a worker an earlier test killed may be listed still)
-            mine = [w for w in listed if w.split(worker_slots.SLOTS_MARK)[0].endswith(f"-{late.pid}")]
-            assert [worker_slots.slots_of(w) for w in mine] == [2], listed
+            deadline, mine = time.monotonic() + 30, []
+            while not mine and time.monotonic() < deadline:  # listed once its subscription reached the server (its
+                with get_client(sync_client=True) as client:  # "Subscribing" line comes just before)
+                    listed = worker_slots.serving(client)  # (a worker an earlier test killed may be listed still)
+                mine = [w for w in listed if w.split(worker_slots.SLOTS_MARK)[0].endswith(f"-{late.pid}")]
+                time.sleep(0 if mine else 0.2)
+            assert [worker_slots.slots_of(w) for w in mine] == [2], listed  # its --limit, as the job counts it
             job.join(timeout=120)
     finally:
         logger.removeHandler(keep)
