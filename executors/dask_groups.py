@@ -223,6 +223,11 @@ class XGBoostOnDask:
         self.client.wait_for_workers(workers, timeout=120)
         self.worker_groups = WorkerGroups(self.client, workers, lambda group: trainer.partition(self.client, group))
 
+    def device(self, group: tuple[str, ...]) -> dict[str, str]:
+        """XGBoost's ``device`` on ``group``: ``cuda`` (each worker's first visible GPU) where every worker of it was
+        started with ``--resources GPU=1``, else the CPU's default."""
+        return {"device": "cuda"} if gpu_resources(self.client, group) else {}
+
     def close(self) -> None:
         """Shut down what it started; an external cluster is only disconnected."""
         self.worker_groups.close()

@@ -74,7 +74,8 @@ def choose(device: str, gpus: str | Sequence[int] | None, ranks: int, on_dask: b
         return None
     if ranks > len(ids):
         raise InputError(f"--workers {ranks} puts a rank on each of {ranks} GPUs of one host, but "
-                         f"{_named(gpus, ids)} {len(ids)}; use --workers {len(ids)} or fewer, or more GPUs")
+                         f"{_named(gpus, ids)} {len(ids)}; use --workers {len(ids)} or fewer, more GPUs, or --device cpu "
+                         "(ranks on the CPU)")
     return ids
 
 

@@ -338,11 +338,11 @@ class XGBoostTrainer:
 
         from prefect_hyperband.trainers import xgboost_ranks
 
-        params = {**params, "nthread": max(1, self.nthread // self.workers)}
         dask = self._dask
         if dask is None:
             raise RuntimeError("the Dask cluster of this trainer is closed (the job is stopping)")
-        with dask.worker_groups.take() as (_, dtrain):  # a free group of workers: trials on one group never interleave
+        with dask.worker_groups.take() as (group, dtrain):  # a free group of workers: trials on one group never interleave
+            params = {**params, "nthread": max(1, self.nthread // self.workers), **dask.device(group)}  # GPU workers: cuda
             if isinstance(dtrain, xgboost_ranks.Rows):  # a table's parts: each worker's matrix kept between calls
                 return xgboost_ranks.train(dask.client, dtrain, params, rounds, booster)
             return dxgb.train(dask.client, params, dtrain, num_boost_round=rounds, xgb_model=booster)["booster"]
