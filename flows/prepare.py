@@ -245,6 +245,11 @@ def _gpus(params: TuneParams, model) -> tuple[int, ...] | None:
             raise InputError(f"--gpus and --device cuda: model {params.model!r} trains on the CPU only")
         return None
     elsewhere = bool(params.trial_pool or params.task_workers or params.dask_address)
+    if params.workers > 1 and not model.gpu_ranks and not elsewhere:  # its processes here train on the CPUs
+        if params.gpus is not None or params.device == "cuda":
+            raise InputError(f"--workers {params.workers}: model {params.model!r} trains on this machine's CPUs (a "
+                             "local Dask cluster); on a GPU use --workers 1, or --dask-address of GPU workers")
+        return None
     ids = gpus.choose(params.device, params.gpus, params.workers, on_dask=elsewhere)
     return None if elsewhere else ids
 

@@ -57,6 +57,8 @@ class Model:
     local_workers: bool = False
     #: its trials run on GPUs where a host has them (``--gpus``, ``--device``: ``trainers.gpus``)
     gpus: bool = False
+    #: with ``--workers N`` on one machine, each of the N processes takes a GPU (False: the N train on the CPUs)
+    gpu_ranks: bool = True
     #: ``TrainerSettings.extra`` from the job's parameters (model-specific knobs)
     extra: Callable[[Any], tuple[tuple[str, Any], ...]] = _no_extra
     #: log ``checkpoint`` as an MLflow model in its flavour, inside the best trial's active run; returns the

@@ -76,5 +76,5 @@ def check_config(config: dict[str, Any]) -> None:
 MODEL = Model(
     "xgboost", build, "XGBoost (one unit = --rounds-per-unit boosting rounds)", space=space, metric=metric,
     checkpoint_suffix=".ubj", local_workers=True, log_model=log_model, order=0, fields=("rounds_per_unit", "external_memory"),
-    extra=extra, check_config=check_config, gpus=True,
+    extra=extra, check_config=check_config, gpus=True, gpu_ranks=False,  # --workers N here: a local Dask cluster's CPUs
 )
