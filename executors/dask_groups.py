@@ -103,7 +103,18 @@ class WorkerGroups:
         self.groups: list[tuple[str, ...]] = []  # the live ones, free or busy
         self.retired: list[tuple[str, ...]] = []
         self._reserved = threading.local()  # the group ``reserve`` holds for the calling thread's next ``take``
+        self._gpus: dict[tuple[str, ...], dict[str, float]] = {}  # ``gpus``: a worker's resources are its own for life
         self._add(split(self.alive(), n))
+
+    def gpus(self, group: tuple[str, ...]) -> dict[str, float]:
+        """``gpu_resources`` of ``group``, asked of the scheduler once per group, not at every trial-rung."""
+        with self._lock:
+            known = self._gpus.get(group)
+        if known is None:
+            known = gpu_resources(self.client, group)
+            with self._lock:
+                self._gpus[group] = known
+        return known
 
     def alive(self) -> list[str]:
         return list(workers_of(self.client))
@@ -226,7 +237,7 @@ class XGBoostOnDask:
     def device(self, group: tuple[str, ...]) -> dict[str, str]:
         """XGBoost's ``device`` on ``group``: ``cuda`` (each worker's first visible GPU) where every worker of it was
         started with ``--resources GPU=1``, else the CPU's default."""
-        return {"device": "cuda"} if gpu_resources(self.client, group) else {}
+        return {"device": "cuda"} if self.worker_groups.gpus(group) else {}
 
     def close(self) -> None:
         """Shut down what it started; an external cluster is only disconnected."""

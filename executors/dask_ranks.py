@@ -215,7 +215,7 @@ class DaskRanks:
                 raise GroupLost(group, gone, exc) from exc
             raise
         job = {**job, "launched_at": time.time(), "cancel": f"hyperband-cancel-{uuid.uuid4().hex}"}
-        gpus = dask_groups.gpu_resources(self.client, group)  # workers started with --resources GPU=1: a rank holds its GPU
+        gpus = self._groups.gpus(group)  # workers started with --resources GPU=1: a rank holds its GPU
         futures = [
             self.client.submit(
                 task, job, contract(i, len(group), hosts[:i].count(host), hosts.count(host), hosts[0], port),

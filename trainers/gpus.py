@@ -99,13 +99,15 @@ class GpuPool:
 
     def __init__(self, ids: tuple[int, ...] | None, per_trial: int) -> None:
         self.ids, self.per_trial = ids, per_trial
-        self._free = list(groups(ids, per_trial)) if ids else []
+        #: its disjoint sets of ``per_trial`` GPUs, in order (a warm pool of number n keeps set n)
+        self.sets = groups(ids, per_trial) if ids else []
+        self._free = list(self.sets)
         self._cond = threading.Condition()
 
     @property
     def slots(self) -> int | None:
         """How many trial-rungs can hold GPUs at once (None: no GPU placement)."""
-        return len(groups(self.ids, self.per_trial)) if self.ids else None
+        return len(self.sets) if self.ids else None
 
     @contextlib.contextmanager
     def lease(self) -> Iterator[tuple[int, ...] | None]:

@@ -37,7 +37,7 @@ from prefect_hyperband.common.files import write_json_atomic
 from prefect_hyperband.trainers.data import (DataSpec, Dataset, example_rows, layout_of, load, metric_direction, score,
                                              table_of)
 from prefect_hyperband.trainers.exits import failed_ranks, why_kept
-from prefect_hyperband.trainers.gpus import GpuPool, env_for, groups
+from prefect_hyperband.trainers.gpus import GpuPool, env_for
 from prefect_hyperband.trainers.launch import failure_message, terminate, torch_launcher
 from prefect_hyperband.trainers.torch_checkpoint import (checkpoint_epochs, load_model, predict, read_checkpoint,
                                                          timed_predict)
@@ -139,8 +139,7 @@ class TorchTrainer(Placed):
 
     def gpu_group(self, number: int) -> tuple[int, ...] | None:
         """Warm pool ``number``'s GPUs: its own set of ``workers`` (None or (): as the trainer's, none placed)."""
-        ids = self.gpu_pool.ids
-        return groups(ids, self.workers)[number] if ids else ids
+        return self.gpu_pool.sets[number] if self.gpu_pool.ids else self.gpu_pool.ids
 
     @property
     def world_size(self) -> int:

@@ -11,12 +11,15 @@ from prefect_hyperband.executors import dask_groups
 def test_a_group_of_gpu_workers_holds_their_gpus_and_any_other_group_does_not(monkeypatch):
     listed = {"tcp://127.0.0.1:1": {"resources": {"GPU": 1}}, "tcp://127.0.0.2:1": {"resources": {"GPU": 2.0}},
               "tcp://127.0.0.3:1": {"resources": {}}, "tcp://127.0.0.4:1": {}}
-    monkeypatch.setattr(dask_groups, "workers_of", lambda client: listed)
+    looks: list[None] = []
+    monkeypatch.setattr(dask_groups, "workers_of", lambda client: looks.append(None) or listed)
     gpus = ("tcp://127.0.0.1:1", "tcp://127.0.0.2:1")
     assert dask_groups.gpu_resources(None, gpus) == {"GPU": 1}
     assert dask_groups.gpu_resources(None, ("tcp://127.0.0.1:1", "tcp://127.0.0.3:1")) == {}  # one without: none
     assert dask_groups.gpu_resources(None, ("tcp://127.0.0.4:1",)) == {}
     assert dask_groups.gpu_resources(None, ("tcp://127.0.0.9:1",)) == {}  # gone from the scheduler's list
-    placed = SimpleNamespace(client=None)
+    placed = SimpleNamespace(worker_groups=dask_groups.WorkerGroups(None, 2))
+    looks.clear()
     assert dask_groups.XGBoostOnDask.device(placed, gpus) == {"device": "cuda"}
     assert dask_groups.XGBoostOnDask.device(placed, ("tcp://127.0.0.3:1",)) == {}
+    assert dask_groups.XGBoostOnDask.device(placed, gpus) == {"device": "cuda"} and len(looks) == 2  # once a group
