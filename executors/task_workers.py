@@ -267,7 +267,8 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
             if _landed(store, f"results/{run_id}.json", POLL_SECONDS):  # before the server hears the run end
                 break
     result = store.read_json(f"results/{run_id}.json")  # the task run's id, as the worker's context gives it
-    if result is None:
+    if result is None:  # handed back, crashed or failed: its parameters and claim go too (the run is sent anew)
+        _drop_parameters(job, run_id, parameters)
         lost = _AfterOutage if outage and state.type.value in ("FAILED", "CRASHED") else work_pool.TrialRunLost
         raise lost(f"task run {run_id} ended {state.type.value}: {state.message or 'no result'}")
     store.delete(f"results/{run_id}.json")

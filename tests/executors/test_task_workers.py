@@ -364,14 +364,16 @@ def test_a_worker_stopped_with_sigterm_hands_its_trial_rungs_back_and_the_job_ru
                   job_dir=str(tmp_path / "jobs"), concurrency=4)
     here = tune(TuneParams(**common, job_id="threads", unit_seconds=0.0))
     monkeypatch.setenv("HYPERBAND_HEARTBEAT_TIMEOUT", "600")
+    shared = str(tmp_path / "shared")
     lines: list[str] = []
     keep = logging.Handler()
     keep.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("prefect").addHandler(keep)
     try:
-        with workers(tmp_path, 2) as (first, second):
-            stopper = _once_it_trains(tmp_path / "jobs" / "stopped", first, signal.SIGTERM)
-            stopped = tune(TuneParams(**common, job_id="stopped", unit_seconds=0.3, task_workers=True))
+        with workers(tmp_path, 2, storage=shared) as (first, second):
+            stopper = _once_it_trains(Path(shared) / "stopped", first, signal.SIGTERM)
+            stopped = tune(TuneParams(**common, job_id="stopped", unit_seconds=0.3, task_workers=True,
+                                      storage=shared))
             stopper.join(timeout=60)
             assert first.wait(timeout=30) == 0  # it stopped by itself, cleanly
     finally:
@@ -384,3 +386,25 @@ def test_a_worker_stopped_with_sigterm_hands_its_trial_rungs_back_and_the_job_ru
     assert _rows(stopped) == _rows(here)
     for i in range(2):
         assert "UserWarning" not in (tmp_path / f"machine-{i}" / "worker.log").read_text()
+    # the handed-back task runs' claims and parameters deleted with the rest (before: their claims stayed)
+    assert not list((Path(shared) / "claims").glob("*.json"))
+    assert not list((Path(shared) / "task-parameters" / "parameters").glob("*"))
+
+
+def test_a_job_and_its_workers_on_object_storage_train_every_trial_rung_and_leave_no_parameters_or_claims(
+        tracking_uri, tmp_path, s3):
+    """Issue 78: ``--task-workers --storage s3://...`` (before: the job failed at its first submission, Prefect
+    refusing an unsaved block as a background task's result storage). The parameters travel through the bucket,
+    the results come back through it, and what a finished job's trial-rungs left there (parameters, claims) is gone."""
+    from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.flows.tune import tune
+
+    url = "s3://bucket/shared-tw"
+    with workers(tmp_path, 1, storage=url):
+        done = tune(TuneParams(model="synthetic", max_resource=3, eta=3, seed=4, baseline=False,
+                               register_model=False, unit_seconds=0.0, job_dir=str(tmp_path / "jobs"), storage=url,
+                               job_id="on-s3", task_workers=True, concurrency=2))
+    rows = json.loads(s3.cat_file("bucket/shared-tw/on-s3/state.json"))["rows"]
+    assert len(rows) == 6 and done["summary"]["failed_trials"] == 0
+    left = [k for k in s3.find(f"{url.removeprefix('s3://')}") if "/task-parameters/" in k or "/claims/" in k]
+    assert left == [], left

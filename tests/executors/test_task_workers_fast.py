@@ -159,7 +159,9 @@ def test_a_worker_without_a_server_or_with_a_bad_limit_is_one_line_exit_2(capsys
     assert capsys.readouterr().err == "hyperband: error: --limit must be >= 0, got -1\n"
 
 
-def test_parameters_travel_through_the_jobs_storage_where_one_is_given(tmp_path):
+def test_parameters_travel_through_the_jobs_storage_where_one_is_given(tmp_path, prefect_harness):
+    """On an object store, a block saved on the server (Prefect refuses an unsaved one as a background task's
+    result storage: the job failed at its first submission), once per process."""
     from prefect.filesystems import RemoteFileSystem
 
     assert storage.parameter_storage(None) is None  # Prefect's task-scheduling storage
@@ -167,6 +169,8 @@ def test_parameters_travel_through_the_jobs_storage_where_one_is_given(tmp_path)
     assert storage.parameter_storage(f"file://{tmp_path}") == tmp_path.resolve() / "task-parameters"
     remote = storage.parameter_storage("s3://bucket/jobs/")
     assert isinstance(remote, RemoteFileSystem) and remote.basepath == "s3://bucket/jobs/task-parameters"
+    assert remote._block_document_id is not None and storage.parameter_storage("s3://bucket/jobs") is remote
+    assert task_workers.served("s3://bucket/jobs").result_storage is remote
 
 
 def test_a_task_run_a_worker_deleted_is_lost_with_the_likely_cause_in_one_line():
