@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from prefect_hyperband.flows import patches
+from prefect_hyperband.tasks import prefect_internals
 from prefect_hyperband.flows.groups import FLOW_NAME as GROUP_FLOW
 from prefect_hyperband.tasks.record import CUT_SHORT
 from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
@@ -51,7 +51,7 @@ class JobLog:
         load_mlflow()  # MLflow configures its logger as it is imported; its handler is quieted here
 
         setup_logging()  # Prefect's console handler first: it leaves out the root logger once another handler is on it
-        patches.api_log_errors_as_warnings(API_LOGS)  # --verbose too
+        prefect_internals.api_log_errors_as_warnings(API_LOGS)  # --verbose too
         self.path: str | None = None
         self.held = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
         self.held.setLevel(logging.INFO)
@@ -122,7 +122,7 @@ class _TerminalFilter:
         if record.name.startswith("websockets"):  # Prefect's event stream, its server restarting: a traceback
             self._stream_dropped(record)
             return False
-        message = record.getMessage() if record.name == "prefect._internal.concurrency" else ""
+        message = record.getMessage() if record.name == prefect_internals.SERVICES_LOGGER else ""
         if "'EventsWorker' failed" in message:  # (formatted once: an item's line holds the whole event)
             if "failed to process item" in message:  # one event, its server away: the whole event each
                 self._once("lost", record, "the Prefect API's event stream could not send an event (its server "
@@ -198,7 +198,7 @@ def quiet_stops() -> None:
             handler.addFilter(_StopsFilter())
 
 
-#: the logger of the job's line for log lines Prefect's API did not take (``flows.patches.api_log_errors_as_warnings``)
+#: the logger of the job's line for log lines Prefect's API did not take (``tasks.prefect_internals.api_log_errors_as_warnings``)
 API_LOGS = "prefect_hyperband.api_logs"
 
 
@@ -209,9 +209,9 @@ def quiet_terminal(live: bool = False) -> None:
     from prefect.logging.handlers import PrefectConsoleHandler
 
     setup_logging()  # idempotent: Prefect's handlers exist before the filter goes on them
-    patches.api_log_errors_as_warnings(API_LOGS)  # its errors a warning of the job's, not a glued line
-    # the root's console handler, and prefect._internal's own (it does not propagate: its services' errors at exit)
-    handlers = [*logging.getLogger().handlers, *logging.getLogger("prefect._internal").handlers]
+    prefect_internals.api_log_errors_as_warnings(API_LOGS)  # its errors a warning of the job's, not a glued line
+    # the root's console handler, and Prefect's internal logger's own (it does not propagate: its services' errors at exit)
+    handlers = [*logging.getLogger().handlers, *logging.getLogger(prefect_internals.INTERNAL_LOGGER).handlers]
     terminal = _TerminalFilter(live)  # one for both: a kind of Prefect's lines said once, whichever handler it took
     for handler in handlers:
         if isinstance(handler, (PrefectConsoleHandler, logging.StreamHandler)) and not isinstance(handler, logging.FileHandler):

@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _taken(worker: list) -> list:
     """The task runs the worker took from the server and holds, begun or waiting for a slot
-    (``patches.remembering_taken``)."""
+    (``prefect_internals.remembering_taken``)."""
     for _ in range(3):  # its event loop's thread changes the set: a copy that raced it is taken again
         try:
             return list(worker[0].taken) if worker else []
@@ -190,7 +190,7 @@ def _slots_worker(claims=None) -> type:
 
     from prefect_hyperband.executors.worker_slots import SLOTS_MARK
     from prefect_hyperband.executors.worker_watch import claim_key, identifier
-    from prefect_hyperband.flows.patches import remembering_taken
+    from prefect_hyperband.tasks.prefect_internals import remembering_taken
 
     class SlotsWorker(remembering_taken(TaskWorker)):  # type: ignore[misc]
         @property

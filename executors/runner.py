@@ -13,12 +13,12 @@ import time
 from dataclasses import replace
 
 from prefect import tags
-from prefect.context import FlowRunContext
 from prefect.utilities.annotations import quote
 
 from prefect_hyperband.executors.loop import Outcome
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.prefect_internals import forget_results
 from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
 from prefect_hyperband.trainers import factory
 from prefect_hyperband.trainers.base import Trainer, placement
@@ -44,26 +44,13 @@ def work(job: Job, trial_rung: TrialRung, trainer: Trainer) -> Outcome:
         evaluated_state = evaluate_trial(quote(job), quote(trainer), trial_rung.trial_id, trial_rung.resource, trained,
                                          return_state=True)
     evaluated = evaluated_state.result(raise_on_failure=False)
-    _forget(trained, evaluated)
+    forget_results(trained, evaluated)  # never passed on again: kept, they grew the job's memory by every trial-rung
     trained = replace(trained, model=None)  # measured: the outcome keeps the checkpoint, not the model in memory
     if isinstance(evaluated, BaseException) or not evaluated_state.is_completed():
         return Outcome(trial_rung, trained, None, _describe(evaluated, evaluated_state))
     ended = time.time()
     started = ended - evaluated.seconds - trained.seconds  # the work itself, without the task runs around it
     return Outcome(trial_rung, trained, evaluated, None, started, ended)
-
-
-def _forget(*results: object) -> None:
-    """Prefect's flow run keeps every task run's result and state (``FlowRunContext.run_results``, keyed by the
-    result's id) to link a result passed on to the task it feeds; once ``evaluate`` has taken ``train``'s, neither is
-    passed on again: kept, they grew the job's memory by every trial-rung (kilobytes each, 10,000s of them)."""
-    context = FlowRunContext.get()
-    if context is None:
-        return
-    for result in results:
-        context.run_results.pop(id(result), None)
-        for value in getattr(result, "__dict__", {}).values():  # Prefect links a result's fields too (one level)
-            context.run_results.pop(id(value), None)
 
 
 def _reserve(trainer: Trainer, held: contextlib.ExitStack) -> tuple[str, ...]:

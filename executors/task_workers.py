@@ -51,7 +51,7 @@ from prefect.context import TaskRunContext
 from prefect_hyperband.executors import work_pool, worker_slots, worker_watch
 from prefect_hyperband.executors.api_wait import answering
 from prefect_hyperband.hyperband.trial import TrialRung
-from prefect_hyperband.tasks import storage
+from prefect_hyperband.tasks import prefect_internals, storage
 from prefect_hyperband.tasks.job import Job, storage_at
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
@@ -137,6 +137,7 @@ def served(root: str | None, **options: Any) -> Any:
     task-scheduling storage) and a task key of that storage: what a job sends, and what a worker started with the
     same ``--storage`` serves; a worker reading other storage is never sent it. Prefect's key of a task is its
     function's name and a hash of its code: the same code under a name that holds the storage's digest."""
+    prefect_internals.shared_tls_context()  # the job's and the worker's clients (one a task run) share one TLS context
     settings = {"name": TASK_NAME, "cache_policy": _NoCache(), "log_prints": False, **options}
     return task(_named(root), result_storage=storage.parameter_storage(root), **settings)
 
@@ -157,8 +158,8 @@ def _named(root: str | None) -> Any:
 
 def hand_back(why: str = HANDED_BACK, wait: float = HAND_BACK_WAIT, taken: Any = (), besides: Any = ()) -> list[str]:
     """The task runs this worker runs now marked ``Crashed`` (``why``), as it stops, and those it took from the server
-    and had not begun (``taken``: its ``TaskWorker``'s, ``flows.patches.remembering_taken``; the server sends a taken
-    run to no other worker). Their jobs run those trial-rungs again at once, not a heartbeat timeout later (a late
+    and had not begun (``taken``: its ``TaskWorker``'s, ``prefect_internals.remembering_taken``; the server sends a
+    taken run to no other worker). Their jobs run those trial-rungs again at once, not a heartbeat timeout later (a late
     result is refused: ``_given_up``). Their trainings are asked to stop, and waited for up to ``wait`` seconds (each
     ends at its next unit). The runs handed back, leaving out those in ``besides`` (handed back already)."""
     from uuid import UUID
@@ -374,18 +375,13 @@ def _outside_runs(submitted: Any, **parameters: Any) -> Any:
     where the Prefect UI shows it), with no run in the context Prefect pickles with the parameters (the subflow run's
     hold the scheduler's callbacks: no pickle): ``Task.apply_async``'s steps, the flow run (detached: a key of its
     own) given to ``create_run``. The settings and tags stay (the caller's context is a copy)."""
-    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.context import FlowRunContext
     from prefect.futures import PrefectDistributedFuture
     from prefect.settings import PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW, temporary_settings
-    from prefect.utilities.asyncutils import run_coro_as_sync
-    from prefect.utilities.engine import emit_task_run_state_change_event
 
     flow_run = FlowRunContext.get()
     flow_run = flow_run.model_copy(update={"detached": True}) if flow_run is not None else None
-    FlowRunContext.__var__.set(None)
-    TaskRunContext.__var__.set(None)
     # sent with it, for the worker: its train and evaluate task runs have no flow run there (else a warning a line)
     with temporary_settings(updates={PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW: "ignore"}):
-        run = run_coro_as_sync(submitted.create_run(parameters=parameters, deferred=True, flow_run_context=flow_run))
-    emit_task_run_state_change_event(task_run=run, initial_state=None, validated_state=run.state)
+        run = prefect_internals.detached_task_run(submitted, flow_run, parameters)
     return PrefectDistributedFuture(task_run_id=run.id)

@@ -1,5 +1,6 @@
-"""The process around a job, and everything here that touches Prefect's internals: signals that stop the job,
-a second signal that exits at once, and Prefect's temporary server (started in its own session, stopped)."""
+"""The process around a job: signals that stop the job, a second signal that exits at once, and Prefect's temporary
+server (started in its own session, stopped). The Prefect internals it needs for that are ``tasks.prefect_internals``'s
+(``started_by``, ``temporary_servers``, ``process_of``, ``take_up``, ``drain_services``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from prefect_hyperband.executors.loop import signal_name
-from prefect_hyperband.flows import patches
+from prefect_hyperband.tasks import prefect_internals
 from prefect_hyperband.trainers.stopping import StopToken
 
 
@@ -49,11 +50,9 @@ def stop_on_signals(token: StopToken, kill: Callable[[], None] = lambda: None) -
 def stop_temporary_servers(kill: bool = False) -> None:
     """Prefect's temporary servers started by this process: killed at once, or stopped (terminate, then kill)."""
     try:
-        from prefect.server.api.server import SubprocessASGIServer
-
-        for server in list(SubprocessASGIServer._instances.values()):
-            if kill and server.server_process is not None:
-                server.server_process.kill()
+        for server in prefect_internals.temporary_servers():
+            if kill and prefect_internals.process_of(server) is not None:
+                prefect_internals.process_of(server).kill()
             elif not kill:
                 server.stop()
     except Exception:  # leaving the process anyway: what could not be stopped dies with its parent
@@ -163,15 +162,15 @@ def temporary_server(launched: Launched | None = None, say: Callable[[str], None
             try:
                 _wait_for_health(launched, bound, say or _say)
             except ServerNotStarted:
-                instance.port, instance.server_process = launched.port, launched.process  # a retry takes it up
+                prefect_internals.take_up(instance, launched.port, launched.process)  # a retry takes it up
                 raise
             ahead = [launched.process]
 
             def run_uvicorn() -> Any:  # Prefect's start: the process that answered; after an exit 3 (port taken) anew
                 return ahead.pop() if ahead else _uvicorn(instance.port)
 
-            instance.port = launched.port
-            with patches.started_by(instance, run_uvicorn):
+            prefect_internals.take_up(instance, launched.port)
+            with prefect_internals.started_by(instance, run_uvicorn):
                 instance.start()
     return instance
 
@@ -179,7 +178,7 @@ def temporary_server(launched: Launched | None = None, say: Callable[[str], None
 def _left_starting(instance: Any) -> Launched | None:
     """The server a start that ran out of time left starting (``instance.server_process``, not running yet), taken
     up by the next start of this process instead of a new one; None when there is none, or it died."""
-    process = instance.server_process
+    process = prefect_internals.process_of(instance)
     if instance.running or process is None or process.poll() is not None:
         return None
     from prefect_hyperband.common.files import file_lock
@@ -324,9 +323,7 @@ def exit_without_stuck(code: int) -> int:
     print(f"hyperband: {hung} training(s) given up (on --trial-timeout or the stop's grace) still run; exiting without "
           "them", file=sys.stderr)
     try:
-        from prefect._internal.concurrency.services import QueueService
-
-        QueueService.drain_all(timeout=10)
+        prefect_internals.drain_services(timeout=10)
         stop_temporary_servers()
     finally:
         sys.stdout.flush()

@@ -21,8 +21,8 @@ tries again after 2 s: measured, a default-shaped synthetic job (R=9, 22 trial-r
 most of it trial-rungs waiting for their bracket's subflow run. ``create_app`` is Prefect's application with those
 two POSTs begun IMMEDIATE (the write lock first, waited for under the busy timeout, as Prefect's own orchestration
 does): the same jobs took 5.3-5.4 s, and no 503 was answered. The temporary servers started here (the CLI's, the
-Python API's, the test suite's, the benchmarks') run it; Prefect is pinned, and the patch is ``flows.patches``'s
-(``tests/flows/test_patches.py`` checks the internals it relies on).
+Python API's, the test suite's, the benchmarks') run it; Prefect is pinned, and the patch is ``tasks.prefect_internals``'s
+(``tests/tasks/test_prefect_internals.py`` checks the internals it relies on).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def create_app() -> Any:
     ``READ_THEN_INSERT`` requests begin their transaction IMMEDIATE (see the module's notes)."""
     from prefect.server.api.server import create_app as prefects
 
-    from prefect_hyperband.flows.patches import sqlite_begin_immediate
+    from prefect_hyperband.tasks.prefect_internals import sqlite_begin_immediate
 
     sqlite_begin_immediate(_immediate.get)
     app = prefects()

@@ -14,7 +14,7 @@ def harness(startup_timeout: int = 180) -> Iterator[None]:
 
     from prefect.testing.utilities import prefect_test_harness
 
-    from prefect_hyperband.flows.patches import starting_our_app
+    from prefect_hyperband.tasks.prefect_internals import starting_our_app
     from prefect_hyperband.flows.server import with_our_app
 
     with contextlib.ExitStack() as started:

@@ -340,7 +340,7 @@ def test_a_prefect_server_restarted_under_the_job_is_waited_for_in_one_line_and_
     lines = err.read_text().splitlines()
     said = [line for line in lines if "WARNING" in line]
     # one line of the wait; beside it, at most once each, what the outage cost the Prefect UI: the job's log lines the
-    # API could not take (flows.patches), the events Prefect's client could not send (app.terminal): which of them a
+    # API could not take (tasks.prefect_internals), the events Prefect's client could not send (app.terminal): which of them a
     # run meets depends on what the job was sending when the server went (as tests/deployments/test_postgres counts)
     kinds = [kind for line in said for kind, words in OUTAGE_LINES.items() if words in line]
     assert len(kinds) == len(said) and kinds.count("wait") == 1, "\n".join(said)

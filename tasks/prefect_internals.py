@@ -1,22 +1,45 @@
-"""Every patch of a library's internals, in one module: what each replaces, why, and the versions it was checked on
-(``WRITTEN_FOR``: the oldest and the newest of pyproject.toml's range). ``tests/flows/test_patches.py`` fails when an
-installed version is not one of them or an internal a patch relies on changed, and when code outside this module
-patches a library.
+"""Every private Prefect name this package uses, in one module: the internals it replaces (patches) and those it
+reads or calls, each with why no public API serves and the versions it was checked on (``WRITTEN_FOR``: the oldest
+and the newest of pyproject.toml's range). ``tests/tasks/test_prefect_internals.py`` has a test per name that fails
+when an installed version is not one of those or the internal changed, and fails when code outside this module
+names one of them, imports ``prefect._internal`` or ``prefect.testing``, or patches a library.
+
+Replaced (patches):
 
 - ``sqlite_begin_immediate``: Prefect's server, ``AioSqliteConfiguration.begin_transaction``: the two POSTs that read
-  and then insert begin IMMEDIATE on SQLite (``flows.server``'s notes: a 503 and a 2 s retry otherwise).
+  and then insert begin IMMEDIATE on SQLite (``flows.server``'s notes: a 503 and a 2 s retry otherwise). No setting.
 - ``starting_our_app``: ``subprocess.Popen`` while Prefect's test harness starts its server: our app in place of
-  Prefect's (the test suite's and the benchmarks' server, as the CLI's).
+  Prefect's (the test suite's and the benchmarks' server, as the CLI's). The harness takes no application.
 - ``started_by``: a ``SubprocessASGIServer``'s ``_run_uvicorn_command`` for one ``start()``: it takes up the server
   process the job launched ahead (``flows.process.temporary_server``) instead of starting another.
-- ``api_log_errors_as_warnings``: Prefect's log worker, ``APILogWorker._handle_batch``: a batch its API did not
-  take is a warning of the job's, not a line glued to the next on stderr (``app.terminal``).
+- ``api_log_errors_as_warnings``: Prefect's log worker, ``APILogWorker._handle_batch`` (and its ``_client``): a
+  batch its API did not take is a warning of the job's, not a line glued to the next on stderr (``app.terminal``).
 - ``remembering_taken``: Prefect's ``TaskWorker._acquire_token``/``_release_token``, in a subclass: the task runs a
   worker took from the server, begun or still waiting for a slot, known when it stops (``app.worker``: a taken run
   goes to no other worker, so a stopping one hands them back); and its ``_subscribe_to_task_scheduling`` with
-  ``prefect.task_worker.Subscription`` a subclass of ours: a stopping worker closes its subscription before it hands
-  back, so that no run reaches it after (one did in the milliseconds after the last hand-back, and its job waited
-  Prefect's pickup timeout, 120 s).
+  ``prefect.task_worker.Subscription`` a subclass of ours (its ``_ensure_connected``, ``__anext__``, ``_websocket``):
+  a stopping worker closes its subscription before it hands back, so that no run reaches it after (one did in the
+  milliseconds after the last hand-back, and its job waited Prefect's pickup timeout, 120 s). Prefect's
+  ``aserve`` takes no worker class: ``app.worker`` runs its own, with public names only.
+- ``shared_tls_context``: the TLS context each Prefect client builds (``prefect.client.orchestration``'s
+  ``ssl.create_default_context(cafile=...)``, 13 ms of CPU here: certifi's bundle parsed again), made once per
+  certificate file and shared: Prefect makes a client per task run (a task worker's, the job's).
+
+Read or called:
+
+- ``temporary_servers``, ``process_of``, ``take_up``: ``SubprocessASGIServer._instances`` (the temporary servers
+  a process started, to stop them at its exit) and the ``port``/``server_process`` of one (a server launched
+  ahead, taken up by a retry). Prefect has no public handle on a temporary server it started for the process.
+- ``drain_services``: ``QueueService.drain_all`` (``prefect._internal.concurrency.services``): the log and event
+  workers flushed before a forced exit (``os._exit``: a hung user training); Prefect drains them only at exit.
+- ``forget_results``: ``FlowRunContext.run_results``: a finished trial-rung's results dropped from the flow run's
+  links (it kept every one: the job's memory grew by every trial-rung); no API forgets them.
+- ``detached_task_run``: ``FlowRunContext.__var__``/``TaskRunContext.__var__`` set to None, ``Task.create_run(
+  deferred=True, flow_run_context=...)`` and ``emit_task_run_state_change_event``: ``Task.apply_async``'s steps with
+  the task run in the caller's flow run (the UI shows it there) and no run in the context Prefect pickles with the
+  parameters; ``apply_async`` takes no flow run.
+- ``INTERNAL_LOGGER``, ``SERVICES_LOGGER``: the names of Prefect's internal loggers (``prefect._internal``, which does
+  not propagate; its services' failures): the terminal's filter goes on their handlers (``app.terminal``).
 """
 
 from __future__ import annotations
@@ -31,6 +54,9 @@ from typing import Any, Callable, Iterator
 WRITTEN_FOR = {"prefect": ("3.8.8", "3.9.1")}
 
 _MISSING = object()
+#: Prefect's internal logger (it does not propagate to the root) and its services' (the log and event workers)
+INTERNAL_LOGGER = "prefect._internal"
+SERVICES_LOGGER = "prefect._internal.concurrency"
 
 
 @contextlib.contextmanager
@@ -208,3 +234,83 @@ def _ending(subscription: type, worker: Any) -> type:
                 raise
 
     return Ending
+
+
+def shared_tls_context() -> None:
+    """Prefect's clients build their TLS context with ``ssl.create_default_context(cafile=...)`` each (certifi's bundle
+    parsed: 13 ms of CPU, a task worker's largest cost per task run after the training); the same verified context,
+    made once per certificate file, for all of them. An unverified one (``PREFECT_API_TLS_INSECURE_SKIP_VERIFY``,
+    changed after it is made) is still made each time."""
+    import functools
+    import ssl
+    import types
+
+    import prefect.client.orchestration as orchestration
+
+    if getattr(orchestration.ssl, "hyperband", False):
+        return
+    made = functools.lru_cache(maxsize=8)(ssl.create_default_context)
+
+    def create_default_context(purpose: Any = ssl.Purpose.SERVER_AUTH, *, cafile: Any = None, **kwargs: Any) -> Any:
+        if cafile is not None and not kwargs and purpose == ssl.Purpose.SERVER_AUTH:
+            return made(cafile=cafile)
+        return ssl.create_default_context(purpose, cafile=cafile, **kwargs)
+
+    shim = types.SimpleNamespace(**{k: getattr(ssl, k) for k in dir(ssl) if not k.startswith("__")})
+    shim.create_default_context, shim.hyperband = create_default_context, True
+    orchestration.ssl = shim  # type: ignore[assignment]
+
+
+def temporary_servers() -> list[Any]:
+    """Prefect's temporary servers (``SubprocessASGIServer``) this process started."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    return list(SubprocessASGIServer._instances.values())
+
+
+def process_of(instance: Any) -> Any:
+    """The process of a temporary server (None before its start)."""
+    return instance.server_process
+
+
+def take_up(instance: Any, port: int, process: Any = _MISSING) -> None:
+    """``instance`` (a ``SubprocessASGIServer``) on ``port``, and its process ``process`` where given."""
+    instance.port = port
+    if process is not _MISSING:
+        instance.server_process = process
+
+
+def drain_services(timeout: float) -> None:
+    """Prefect's log and event workers' queues sent to the API (up to ``timeout`` seconds): before a forced exit."""
+    from prefect._internal.concurrency.services import QueueService
+
+    QueueService.drain_all(timeout=timeout)
+
+
+def forget_results(*results: object) -> None:
+    """Each result (and its fields, one level: Prefect links those too) dropped from the flow run's links of results
+    to the task runs that made them (``FlowRunContext.run_results``): none is passed on to another task again."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is None:
+        return
+    for result in results:
+        context.run_results.pop(id(result), None)
+        for value in getattr(result, "__dict__", {}).values():
+            context.run_results.pop(id(value), None)
+
+
+def detached_task_run(submitted: Any, flow_run: Any, parameters: dict[str, Any]) -> Any:
+    """``submitted.delay(**parameters)``'s task run (``Task.apply_async``'s steps), in ``flow_run`` (a detached copy
+    of the caller's flow run context, or None), with no run in the context Prefect stores with the parameters. Called
+    in a copy of the caller's context: the runs it clears there stay in the caller's."""
+    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.utilities.asyncutils import run_coro_as_sync
+    from prefect.utilities.engine import emit_task_run_state_change_event
+
+    FlowRunContext.__var__.set(None)
+    TaskRunContext.__var__.set(None)
+    run = run_coro_as_sync(submitted.create_run(parameters=parameters, deferred=True, flow_run_context=flow_run))
+    emit_task_run_state_change_event(task_run=run, initial_state=None, validated_state=run.state)
+    return run

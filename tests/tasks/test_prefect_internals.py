@@ -1,5 +1,6 @@
-"""``flows/patches.py`` holds every patch of a library's internals: each for the version it names, each internal it
-replaces as it was when written, and no patch elsewhere in the package."""
+"""``tasks/prefect_internals.py`` holds every private Prefect name the package uses and every patch of a library's
+internals: each for the versions it names, each internal it reads or replaces as it was when written (a test per
+name), and none elsewhere in the package."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from prefect_hyperband.flows import patches
+from prefect_hyperband.tasks import prefect_internals as patches
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ("app", "flows", "tasks", "executors", "trainers", "hyperband", "deployments", "examples", "common")
@@ -23,7 +24,7 @@ def test_the_installed_libraries_are_the_versions_the_patches_were_written_for()
     ranges = {name: low for name, low, _ in re.findall(r'"([a-z-]+)>=([\d.]+),<(\d+)"',
                                                          (ROOT / "pyproject.toml").read_text())}
     for library, written_for in patches.WRITTEN_FOR.items():
-        assert version(library) in written_for, f"re-read flows/patches.py for {library} {version(library)}"
+        assert version(library) in written_for, f"re-read tasks/prefect_internals.py for {library} {version(library)}"
         assert ranges[library] == written_for[0], f"{library}: the range's lowest is {ranges[library]}"
 
 
@@ -184,7 +185,7 @@ def test_the_log_workers_patch_is_applied_once_and_makes_a_refused_batch_a_warni
     assert "the Prefect API did not take the job's log lines (ConnectionError: gone)" in records[0].getMessage()
 
 
-def test_no_module_but_patches_replaces_a_librarys_internals_and_none_uses_mock():
+def test_no_module_but_prefect_internals_replaces_a_librarys_internals_and_none_uses_mock():
     found = []
     for folder in PACKAGE:
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -195,6 +196,124 @@ def test_no_module_but_patches_replaces_a_librarys_internals_and_none_uses_mock(
                     found.append(f"{path.relative_to(ROOT)}: imports {node.module}")
                 if isinstance(node, ast.Import) and any(a.name.startswith("unittest") for a in node.names):
                     found.append(f"{path.relative_to(ROOT)}: imports unittest")
-            if path.name != "patches.py" and "method-assign" in text:
+            if path.name != "prefect_internals.py" and "method-assign" in text:
                 found.append(f"{path.relative_to(ROOT)}: assigns a method")
     assert not found
+
+
+#: the private Prefect names ``prefect_internals`` reads, calls or replaces: attributes, imported names, modules
+PRIVATE_ATTRIBUTES = {"_instances", "server_process", "__var__", "run_results", "drain_all", "_run_uvicorn_command",
+                      "_acquire_token", "_release_token", "_subscribe_to_task_scheduling", "_handle_batch",
+                      "_ensure_connected", "_websocket", "begin_transaction"}
+PRIVATE_IMPORTS = {"QueueService", "SubprocessASGIServer", "emit_task_run_state_change_event", "AioSqliteConfiguration",
+                   "Subscription", "APILogWorker"}
+
+
+def _private_uses(path: Path) -> list[str]:
+    """Where ``path`` names one of Prefect's internals (``PRIVATE_*``, ``prefect._internal``, ``prefect.testing``, a
+    deferred task run)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Attribute) and node.attr in PRIVATE_ATTRIBUTES:
+            found.append(f"{where}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("prefect"):
+            private = [a.name for a in node.names if a.name in PRIVATE_IMPORTS]
+            if private or node.module.startswith(("prefect._internal", "prefect.testing")):
+                found.append(f"{where}: from {node.module} import {', '.join(a.name for a in node.names)}")
+        elif isinstance(node, ast.Import) and any(a.name.startswith(("prefect._internal", "prefect.testing"))
+                                                  for a in node.names):
+            found.append(f"{where}: import {node.names[0].name}")
+        elif isinstance(node, ast.Call) and any(k.arg == "deferred" for k in node.keywords):
+            found.append(f"{where}: a call with deferred=")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "prefect._internal" in node.value:
+            found.append(f"{where}: {node.value!r}")
+    return found
+
+
+def test_no_module_but_prefect_internals_names_a_private_prefect_name():
+    """The bound of issue 75: one module holds them all (before: seven modules, about twenty names)."""
+    found = [use for folder in PACKAGE for path in sorted((ROOT / folder).rglob("*.py"))
+             if path.name != "prefect_internals.py" for use in _private_uses(path)]
+    assert not found, found
+    assert _private_uses(ROOT / "tasks" / "prefect_internals.py")  # (the scan sees them where they are)
+
+
+def test_the_internals_read_or_called_are_as_they_were_written_for():
+    """What ``temporary_servers``, ``take_up``, ``drain_services``, ``forget_results``, ``detached_task_run``, the
+    logger names and ``shared_tls_context`` rely on, as installed."""
+    import logging
+    import logging.config
+
+    import prefect.client.orchestration as orchestration
+    from prefect._internal.concurrency.services import QueueService
+    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.tasks import Task
+    from prefect.utilities.engine import emit_task_run_state_change_event
+
+    assert isinstance(vars(SubprocessASGIServer)["_instances"], dict)
+    made = inspect.getsource(SubprocessASGIServer.__init__)
+    assert "self.port" in made and "self.server_process" in made
+    assert "timeout" in inspect.signature(QueueService.drain_all).parameters
+    assert "run_results" in FlowRunContext.model_fields
+    assert type(FlowRunContext.__var__).__name__ == type(TaskRunContext.__var__).__name__ == "ContextVar"
+    assert {"parameters", "deferred", "flow_run_context"} <= set(inspect.signature(Task.create_run).parameters)
+    assert {"task_run", "initial_state", "validated_state"} <= set(
+        inspect.signature(emit_task_run_state_change_event).parameters)
+    source = Path(orchestration.__file__).read_text()
+    assert source.count("ssl.create_default_context(cafile=cert_file)") == 2  # the async and the sync client
+    import prefect.logging
+
+    config = (Path(prefect.logging.__file__).parent / "logging.yml").read_text()
+    assert f"{patches.INTERNAL_LOGGER}:" in config and "propagate: false" in config.split("prefect._internal:")[1][:200]
+    from prefect._internal.concurrency import logger
+
+    assert logger.name == patches.SERVICES_LOGGER and patches.SERVICES_LOGGER.startswith(patches.INTERNAL_LOGGER)
+    assert "from prefect._internal.concurrency import logger" in Path(inspect.getfile(QueueService)).read_text()
+
+
+def test_one_tls_context_per_certificate_file_and_an_unverified_one_made_each_time():
+    import ssl
+
+    import certifi
+    import prefect.client.orchestration as orchestration
+
+    patches.shared_tls_context()
+    patches.shared_tls_context()  # (once)
+    made = orchestration.ssl.create_default_context
+    assert made(cafile=certifi.where()) is made(cafile=certifi.where())
+    assert made(cafile=certifi.where()).verify_mode == ssl.CERT_REQUIRED
+    assert made() is not made()  # the insecure path changes the context it gets: its own each time
+    assert orchestration.ssl.CERT_NONE == ssl.CERT_NONE and ssl.create_default_context is not made
+
+
+def test_a_detached_task_run_is_the_callers_flow_runs_and_results_once_forgotten_are_not_kept(prefect_harness):
+    """``detached_task_run``: a SCHEDULED task run in the caller's flow run, whose context keeps its runs;
+    ``forget_results``: the flow run's links of a result dropped."""
+    import contextvars
+
+    from prefect import flow, task
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    @task
+    def add(x: int) -> list[int]:
+        return [x + 1]  # (a small int is shared: Prefect links no result of one)
+
+    @flow
+    def caller() -> tuple:
+        result = add(1)
+        links = FlowRunContext.get().run_results
+        kept = id(result) in links
+        patches.forget_results(result)
+        here = FlowRunContext.get()
+        run = contextvars.copy_context().run(patches.detached_task_run, add.with_options(name="later"),
+                                             here.model_copy(update={"detached": True}), {"x": 2})
+        return kept, id(result) in links, run, FlowRunContext.get() is here, here.flow_run.id
+
+    kept, still, run, unchanged, flow_run_id = caller()
+    assert kept and not still and unchanged
+    with get_client(sync_client=True) as client:
+        stored = client.read_task_run(run.id)
+    assert stored.state.type.value == "SCHEDULED" and stored.flow_run_id == flow_run_id
