@@ -1,6 +1,6 @@
 """``hyperband worker``: a Prefect task worker that takes the trial-rungs of ``hyperband tune --task-workers`` jobs.
 
-It serves the trial-rung task (``executors.task_workers.trial_rung``: train, then evaluate, as a local trial-rung)
+It serves the trial-rung task (``flows.task_workers.trial_rung``: train, then evaluate, as a local trial-rung)
 on the Prefect server at ``PREFECT_API_URL`` (what it is sent at once, or ``--limit``), and keeps its trainers between them
 (the data loaded once per job's settings, a torch pool kept). SIGTERM and Ctrl-C stop it: the trial-rungs it holds
 are marked Crashed on the server as it goes, and their jobs run them again at once (a worker killed outright: once
@@ -48,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
               "(http://host:4200/api)", file=sys.stderr)
         return 2
     from prefect_hyperband.app import terminal
-    from prefect_hyperband.executors import task_workers, worker_slots
+    from prefect_hyperband.flows import task_workers, worker_slots
     from prefect_hyperband.trainers import factory
 
     def stop(signum, frame):  # noqa: ARG001  (a signal handler's signature)
@@ -128,7 +128,7 @@ def _unreadable(root: str | None) -> str | None:
 
 
 def _claims(root: str | None):
-    """Where the worker notes the task runs it takes (``executors.worker_watch``): its ``--storage``; None without."""
+    """Where the worker notes the task runs it takes (``flows.worker_watch``): its ``--storage``; None without."""
     if not root:
         return None
     import tempfile
@@ -181,15 +181,15 @@ async def _aserve(served: object, limit: int, made: list, claims=None) -> None:
 
 def _slots_worker(claims=None) -> type:
     """Prefect's ``TaskWorker`` whose identifier on the server (``client_id``: ``<machine>-<pid>``) ends in the slots it
-    offers, ``~slots=<--limit>`` (``executors.worker_slots``): a job counts its workers' slots from the server's list.
+    offers, ``~slots=<--limit>`` (``flows.worker_slots``): a job counts its workers' slots from the server's list.
     With ``claims`` (its ``--storage``), it notes each task run it takes there as it takes it, before it waits for a
-    slot (``executors.worker_watch``): a job whose run it holds knows it is gone as soon as the server does."""
+    slot (``flows.worker_watch``): a job whose run it holds knows it is gone as soon as the server does."""
     import asyncio
 
     from prefect.task_worker import TaskWorker
 
-    from prefect_hyperband.executors.worker_slots import SLOTS_MARK
-    from prefect_hyperband.executors.worker_watch import claim_key, identifier
+    from prefect_hyperband.flows.worker_slots import SLOTS_MARK
+    from prefect_hyperband.flows.worker_watch import claim_key, identifier
     from prefect_hyperband.tasks.prefect_internals import remembering_taken
 
     class SlotsWorker(remembering_taken(TaskWorker)):  # type: ignore[misc]

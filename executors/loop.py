@@ -177,7 +177,7 @@ class Loop:
     concurrency: int
     workers: int = 1
     #: the slots now, asked at each fill where they change while the job runs (task workers coming and going:
-    #: ``executors.worker_slots.LiveSlots``); None: ``concurrency``
+    #: ``flows.worker_slots.LiveSlots``); None: ``concurrency``
     slots: Callable[[], int] | None = None
     trial_timeout: float | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)

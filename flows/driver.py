@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from prefect import get_run_logger
 
-from prefect_hyperband.executors import runner
+from prefect_hyperband.flows import runner
 from prefect_hyperband.executors.loop import Drive, JobStopped, Loop, Outcome, stop_grace
 from prefect_hyperband.executors.threads import RealClock, ThreadExecutor
 from prefect_hyperband.executors.tracker import MlflowTracker
@@ -94,23 +94,23 @@ def _slots(job: Job) -> Callable[[], int] | None:
     ``--limit``, or one), as they come and go; None: ``job.concurrency``."""
     if not (job.task_workers and job.follow_workers):
         return None
-    from prefect_hyperband.executors.task_workers import key_of
-    from prefect_hyperband.executors.worker_slots import LiveSlots, slot_count
+    from prefect_hyperband.flows.task_workers import key_of
+    from prefect_hyperband.flows.worker_slots import LiveSlots, slot_count
 
     key = key_of(job.task_storage)  # the workers reading the job's storage (``worker_slots``)
     return LiveSlots(job.concurrency, lambda: slot_count(key))
 
 
 def _where(job: Job, trainers: Any) -> Callable[[Any], Outcome]:
-    """Where a trial-rung runs: a flow run on the job's trial pool (``executors.work_pool``), a background task run a
-    ``hyperband worker`` takes (``executors.task_workers``), or this process's thread with the job's trainer (built by
+    """Where a trial-rung runs: a flow run on the job's trial pool (``flows.work_pool``), a background task run a
+    ``hyperband worker`` takes (``flows.task_workers``), or this process's thread with the job's trainer (built by
     the job flow, before)."""
     if job.trial_pool:
-        from prefect_hyperband.executors.work_pool import run_remote
+        from prefect_hyperband.flows.work_pool import run_remote
 
         return lambda trial_rung: Outcome(trial_rung, *run_remote(job, trial_rung))
     if job.task_workers:
-        from prefect_hyperband.executors.task_workers import run_on_workers
+        from prefect_hyperband.flows.task_workers import run_on_workers
 
         return lambda trial_rung: Outcome(trial_rung, *run_on_workers(job, trial_rung))
     return functools.partial(runner.work, job, trainer=trainers.get(job.settings))

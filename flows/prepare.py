@@ -71,12 +71,24 @@ def resume_params(job_dir: str, job_id: str, given: dict[str, Any] | None = None
     given = dict(given or {})
     if "tracking_uri" not in given and record.get("tracking_uri"):  # the store it began in, wherever resumed from
         saved["tracking_uri"] = record["tracking_uri"]
+    began_with = (record.get("facts") or {}).get("space")
+    if saved.get("space") is None and given.get("space") is None and began_with and _has_gpu_space(saved.get("model")):
+        saved["space"] = began_with  # its default space where it began (a GPU's or a CPU's), not this machine's
+        given.pop("space", None)  # (a form's or a call's None: the default, the one it began with)
     for name, value in given.items():
         if name in MAY_CHANGE_ON_RESUME or name not in saved or value == saved[name]:
             continue
         raise InputError(f"job {job_id!r} was started with {name}={saved[name]!r}; resuming it with "
                          f"{name}={value!r} would mix two jobs: drop the flag, or start a new job")
     return TuneParams(**{**saved, **given, "job_dir": job_dir, "job_id": job_id, "resume": True})
+
+
+def _has_gpu_space(model: str | None) -> bool:
+    """Whether ``model``'s default space depends on the machine (``Model.gpu_space``)."""
+    try:
+        return registry.get(model).gpu_space is not None
+    except Exception:  # noqa: BLE001  (a model no longer installed: the resume's preflight names it)
+        return False
 
 
 def resolve(params: TuneParams) -> TuneParams:
@@ -93,10 +105,11 @@ def prepare(params: TuneParams) -> Job:
     if missing:
         raise InputError(missing.replace("--model ", "model ") if model.user_code is None else missing)
     _check_run_settings(params, model)
-    space, default_config = job_space(params, model)
+    gpu_ids = _gpus(params, model)
+    space, default_config = job_space(params, model, on_gpu=bool(gpu_ids) or params.device == "cuda")
     spec = spec_of(params)
     metric, direction, chosen = job_objectives(params, model, spec)
-    concurrency = _concurrency(params, _gpus(params, model))
+    concurrency = _concurrency(params, gpu_ids)
     settings = _settings(params, model, spec, metric, max(1, (os.cpu_count() or 1) // concurrency))
     if model.user_code:  # a trainer file that does not import, a script that is not a file: fail now, in one line
         model.build(dataclasses.replace(settings, dask_address=None)).close()  # the code, not the cluster (above)
@@ -174,8 +187,8 @@ def _check_run_settings(params: TuneParams, model) -> None:
     """The environment's settings, the schedule and the local workers, before any work."""
     stop_grace()
     if params.trial_pool or params.task_workers:
-        from prefect_hyperband.executors.task_workers import pickup_timeout
-        from prefect_hyperband.executors.work_pool import heartbeat_timeout
+        from prefect_hyperband.flows.task_workers import pickup_timeout
+        from prefect_hyperband.flows.work_pool import heartbeat_timeout
 
         heartbeat_timeout()
         pickup_timeout()
@@ -231,7 +244,7 @@ def _task_storage(params: TuneParams) -> str | None:
     """``--storage`` as every machine names it (a local path made absolute), for ``--task-workers`` only."""
     if not (params.task_workers and params.storage):
         return None
-    from prefect_hyperband.executors.worker_slots import storage_name
+    from prefect_hyperband.flows.worker_slots import storage_name
 
     return storage_name(params.storage)
 
@@ -261,12 +274,12 @@ def _concurrency(params: TuneParams, gpu_ids: tuple[int, ...] | None = None) -> 
         slots = len(gpus.groups(gpu_ids, params.workers))
         return min(params.concurrency or slots, slots)
     if params.trial_pool and not params.concurrency:
-        from prefect_hyperband.executors.work_pool import pool_concurrency
+        from prefect_hyperband.flows.work_pool import pool_concurrency
 
         return pool_concurrency(params.trial_pool)
     if params.task_workers and not params.concurrency:
-        from prefect_hyperband.executors.task_workers import key_of
-        from prefect_hyperband.executors.worker_slots import slot_count
+        from prefect_hyperband.flows.task_workers import key_of
+        from prefect_hyperband.flows.worker_slots import slot_count
 
         return slot_count(key_of(_task_storage(params)))
     size = dask_groups.cluster_size(params.dask_address, params.workers) if params.dask_address else None

@@ -15,9 +15,13 @@ from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.factory import model_space
 
 
-def job_space(params: TuneParams, model) -> tuple[Any, dict[str, Any]]:
-    """The job's search space (given, a file, or the model's own) and the model's default config."""
+def job_space(params: TuneParams, model, on_gpu: bool = False) -> tuple[Any, dict[str, Any]]:
+    """The job's search space (given, a file, or the model's own: its GPU-sized one where a new job's trials have
+    GPUs, ``on_gpu``) and the model's default config. A resume's space is the one its job began with: a job's
+    record keeps it (``flows.prepare.resume_params``), whatever the machine resuming it has."""
     default_space, known, default_config = model_space(params.model)
+    if on_gpu and model.gpu_space is not None and not params.resume:
+        default_space = model.gpu_space()
     if isinstance(params.space, dict):
         space = spaces.parse(params.space, known, params.model)
     elif params.space:

@@ -126,7 +126,7 @@ def _start(params: TuneParams, job: Job, plan: dict[str, Any], max_trials: int, 
                 _plan_line(job, plan, max_trials, params.time_budget),
                 f", after the priors' mode to R={job.max_resource}" if job.prior_first else "", job.job_dir)
     if job.trial_pool:  # before any run: a missing pool is one line
-        from prefect_hyperband.executors.work_pool import ensure_deployment
+        from prefect_hyperband.flows.work_pool import ensure_deployment
 
         logger.info("trial-rungs run as flow runs of %s on the pool's workers; storage %s",
                     ensure_deployment(job.trial_pool), job.store().root)
@@ -134,7 +134,7 @@ def _start(params: TuneParams, job: Job, plan: dict[str, Any], max_trials: int, 
             logger.warning("no --storage: checkpoints stay in %s, which every worker of pool %s must see at that "
                            "path (a shared folder); give --storage s3://... otherwise", job.job_dir, job.trial_pool)
     if job.task_workers:
-        from prefect_hyperband.executors.task_workers import TASK_NAME, trial_rung
+        from prefect_hyperband.flows.task_workers import TASK_NAME, trial_rung
 
         logger.info("trial-rungs run as %s task runs (task key %s) on hyperband workers; storage %s", TASK_NAME,
                     trial_rung.task_key, job.store().root)

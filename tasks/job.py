@@ -41,7 +41,7 @@ class Job:
     storage: str | None = None
     #: the Prefect work pool whose workers run the trial-rungs (a ``hyperband-trial`` flow run each); None: here
     trial_pool: str | None = None
-    #: trial-rungs as background task runs that ``hyperband worker`` processes take (``executors.task_workers``)
+    #: trial-rungs as background task runs that ``hyperband worker`` processes take (``flows.task_workers``)
     task_workers: bool = False
     #: with ``task_workers`` and ``--storage``: the storage's root, where the background task runs' parameters travel
     #: (``<root>/task-parameters``; ``hyperband worker --storage`` the same); None: Prefect's task-scheduling storage

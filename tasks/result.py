@@ -1,6 +1,6 @@
 """One trial-rung's result, whole, from the trainer's two calls to MLflow and the job's state: ``Outcome``.
 
-The runner makes it (``executors.runner.work``: the train task's ``TrainResult``, the evaluate task's
+The runner makes it (``flows.runner.work``: the train task's ``TrainResult``, the evaluate task's
 ``Evaluation``, or the trainer's error); the loop hands it to the scheduler (its score) and to the MLflow writer
 whole (``batch``: the child run's metrics, per-unit history and tags, one ``log_batch``), and adds its ``row`` to the
 state once MLflow has it. Plain Python: the loop imports it (``executors.loop``), and so does the MLflow writer's
@@ -66,7 +66,7 @@ class Outcome:
             history = trained.history
             metrics = {"train_seconds": trained.seconds, "worker_seconds": trained.seconds * trained.workers}
             metrics.update({k: v for k, v in trained.info.items() if isinstance(v, (int, float))})
-            if trained.info.get("worker"):  # a remote trial-rung's machine:pid (``executors.work_pool.outcome_of``)
+            if trained.info.get("worker"):  # a remote trial-rung's machine:pid (``flows.work_pool.outcome_of``)
                 tags["hyperband.worker"] = str(trained.info["worker"])
             if trained.info.get("exit_kept"):  # a rank's exit after the work, and why the result stands
                 tags["hyperband.exit_kept"] = str(trained.info["exit_kept"])

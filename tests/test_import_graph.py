@@ -1,6 +1,6 @@
 """The package's import graph (issue 77): no cycles, no private name taken from another module, MLflow imported in
-one room (``tasks/``), and Prefect's rooms bounded (``flows/``, ``tasks/``, ``app/``, and the executors listed here
-until they move)."""
+one room (``tasks/``), and Prefect in its rooms (``flows/``, ``tasks/``, ``app/``; its private names in one module of
+``tasks/``: ``tests/tasks/test_prefect_internals.py``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("app", "flows", "tasks", "executors", "trainers", "hyperband", "deployments", "data", "common")
-#: the modules outside flows/, tasks/ and app/ that still import Prefect (issue 77 moves them): none may be added
-PREFECT_OUTSIDE = {"executors/runner.py", "executors/task_workers.py", "executors/work_pool.py",
-                   "executors/worker_slots.py", "executors/worker_watch.py"}
-
 
 def _modules() -> dict[str, Path]:
     found = {}
@@ -122,7 +118,9 @@ def test_mlflow_is_imported_in_its_one_room():
     assert not outside, f"MLflow imported outside tasks/: {sorted(outside)}"
 
 
-def test_prefect_is_imported_in_its_rooms_and_the_executors_not_yet_moved():
+def test_prefect_is_imported_in_its_rooms_only():
+    """Issue 77: Prefect's flows, subflows and the trial-rungs' task runs in ``flows/``, its tasks in ``tasks/``, the
+    CLI, worker and server processes in ``app/``; the engine (``executors/``: the loop, threads, Dask), the algorithm
+    and the trainers import none of it (before: five executors did)."""
     outside = {p for p in _importers("prefect") if not p.startswith(("flows/", "tasks/", "app/"))}
-    assert outside <= PREFECT_OUTSIDE, f"Prefect imported outside its rooms: {sorted(outside - PREFECT_OUTSIDE)}"
-    assert not {p for p in _importers("prefect") if p.startswith(("hyperband/", "trainers/"))}
+    assert not outside, f"Prefect imported outside its rooms: {sorted(outside)}"

@@ -1,13 +1,13 @@
 """The path of one trial-rung, as the code runs it: every function of the package that a job of one trial-rung passes
 from the scheduler's decision to the result in the saved state, recorded with ``sys.setprofile`` on every thread,
-and the same list as ``docs/how-it-works.md``'s (its ``path`` block). The test fails when the two differ: a function
-added to or taken off the path is a change of the docs too.
+bounded in functions per thread, in all, and in changes of folder (``BOUNDS``); ``python tests/test_path.py --docs``
+writes the list as it ran into ``docs/how-it-works.md`` (its ``path`` block and counts).
 
 A function is a ``def`` or a ``lambda`` (a comprehension is an expression: Python 3.12 inlines it, PEP 709). Each is
 listed once, under the thread it first ran on (the loop's, the trial-rung's, MLflow's writer's, the group subflow's
 start), in the order of its first call; the order, and for a function two threads call the thread that came first,
-may differ from run to run (whether the trial-rung ended before the loop's next look), so the lists are compared as
-sets of functions, the docs keeping one observed order.
+may differ from run to run (whether the trial-rung ended before the loop's next look), and so the changes of folder
+counted on one run; the docs keep one observed order.
 
 The job runs in a process of its own (this file run as a script, pointed at the test session's Prefect server): in
 the test's process, earlier tests' caches and threads (a writer, a trial thread of a job gone) changed the path."""
@@ -110,7 +110,16 @@ def block(threads: dict[str, list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_the_path_of_one_trial_rung_is_the_one_the_docs_walk(tmp_path, tracking_uri):
+#: the path's bounds (issue 77: bound, not pin; a helper renamed or moved changes nothing here). Issue 62 asked for 25
+#: functions and 6 changes of folder, issue 77 for 8 changes (the floor is 7: docs/how-it-works.md): not met yet; these
+#: are the counts of 2026-12-05 (115 functions, 38 changes in the docs' order; the order inside a thread, and so the
+#: changes counted on one run, differs a little from run to run), and the path may only shrink under them
+BOUNDS = {"functions": 115, "changes": 40,
+          "per thread": {"MainThread": 56, "hyperband-trial": 34, "mlflow": 27, "hyperband-group bracket s=": 4}}
+
+
+def ran_path(tmp_path: Path) -> dict[str, list[str]]:
+    """The path of a one-trial-rung job run in a process of its own, pointed at this process's Prefect server."""
     from prefect.settings import PREFECT_API_URL
 
     out = tmp_path / "calls.json"
@@ -118,14 +127,27 @@ def test_the_path_of_one_trial_rung_is_the_one_the_docs_walk(tmp_path, tracking_
     done = subprocess.run([sys.executable, __file__, str(out), str(tmp_path / "jobs")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    ran = path([tuple(c) for c in json.loads(out.read_text())])
-    docs, (functions, changes) = documented()
-    observed = {f for functions in ran.values() for f in functions}
-    listed = [f for functions in docs.values() for f in functions]
-    assert observed == set(listed), (
-        "the path changed: docs/how-it-works.md's path block, as this run went, is\n" + block(ran))
-    assert functions == len(listed) == len(set(listed)), "the docs' count is not their list's, once each"
-    assert changes == changes_of_folder(docs), "the docs' changes of folder are not their list's"
+    return path([tuple(c) for c in json.loads(out.read_text())])
+
+
+def test_the_path_of_one_trial_rung_stays_within_its_bounds(tmp_path, tracking_uri):
+    """The functions per thread, in all, and the changes of folder of one trial-rung's path, at most ``BOUNDS``; the
+    list as it ran is printed for the docs (``write_docs`` puts it in docs/how-it-works.md)."""
+    ran = ran_path(tmp_path)
+    print(block(ran))
+    functions, changes = sum(len(f) for f in ran.values()), changes_of_folder(ran)
+    print(f"{functions} functions, {changes} changes of folder")
+    assert functions <= BOUNDS["functions"], f"{functions} functions on the path, over {BOUNDS['functions']}"
+    assert changes <= BOUNDS["changes"], f"{changes} changes of folder, over {BOUNDS['changes']}"
+    for thread, listed in ran.items():
+        assert len(listed) <= BOUNDS["per thread"].get(thread, 0), f"[{thread}]: {len(listed)} functions"
+
+
+def write_docs(threads: dict[str, list[str]]) -> None:
+    """docs/how-it-works.md's path block and its counts, as ``threads`` ran."""
+    text = BLOCK.sub(lambda m: f"```text path\n{block(threads)}```", DOCS.read_text(), count=1)
+    functions, changes = sum(len(f) for f in threads.values()), changes_of_folder(threads)
+    DOCS.write_text(SUMMARY.sub(f"**{functions} functions, {changes} changes of folder**", text, count=1))
 
 
 def test_the_docs_path_block_parses_into_threads_of_functions():
@@ -133,7 +155,21 @@ def test_the_docs_path_block_parses_into_threads_of_functions():
     assert "MainThread" in docs and "hyperband-trial" in docs
     assert all(re.fullmatch(r"[a-z_]+/[a-z_/]+\.py [\w.<>]+", f) for fs in docs.values() for f in fs)
     assert functions > 0 and 0 < changes < functions
+    listed = [f for fs in docs.values() for f in fs]
+    assert functions == len(listed) == len(set(listed)), "the docs' count is not their list's, once each"
+    assert changes == changes_of_folder(docs), "the docs' changes of folder are not their list's (write_docs)"
+    assert functions <= BOUNDS["functions"] and changes <= BOUNDS["changes"]
 
 
-if __name__ == "__main__":  # the recorded job, in a process of its own: python tests/test_path.py OUT JOB_DIR
-    Path(sys.argv[1]).write_text(json.dumps(recorded(Path(sys.argv[2]))))
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--docs"]:  # the docs from a run: python tests/test_path.py --docs (a temporary server)
+        import tempfile
+
+        from prefect_hyperband.flows.process import temporary_server
+
+        temporary_server()  # the CLI's (its start bound is a busy machine's), not Prefect's ephemeral one
+        with tempfile.TemporaryDirectory() as tmp:
+            calls = recorded(Path(tmp) / "jobs")
+        write_docs(path([tuple(c) for c in calls]))
+    else:  # the recorded job, in a process of its own: python tests/test_path.py OUT JOB_DIR
+        Path(sys.argv[1]).write_text(json.dumps(recorded(Path(sys.argv[2]))))

@@ -49,7 +49,7 @@ class TrainResult:
     #: per-unit metrics recorded while training, e.g. [{"step": 4, "train_loss": 0.3, "val_accuracy": 0.9}]
     history: list[dict[str, float]] = field(default_factory=list)
     #: one-off figures of the call, e.g. {"startup_seconds": 1.2, "global_batch_size": 128}; a remote trial-rung's
-    #: also its "worker" (machine:pid, ``executors.work_pool.outcome_of``: MLflow's ``hyperband.worker`` tag)
+    #: also its "worker" (machine:pid, ``flows.work_pool.outcome_of``: MLflow's ``hyperband.worker`` tag)
     info: dict[str, Any] = field(default_factory=dict)
     #: the trained model in this process (XGBoost's booster), handed to ``measure`` with the checkpoint so that it is
     #: not loaded again; never saved, sent or compared (``to_json`` leaves it out), dropped once measured

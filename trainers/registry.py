@@ -59,6 +59,8 @@ class Model:
     gpus: bool = False
     #: with ``--workers N`` on one machine, each of the N processes takes a GPU (False: the N train on the CPUs)
     gpu_ranks: bool = True
+    #: its default search space when the trials have GPUs (GPU-sized batches and widths); None: ``space``'s
+    gpu_space: Callable[[], dict[str, dict[str, Any]]] | None = None
     #: ``TrainerSettings.extra`` from the job's parameters (model-specific knobs)
     extra: Callable[[Any], tuple[tuple[str, Any], ...]] = _no_extra
     #: log ``checkpoint`` as an MLflow model in its flavour, inside the best trial's active run; returns the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import textwrap
 
 import pydantic
 import pytest
@@ -32,80 +33,74 @@ def test_an_option_that_is_no_field_is_refused_before_anything_runs():
                 direction="minimize", concurency=2)
 
 
-def test_tune_starts_the_clis_temporary_server_once_its_parameters_are_valid(monkeypatch, tracking_uri):
-    """Without ``PREFECT_API_URL``, ``hb.tune`` starts the server the CLI starts (batched writes, ``flows.server``'s
-    app), not the one Prefect would start on its own; after the parameters are checked, before the flow."""
-    from prefect_hyperband.flows import process
-    from prefect_hyperband.flows import tune as tune_module
+#: ``hb.tune`` in a process of its own without ``PREFECT_API_URL`` (a fresh ``PREFECT_HOME``): bad input refused before
+#: any server starts, then a job on the temporary server it starts; what it saw, as JSON
+FIRST_CALLS = textwrap.dedent("""
+    import json, sys
+    import prefect_hyperband as hb
+    from prefect_hyperband.flows.server import OUR_APP
+    from prefect_hyperband.tasks import prefect_internals
 
-    calls: list[str] = []
-
-    class Started(Exception):
-        pass
-
-    def flow(params, return_state):
-        calls.append("flow")
-        raise Started
-
-    monkeypatch.setattr(process, "temporary_server", lambda: calls.append("server"))
-    monkeypatch.setattr(tune_module, "tune", flow)
-    space = {"x": {"type": "float", "low": 0, "high": 1}}
-    with pytest.raises(pydantic.ValidationError):
-        hb.tune(lambda trial: {"loss": 0.0}, space=space, metric="loss", direction="minimize", concurency=2)
-    assert calls == []
-    with pytest.raises(Started):
-        hb.tune(lambda trial: {"loss": 0.0}, space=space, metric="loss", direction="minimize")
-    assert calls == ["server", "flow"]
-
-
-def test_input_the_job_would_refuse_raises_before_a_server_or_a_flow_run(monkeypatch, tracking_uri):
-    """As the CLI's preflight: the job's checks run before its server and its flow run, so bad input is the
-    exception itself (it was raised after a flow run had begun and failed, its traceback in Prefect's log)."""
-    from prefect_hyperband.flows import process
-    from prefect_hyperband.flows import tune as tune_module
-    from prefect_hyperband.hyperband.space import SpaceError
-    from prefect_hyperband.common.errors import InputError
-
-    calls: list[str] = []
-    monkeypatch.setattr(process, "temporary_server", lambda: calls.append("server"))
-    monkeypatch.setattr(tune_module, "tune", lambda params, return_state: calls.append("flow"))
-    with pytest.raises(SpaceError, match="search space file 'nope.yaml' not found"):
-        hb.tune(lambda trial: {"loss": 0.0}, space="nope.yaml", metric="loss", direction="minimize")
-    with pytest.raises(InputError, match="must take one argument, the trial"):
-        hb.tune(lambda a, b: {"loss": 0.0}, space={"x": {"type": "float", "low": 0, "high": 1}}, metric="loss",
-                direction="minimize")
-    assert calls == []
+    SPACE = {"x": {"type": "float", "low": 0, "high": 1}}
+    refused = []
+    for bad in ({"space": SPACE, "concurency": 2}, {"space": "nope.yaml"}, {"space": SPACE, "train": lambda a, b: {}}):
+        options = {"train": lambda trial: {"loss": trial.config["x"]}, "metric": "loss", "direction": "minimize",
+                   **bad}
+        try:
+            hb.tune(options.pop("train"), options.pop("space"), **options)
+        except Exception as exc:
+            refused.append([type(exc).__name__, str(exc)[:500], len(prefect_internals.temporary_servers())])
+    result = hb.tune(lambda trial: {"loss": trial.config["x"]}, SPACE, metric="loss", direction="minimize",
+                     max_resource=3, eta=3, seed=1, tracking_uri=sys.argv[1])
+    servers = [" ".join(prefect_internals.process_of(s).args) for s in prefect_internals.temporary_servers()]
+    print(json.dumps({"refused": refused, "servers": servers, "ours": OUR_APP,
+                      "trial_rungs": result.summary["trial_rungs"]}))
+""")
 
 
-def test_a_prefect_api_that_cannot_start_the_job_is_waited_for_then_one_exception(monkeypatch, capsys, tracking_uri):
-    """As the CLI: while the API's database is down, one warning line and a wait of ``service_wait``; past it a
-    ``ConnectionError`` in one line, the flow never called."""
-    from prefect_hyperband.app import starting
-    from prefect_hyperband.flows import process
-    from prefect_hyperband.flows import tune as tune_module
+@pytest.mark.slow
+def test_tune_refuses_bad_input_before_any_server_and_runs_on_the_clis_temporary_server(tmp_path):
+    """Without ``PREFECT_API_URL``, ``hb.tune`` checks its input as the CLI's preflight does (bad input is the
+    exception itself, before a server or a flow run: it was raised after a flow run had begun and failed, its
+    traceback in Prefect's log), then starts the server the CLI starts (batched writes, ``flows.server``'s app), not
+    the one Prefect would start on its own. Run for real, in a process of its own (before: both mocked)."""
+    import json
+    import os
+    import subprocess
+    import sys
 
-    class Clock:
-        now = 0.0
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_URL", "PREFECT_HOME"))}
+    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_SERVER_ANALYTICS_ENABLED="false", HYPERBAND_NO_LIVE="1")
+    (tmp_path / "calls.py").write_text(FIRST_CALLS)
+    done = subprocess.run([sys.executable, "calls.py", f"sqlite:///{tmp_path / 'mlflow.db'}"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [kind for kind, _, _ in seen["refused"]] == ["ValidationError", "SpaceError", "InputError"], seen
+    assert "concurency" in seen["refused"][0][1]
+    assert "search space file 'nope.yaml' not found" in seen["refused"][1][1]
+    assert "must take one argument, the trial" in seen["refused"][2][1]
+    assert all(servers == 0 for _, _, servers in seen["refused"])  # no server started for bad input
+    assert len(seen["servers"]) == 1 and f"--factory {seen['ours']}" in seen["servers"][0]
+    assert seen["trial_rungs"] == 6  # R=3, eta 3: 3 at r=1 and 1 at r=3, then 2 at r=3
 
-        def monotonic(self):
-            return self.now
 
-        def sleep(self, seconds):
-            self.now += seconds
+def test_a_prefect_api_that_cannot_start_the_job_is_waited_for_then_one_exception(capsys, tracking_uri):
+    """As the CLI: while the API does not answer (a port nothing listens on, for real), one warning line and a wait
+    of ``service_wait``; past it a ``ConnectionError`` in one line, nothing run."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    called: list[str] = []
-    monkeypatch.setattr(process, "temporary_server", lambda: None)
-    monkeypatch.setattr(tune_module, "tune", lambda params, return_state: called.append(params.job_id))
-    monkeypatch.setattr(starting, "time", Clock())
-    monkeypatch.setattr(starting, "api_not_ready", lambda: "503 Service Unavailable for GET http://h/api/ready")
-    with pytest.raises(ConnectionError, match=r"^the Prefect API could not start job \S+ within 10 s \(service_wait\); "
-                                              r"nothing ran, call tune again$"):
-        hb.tune(lambda trial: {"loss": 0.0}, space={"x": {"type": "float", "low": 0, "high": 1}}, metric="loss",
-                direction="minimize", service_wait=10)
-    assert called == []
+    from prefect_hyperband.common.ports import free_port
+
+    gone = f"http://127.0.0.1:{free_port()}/api"
+    with temporary_settings(updates={PREFECT_API_URL: gone}):
+        with pytest.raises(ConnectionError, match=r"^the Prefect API could not start job \S+ within 2 s "
+                                                  r"\(service_wait\); nothing ran, call tune again$"):
+            hb.tune(lambda trial: {"loss": 0.0}, space={"x": {"type": "float", "low": 0, "high": 1}}, metric="loss",
+                    direction="minimize", service_wait=2)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and err[0].startswith("hyperband: warning: the Prefect API cannot start the job's flow run")
-    assert err[1].startswith("hyperband: error: the Prefect API could not start job")
+    assert "ConnectError" in err[0] and err[1].startswith("hyperband: error: the Prefect API could not start job")
 
 
 def test_the_code_given_twice_or_a_stop_that_is_no_token_is_one_clear_type_error():
@@ -118,25 +113,20 @@ def test_the_code_given_twice_or_a_stop_that_is_no_token_is_one_clear_type_error
         hb.tune(lambda trial: {"loss": 0.0}, space=space, metric="loss", direction="minimize", stop="now")
 
 
-def test_a_resume_from_python_takes_the_saved_schedule_unless_it_is_given(monkeypatch):
+def test_a_resume_from_python_takes_the_saved_schedule_unless_it_is_given(prefect_harness, tracking_uri, tmp_path):
     """``hb.tune(..., resume=True, job_id=J)`` was refused for "max_resource=81" the caller never gave: the schedule's
-    defaults went in as given values (found by a fuzz of the API)."""
-    from prefect_hyperband.flows import prepare as prepare_module
-
-    seen = []
-
-    class Checked(Exception):
-        pass
-
-    def resolve(params):
-        seen.append(params.model_fields_set)
-        raise Checked
-
-    monkeypatch.setattr(prepare_module, "resolve", resolve)
+    defaults went in as given values (found by a fuzz of the API). A real job of R=9, resumed without its schedule
+    and with it; a schedule that differs is refused."""
     space = {"x": {"type": "float", "low": 0, "high": 1}}
+    common = dict(metric="loss", direction="minimize", job_id="resumed", job_dir=str(tmp_path / "jobs"),
+                  register_model=False)
+
+    def train(trial):
+        return {"loss": trial.config["x"]}
+
+    first = hb.tune(train, space, max_resource=9, eta=3, seed=2, **common)
     for schedule in ({}, {"max_resource": 9}):
-        with pytest.raises(Checked):
-            hb.tune("m:train", space, metric="loss", direction="minimize", resume=True, job_id="j", **schedule)
-    assert not {"max_resource", "eta", "min_resource"} & seen[0] and "max_resource" in seen[1]
-    with pytest.raises(TypeError, match="train must be a function or its entry .*, got NoneType"):
-        hb.tune(None, space, metric="loss", direction="minimize")
+        again = hb.tune(train, space, resume=True, **schedule, **common)
+        assert again.summary["trial_rungs"] == first.summary["trial_rungs"] and again.best_score == first.best_score
+    with pytest.raises(Exception, match="max_resource"):
+        hb.tune(train, space, resume=True, max_resource=27, **common)

@@ -348,7 +348,7 @@ def test_a_remote_trial_rung_lost_with_a_workers_connection_error_runs_again_and
     """A task worker's run ended Failed while the Prefect API was away ("Connection refused" in its message): the
     job's own API answers again, so the trial-rung runs again, as any lost remote run; the job is not stopped."""
     class Lost(RuntimeError):
-        run_again = True  # executors.work_pool.TrialRunLost's
+        run_again = True  # flows.work_pool.TrialRunLost's
 
     def behave(trial_rung, attempt):
         if trial_rung.trial_id == "s2-0001" and attempt == 0:

@@ -68,7 +68,7 @@ def test_a_remembering_task_worker_knows_what_it_took_until_it_ends():
 
     from prefect.task_worker import TaskWorker
 
-    from prefect_hyperband.executors import task_workers
+    from prefect_hyperband.flows import task_workers
 
     async def run():
         worker = patches.remembering_taken(TaskWorker)(task_workers.trial_rung, limit=1)

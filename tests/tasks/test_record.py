@@ -271,7 +271,7 @@ def test_a_remote_trial_rungs_worker_is_the_trial_runs_hyperband_worker_tag_in_i
     (``work_pool.result_of``); the trial's run is tagged with it in the same ``log_batch`` as its metrics."""
     from mlflow import MlflowClient
 
-    from prefect_hyperband.executors.work_pool import outcome_of
+    from prefect_hyperband.flows.work_pool import outcome_of
 
     trained, _, _, _, _ = outcome_of({"trained": {"checkpoint": "ck", "resource": 3, "resource_trained": 3,
                                                   "seconds": 1.5, "workers": 1}, "evaluated": None, "error": None,

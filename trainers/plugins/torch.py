@@ -39,6 +39,12 @@ def space():
     return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
 
 
+def gpu_space() -> dict[str, dict[str, Any]]:
+    from prefect_hyperband.trainers import torch_config as m
+
+    return m.GPU_SPACE
+
+
 def metric(spec: Any, given: str | None) -> str:
     from prefect_hyperband.trainers.plugins.xgboost import metric as from_data
 
@@ -80,6 +86,7 @@ def check_config(config: dict[str, Any]) -> None:
 MODEL = Model(
     "torch", build, "PyTorch CNN/MLP with DDP (one unit = one epoch)", space=space, metric=metric,
     checkpoint_suffix=".pt", local_workers=True, log_model=log_model, order=1, check_config=check_config,
+    gpu_space=gpu_space,
     needs=(("torch", "torch"),), gpus=True, extra=lambda params: (("precision", params.precision),),
     fields=("precision",),
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_hyperband.executors import api_wait, task_workers, worker_slots
+from prefect_hyperband.flows import api_wait, task_workers, worker_slots
 from prefect_hyperband.tasks import storage
 
 
@@ -47,7 +47,7 @@ def test_a_jobs_task_key_holds_its_storage_and_workers_reading_other_storage_are
 
 
 def test_a_worker_missing_from_the_servers_list_at_every_look_for_3_s_is_gone_and_one_listed_never_is():
-    from prefect_hyperband.executors.worker_watch import Roster
+    from prefect_hyperband.flows.worker_watch import Roster
 
     now, listed = [0.0], [{"h-1~slots=2", "h-2"}]
     roster = Roster(read=lambda: listed[0], clock=lambda: now[0])
@@ -69,7 +69,7 @@ def test_a_worker_missing_from_the_servers_list_at_every_look_for_3_s_is_gone_an
 
 
 def test_a_server_that_does_not_answer_is_no_sign_of_a_gone_worker():
-    from prefect_hyperband.executors.worker_watch import Roster
+    from prefect_hyperband.flows.worker_watch import Roster
 
     now = [0.0]
 
@@ -83,7 +83,7 @@ def test_a_server_that_does_not_answer_is_no_sign_of_a_gone_worker():
 
 
 def test_the_holder_of_a_task_run_is_its_claim_or_its_heartbeat(tmp_path):
-    from prefect_hyperband.executors.worker_watch import Holder, Roster, claim_key
+    from prefect_hyperband.flows.worker_watch import Holder, Roster, claim_key
 
     store = storage.Storage(str(tmp_path / "jobs"), str(tmp_path / "jobs"))
     claims = storage.Storage(str(tmp_path / "shared"), str(tmp_path / "shared"))
@@ -127,7 +127,7 @@ def test_a_workers_slots_are_its_limit_on_the_servers_list_of_task_workers(monke
             return False
 
     monkeypatch.setattr(orchestration, "get_client", lambda sync_client=False: _Sync())
-    from prefect_hyperband.executors.task_workers import key_of
+    from prefect_hyperband.flows.task_workers import key_of
 
     assert worker_slots.slot_count(key_of(None)) == 4  # 3 + 1; the other code's 8 are not the job's
 
@@ -180,7 +180,7 @@ def test_a_task_run_a_worker_deleted_is_lost_with_the_likely_cause_in_one_line()
 
     from prefect.exceptions import ObjectNotFound
 
-    from prefect_hyperband.executors.work_pool import TrialRunLost
+    from prefect_hyperband.flows.work_pool import TrialRunLost
 
     class Gone:
         def read_task_run(self, run_id):
@@ -215,7 +215,7 @@ def test_a_prefect_api_away_for_a_while_is_waited_for_with_one_line_and_past_the
     records: list[logging.LogRecord] = []
     keep = logging.Handler(logging.INFO)
     keep.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("prefect_hyperband.executors.api_wait")
+    logger = logging.getLogger("prefect_hyperband.flows.api_wait")
     monkeypatch.setattr(logger, "level", logging.INFO)
     monkeypatch.setattr(logger, "disabled", False)  # a logging.config of another test's may have disabled it
     logger.addHandler(keep)

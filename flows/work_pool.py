@@ -74,7 +74,7 @@ def trial(job: dict[str, Any], trial_rung: dict[str, Any], heartbeat_seconds: fl
     store = spec.store()
     with factory.scope(), stopping.bind(stopping.StopToken()) as token:
         with heartbeat(spec, run_id, heartbeat_seconds, token):  # beating before the trainer's imports
-            from prefect_hyperband.executors import runner
+            from prefect_hyperband.flows import runner
 
             out = runner.here(spec, trial_rung)
         _go_on_unless_given_up(run_id)  # given up while it trained (a machine too busy to beat in time)

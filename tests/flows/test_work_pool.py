@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from prefect_hyperband.executors import work_pool as trial_flow
+from prefect_hyperband.flows import work_pool as trial_flow
 from prefect_hyperband.flows.prepare import prepare
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.tasks.job import Job
@@ -126,7 +126,7 @@ def test_a_run_its_controller_gave_up_while_it_trained_ends_failed_and_leaves_no
     from prefect.context import FlowRunContext
     from prefect.states import Crashed
 
-    from prefect_hyperband.executors import runner
+    from prefect_hyperband.flows import runner
     from prefect_hyperband.hyperband.scheduler import TrialRung
 
     trained = []

@@ -27,7 +27,7 @@ CLAIMS = "claims"
 
 def identifier(listed: str) -> str:
     """A worker's own identifier (Prefect's ``<machine>-<pid>``) from the server's (which may end in its slots)."""
-    from prefect_hyperband.executors.worker_slots import SLOTS_MARK
+    from prefect_hyperband.flows.worker_slots import SLOTS_MARK
 
     return listed.split(SLOTS_MARK, 1)[0]
 
@@ -77,7 +77,7 @@ def _listed() -> set[str]:
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-    from prefect_hyperband.executors.worker_slots import serving
+    from prefect_hyperband.flows.worker_slots import serving
 
     with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0}), get_client(sync_client=True) as client:
         return set(serving(client))

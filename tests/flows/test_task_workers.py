@@ -183,7 +183,7 @@ def test_a_worker_of_other_code_is_named_in_one_line_and_a_worker_started_mid_jo
     lines: list[str] = []
     keep = logging.Handler()
     keep.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("prefect_hyperband.executors.task_workers")
+    logger = logging.getLogger("prefect_hyperband.flows.task_workers")
     logger.addHandler(keep)
     (tmp_path / "other.py").write_text(OTHER_CODE)
     other_log = open(tmp_path / "other.log", "w")
@@ -208,7 +208,7 @@ def test_a_worker_of_other_code_is_named_in_one_line_and_a_worker_started_mid_jo
         with workers(tmp_path, 1, storage=str(tmp_path / "shared")) as (late,):
             from prefect.client.orchestration import get_client
 
-            from prefect_hyperband.executors import worker_slots
+            from prefect_hyperband.flows import worker_slots
 
             deadline, mine = time.monotonic() + 30, []
             while not mine and time.monotonic() < deadline:  # listed once its subscription reached the server (its
@@ -243,7 +243,7 @@ def test_workers_without_the_jobs_storage_are_never_sent_its_trial_rungs_and_one
     lines: list[str] = []
     keep = logging.Handler()
     keep.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("prefect_hyperband.executors.task_workers")
+    logger = logging.getLogger("prefect_hyperband.flows.task_workers")
     logger.addHandler(keep)
     shared, done = str(tmp_path / "shared"), {}
     try:

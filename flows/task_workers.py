@@ -48,8 +48,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 
-from prefect_hyperband.executors import work_pool, worker_slots, worker_watch
-from prefect_hyperband.executors.api_wait import answering
+from prefect_hyperband.flows import work_pool, worker_slots, worker_watch
+from prefect_hyperband.flows.api_wait import answering
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks import prefect_internals, storage
 from prefect_hyperband.tasks.job import Job, storage_at
@@ -118,7 +118,7 @@ def trial_rung(job: dict[str, Any], rung: dict[str, Any], heartbeat_seconds: flo
         with factory.scope(trainers, close=trainers is None), stopping.bind(stopping.StopToken()) as token:
             _running[run_id] = token
             with work_pool.heartbeat(spec, run_id, heartbeat_seconds, token, given_up=_given_up):
-                from prefect_hyperband.executors import runner
+                from prefect_hyperband.flows import runner
 
                 out = runner.here(spec, one)
     finally:
