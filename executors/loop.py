@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterable, Protocol
 from prefect_hyperband.hyperband.criteria import Goal
 from prefect_hyperband.hyperband.first import is_baseline
 from prefect_hyperband.hyperband.journal import Journal
-from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, ended
+from prefect_hyperband.hyperband.scheduler import Decision, Scheduler
+from prefect_hyperband.hyperband.trial import ended
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.result import Outcome  # (re-exported: the loop's protocol speaks it)
 from prefect_hyperband.trainers.base import TrainResult

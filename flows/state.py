@@ -7,11 +7,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from prefect_hyperband.hyperband.journal import Diverged, Journal, replay
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.storage import PREVIOUS, Storage, is_local, join
+
+if TYPE_CHECKING:  # (an annotation only)
+    from prefect_hyperband.hyperband.scheduler import Scheduler
 from prefect_hyperband.common.errors import InputError, full_disk, no_space
 
 def job_store(job_dir: str | Path, job_id: str, storage: str | None = None) -> Storage:

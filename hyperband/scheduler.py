@@ -20,7 +20,7 @@ resumes: jobs that were in flight when the state was saved are offered again fir
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass, field
-from typing import Any, Callable, Iterable, Literal, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.bracket import BracketState
@@ -29,7 +29,7 @@ from prefect_hyperband.hyperband.promotion import Directions, Score, as_directio
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 from prefect_hyperband.hyperband.space import Space
 from prefect_hyperband.hyperband.first import Firsts
-from prefect_hyperband.hyperband.trial import ENDED, Decision, Kind, Status, TrialRecord, TrialRung, ended
+from prefect_hyperband.hyperband.trial import Decision, TrialRecord, TrialRung
 
 
 class Sampler(Protocol):

@@ -12,10 +12,9 @@ from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler
 from prefect_hyperband.hyperband.first import PRIOR_BRACKET, PRIOR_TRIAL, Firsts
-from prefect_hyperband.hyperband.scheduler import (AshaScheduler, Decision, HyperbandScheduler, TrialRecord, best_of,
-                                                   ended)
+from prefect_hyperband.hyperband.scheduler import AshaScheduler, Decision, HyperbandScheduler, TrialRecord, best_of
 from prefect_hyperband.hyperband.space import parse
-from prefect_hyperband.hyperband.trial import TrialRung
+from prefect_hyperband.hyperband.trial import TrialRung, ended
 
 SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}})
 
