@@ -152,10 +152,9 @@ def test_the_contributors_page_lists_every_piece_of_module_level_state_with_its_
 def test_the_readme_is_a_front_page_and_ci_runs_its_test_command_as_written():
     """At most 160 lines, no suite timings (they are docs/contributing.md's and CHANGELOG.md's); two commands, one
     that installs and runs the default job, one that installs and runs the tests. Their wording is the README's own:
-    CI runs the test command as the README writes it (``.ci/run`` reads it from there), and the default job runs end
-    to end from the wheel (``tests/test_package.py``)."""
+    CI runs the test command as the README writes it (the same line in ``.ci/run``), and the default job runs end to
+    end from the wheel (``tests/test_package.py``)."""
     import re
-    import subprocess
 
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 160
@@ -163,10 +162,8 @@ def test_the_readme_is_a_front_page_and_ci_runs_its_test_command_as_written():
     block = re.search(r"## Two commands.*?```bash\n(.*?)```", text, re.S).group(1)
     commands = [line for line in block.splitlines() if line and not line.startswith("#")]
     assert len(commands) == 2 and commands[0].endswith("hyperband tune") and "pytest" in commands[1], commands
-    ci = (ROOT / ".ci" / "run").read_text()
-    taken = subprocess.run(["awk", re.search(r"awk '(.*?)'", ci).group(1), "README.md"], cwd=ROOT,
-                           capture_output=True, text=True, check=True).stdout.strip()
-    assert taken == commands[1] and 'eval "$readme_test"' in ci
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert commands[1] in ci, ".ci/run must run the README's test command, as the README writes it"
 
 
 #: issue 38's bounds: a module a newcomer reads in one sitting, a function on one screen
