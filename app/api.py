@@ -7,8 +7,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from prefect_hyperband.app.starting import started
 from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.process import temporary_server
 from prefect_hyperband.trainers import stopping
+from prefect_hyperband.trainers.function import entry_of
 from prefect_hyperband.trainers.stopping import StopToken
 
 _DEFAULT = {name: field.default for name, field in TuneParams.model_fields.items()}  # written once, on the fields
@@ -67,11 +70,8 @@ def tune(
     Several objectives: ``metrics={"val_loss": "min", "latency_ms": "min"}`` (or as ``metric``; the first is the
     job's metric; each value ``max`` or ``min``, no ``direction``); ``train`` returns every one of them.
     """
-    from prefect_hyperband.app.starting import started
     from prefect_hyperband.flows.prepare import new_job_id, prepare, resolve
-    from prefect_hyperband.flows.process import temporary_server
     from prefect_hyperband.flows.tune import tune as tune_flow
-    from prefect_hyperband.trainers.function import entry_of
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     taken = sorted(_TAKEN_BY_TUNE & set(options))

@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from pydantic import ValidationError, create_model
+
 from prefect_hyperband.app.deploy import command as deploy_command
 from prefect_hyperband.app.flags import EXIT_USAGE, build_parser, given, schedule_fields, study_model
 from prefect_hyperband.app.starting import started
+from prefect_hyperband.app.streams import job_terminal
 from prefect_hyperband.app.worker import main as serve_trial_rungs
+from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.flows import process, progress
+from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.process import ServerNotStarted, exit_without_stuck, start_timeout
+from prefect_hyperband.hyperband.schedule import plan_summary, render_plan
+from prefect_hyperband.hyperband.space import SpaceError
+from prefect_hyperband.trainers import gpus, registry
 
 #: the job stopped on something outside it that may come back (its Dask scheduler): ``--resume`` later (EX_TEMPFAIL)
 EXIT_TEMPFAIL = 75
@@ -46,8 +59,6 @@ def run() -> None:
     between a small job's summary and its exit (py-spy: ``gc_collect_main`` in the interpreter's finalisation);
     ``gc.freeze`` takes them out of it. Exit handlers still run (Prefect's workers drain, the temporary server stops,
     logging flushes) and the objects they make are collected as usual."""
-    import gc
-
     code = main()
     gc.freeze()
     sys.exit(code)
@@ -59,13 +70,6 @@ def _fail(message: str) -> int:
 
 
 def _plan(flags: dict[str, Any], args: argparse.Namespace) -> int:
-    from prefect_hyperband.hyperband.schedule import plan_summary, render_plan
-
-    from pydantic import ValidationError, create_model
-
-    from prefect_hyperband.trainers import gpus
-    from prefect_hyperband.common.errors import InputError
-
     try:
         values = create_model("Schedule", **schedule_fields())(**flags)
         plan = plan_summary(values.min_resource, values.max_resource, values.eta)
@@ -102,7 +106,6 @@ def job_params(flags: dict[str, Any]):
     JOB`` is ``resume`` with ``job_id`` JOB, and a resume takes the saved job's parameters (``InputError`` for one
     that conflicts)."""
     from prefect_hyperband.flows.prepare import resolve
-    from prefect_hyperband.flows.params import TuneParams
 
     flags = dict(flags)
     job = flags.pop("resume", None)
@@ -112,10 +115,6 @@ def job_params(flags: dict[str, Any]):
 
 
 def _tune(flags: dict[str, Any], args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from prefect_hyperband.common.errors import InputError
-
     _env()
     message = _model_error(flags)
     if message:
@@ -133,9 +132,6 @@ def _tune(flags: dict[str, Any], args: argparse.Namespace) -> int:
 
 def _model_error(flags: dict[str, Any]) -> str | None:
     """``--trainer`` with ``--script``, or an unknown ``--model``: the message, before anything else."""
-    from prefect_hyperband.flows.params import TuneParams
-    from prefect_hyperband.trainers import registry
-
     if flags.get("trainer") and flags.get("script"):
         return "--trainer and --script together: give one, a function or a script"
     models = registry.built_in()
@@ -151,8 +147,6 @@ def _model_error(flags: dict[str, Any]) -> str | None:
 
 def _scale(flags: dict[str, Any], args: argparse.Namespace) -> int:
     """``hyperband scale``: every size checked before any training, then the study as one flow run."""
-    from pydantic import ValidationError
-
     from prefect_hyperband.flows.prepare import new_job_id
 
     _env()
@@ -169,9 +163,8 @@ def _scale(flags: dict[str, Any], args: argparse.Namespace) -> int:
         return _fail(_one_line(exc))
     sizes = sorted(set(study.workers))
     params = params.model_copy(update={"job_id": params.job_id or new_job_id()})
-    from prefect_hyperband.flows.process import launch_temporary_server
 
-    launched = launch_temporary_server()  # booting while every size is checked, as a tune's
+    launched = process.launch_temporary_server()  # booting while every size is checked, as a tune's
     # a bad space or data, at the smallest size: one line of its own; then a size the machine cannot hold, named
     for n in [sizes[0], *sorted(sizes[1:], reverse=True)]:
         message = preflight(params.model_copy(update={"workers": n, "job_id": f"{params.job_id}-w{n}"}))
@@ -179,8 +172,8 @@ def _scale(flags: dict[str, Any], args: argparse.Namespace) -> int:
             if launched is not None:
                 launched.cancel()
             return _fail(message if n == sizes[0] or f"--workers {n}" in message else f"--workers {n}: {message}")
-    from prefect_hyperband.flows.scale import scale
     from prefect_hyperband.app.terminal import quiet_terminal
+    from prefect_hyperband.flows.scale import scale
 
     quiet_terminal()
     if _temporary_server(launched):
@@ -214,10 +207,9 @@ def _run(params, args: argparse.Namespace) -> int:
         if not PREFECT_API_URL.value():
             return _fail(f"--trial-pool {params.trial_pool}: the pool's workers and this job need one Prefect server; "
                          "set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api after `prefect server start`)")
-    from prefect_hyperband.flows.process import launch_temporary_server
     from prefect_hyperband.flows.prepare import new_job_id
 
-    launched = launch_temporary_server()  # Prefect's server boots while the job imports and checks its input
+    launched = process.launch_temporary_server()  # Prefect's server boots while the job imports and checks its input
     params = params.model_copy(update={"job_id": params.job_id or new_job_id()})  # the preflight's and the flow's
     from prefect_hyperband.app.terminal import JobLog, job_log_path
 
@@ -231,7 +223,6 @@ def _run(params, args: argparse.Namespace) -> int:
     log.open(job_log_path(params))
     print(f"hyperband: job {params.job_id} in {params.job_dir}/{params.job_id} (resume with --resume {params.job_id}; "
           f"log: {log.path})", file=sys.stderr)
-    from prefect_hyperband.app.streams import job_terminal
     from prefect_hyperband.flows.tune import tune
 
     with job_terminal(log.path) as out:  # every other write to stdout and stderr, in or under the job: job.log
@@ -246,8 +237,6 @@ def _job(tune, params, args: argparse.Namespace, launched, out) -> int:
         live = live_display()
         quiet_terminal(live=live is not None)
     if live is not None:
-        from prefect_hyperband.flows import progress
-
         progress.attach(live)
     if not params.resume:  # its writer's imports beside the server's start (a resume's parameters are the saved ones)
         from prefect_hyperband.tasks.writer import start_ahead
@@ -288,9 +277,6 @@ def _ended(state, params, args: argparse.Namespace, out=None) -> int:
         print(f"hyperband: {state.message}", file=sys.stderr)
         return _exit(EXIT_TEMPFAIL)
     if state.is_cancelled():
-        import re
-        import signal
-
         named = re.search(r"stopped by (SIG[A-Z]+)", state.message or "")
         signum = signal.Signals[named.group(1)] if named else signal.SIGINT
         print(f"hyperband: job {params.job_id} stopped by {signal.Signals(signum).name}; resume with: "
@@ -300,8 +286,6 @@ def _ended(state, params, args: argparse.Namespace, out=None) -> int:
 
     failed = every_trial_failed(state)  # the flow run Failed, its summary written: shown, then one line, exit 2
     if not state.is_completed() and failed is None:
-        from prefect_hyperband.common.errors import InputError
-
         error = state.result(raise_on_failure=False)
         if isinstance(error, InputError):  # refused inside the flow (a lock taken between preflight and start)
             return _exit(_fail(str(error)))
@@ -325,17 +309,13 @@ def _ended(state, params, args: argparse.Namespace, out=None) -> int:
 
 
 def _exit(code: int) -> int:
-    from prefect_hyperband.flows.process import exit_without_stuck
-
     return exit_without_stuck(code)
 
 
 def _temporary_server(launched=None) -> bool:
     """Prefect's temporary server started (or none needed): False; it did not start: one line, True."""
-    from prefect_hyperband.flows.process import ServerNotStarted, temporary_server
-
     try:
-        temporary_server(launched)
+        process.temporary_server(launched)
     except ServerNotStarted as exc:
         print(f"hyperband: error: {exc}", file=sys.stderr)
         return True
@@ -344,11 +324,7 @@ def _temporary_server(launched=None) -> bool:
 
 def preflight(params) -> str | None:
     """Everything that can be wrong with the input, checked before any training; a message or None."""
-    from prefect_hyperband.hyperband.space import SpaceError
-    from prefect_hyperband.common.errors import InputError
-
     from prefect_hyperband.flows.prepare import new_job_id, prepare
-    from prefect_hyperband.flows.process import start_timeout
 
     try:
         start_timeout()  # HYPERBAND_SERVER_START_TIMEOUT, a number of seconds
@@ -378,10 +354,6 @@ def _one_line(exc) -> str:
 def _flags_in(message: str) -> str:
     """A check across fields names them as Python and the Prefect form do (``min_resource``); on the command line,
     each as its flag (``--min-resource``), as is a value pydantic-settings could not parse."""
-    import re
-
-    from prefect_hyperband.flows.params import TuneParams
-
     parsed = re.match(r"Parsing error encountered for (\w+): (.*)", message)  # pydantic-settings' line for a flag
     if parsed:
         return f"--{parsed.group(1).replace('_', '-')}: cannot parse its value: {parsed.group(2)}"

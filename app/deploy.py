@@ -7,7 +7,9 @@ installed and nothing else: no checkout, no image, no remote storage (Prefect's 
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from prefect_hyperband.app.flags import EXIT_USAGE
 from prefect_hyperband.common.errors import InputError
 
 ENTRYPOINT = "prefect_hyperband.flows.tune:tune"
@@ -61,8 +64,6 @@ def deploy(
     """
     from prefect import deploy as prefect_deploy
     from prefect.deployments.runner import EntrypointType
-
-    import importlib
 
     chosen = choose(names)
     workdir = Path(working_dir).resolve()
@@ -124,9 +125,5 @@ def command(args: Any) -> int:
 
 
 def _fail(message: str) -> int:
-    import sys
-
-    from prefect_hyperband.app.flags import EXIT_USAGE
-
     print(f"hyperband: error: {message}", file=sys.stderr)
     return EXIT_USAGE

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any
+from typing import Annotated, Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from prefect_hyperband.app import worker
+from prefect_hyperband.flows.params import TYPE_METAVARS, TuneParams, field_facts
 
 EXIT_USAGE = 2
 
@@ -34,10 +39,6 @@ def _command_base():
 
 def study_model() -> type:
     """``hyperband scale``'s own parameters (its ``workers`` is a list of sizes)."""
-    from typing import Annotated, Optional
-
-    from pydantic import BaseModel, ConfigDict, Field
-
     class Study(BaseModel):
         model_config = ConfigDict(allow_inf_nan=False)  # as the job's own parameters
 
@@ -58,7 +59,6 @@ def _study_fields() -> dict[str, Any]:
 def _mount(parser: argparse.ArgumentParser, params_cls: type | None, **fields: Any) -> None:
     """Every field of ``params_cls`` (plus ``fields``, which replace or add) as a flag of ``parser``; the parsed
     namespace carries the source that reads them back as the fields given."""
-    from pydantic import create_model
     from pydantic_settings import CliSettingsSource
 
     base = _command_base()
@@ -70,8 +70,6 @@ def _mount(parser: argparse.ArgumentParser, params_cls: type | None, **fields: A
 def _add_argument(parser: argparse.ArgumentParser, *names: str, **kwargs: Any):
     """A flag as pydantic-settings builds it, its value named for what it is (its field's ``metavar``: PATH, URL,
     SECONDS, ...), not for its Python type; a choice keeps its {a,b,c}."""
-    from prefect_hyperband.flows.params import TYPE_METAVARS, field_facts
-
     field = next((n[2:].replace("-", "_") for n in names if n.startswith("--")), "")
     shown, metavar = str(kwargs.get("metavar", "")), field_facts(field).get("metavar")
     if metavar and not shown.startswith("list[int]"):  # scale's --workers is a list of sizes
@@ -89,12 +87,6 @@ def given(args: argparse.Namespace) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     """The CLI. ``tune``'s and ``scale``'s flags are generated from ``TuneParams``: a field
     added there is a flag here, with its description as the help."""
-    from typing import Optional
-
-    from pydantic import Field
-
-    from prefect_hyperband.flows.params import TuneParams
-
     parser = _Parser(prog="hyperband", description="Hyperband tuning as Prefect flows, tracked in MLflow.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -115,8 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "job_dir) from its saved state; same as --job-id JOB with resume.")))
     _output_flags(tune)
 
-    from prefect_hyperband.app import worker
-
     worker.add_parser(sub)
     study = sub.add_parser("scale", help="the tuning job at several cluster sizes: tuned vs transferred score, cost, speed")
     from pydantic_settings import CliSuppress
@@ -131,8 +121,6 @@ SCHEDULE = ("min_resource", "max_resource", "eta", "workers", "gpus", "device")
 
 
 def schedule_fields() -> dict[str, Any]:
-    from prefect_hyperband.flows.params import TuneParams
-
     return {n: (f.annotation, f) for n, f in TuneParams.model_fields.items() if n in SCHEDULE}
 
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 import sys
 import time
 
+import httpx
+
+from prefect_hyperband.common.errors import causes
+
 
 def started(tune, params):
     """The job's flow run, its final state; while Prefect's API cannot start it (its server or database restarting:
@@ -58,18 +62,12 @@ def api_not_ready() -> str | None:
 
 def unavailable(exc: BaseException) -> bool:
     """A server error (5xx), a timeout or no connection from the API, anywhere in the exception's chain."""
-    import httpx
-
-    from prefect_hyperband.common.errors import causes
-
     return any(isinstance(e, httpx.HTTPStatusError) and e.response.status_code >= 500
                or isinstance(e, (httpx.TransportError, ConnectionError)) for e in causes(exc))
 
 
 def one_line_of(exc: BaseException) -> str:
     """An API error in one line: the status and the request, or the exception's type and first line."""
-    import httpx
-
     if isinstance(exc, httpx.HTTPStatusError):
         return f"{exc.response.status_code} {exc.response.reason_phrase} for {exc.request.method} {exc.request.url}"
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 import sys
 from typing import Any
 
-from prefect_hyperband.tasks import prefect_internals
+from prefect_hyperband.common.errors import InputError, no_space
 from prefect_hyperband.flows.groups import FLOW_NAME as GROUP_FLOW
+from prefect_hyperband.flows.progress import LiveDisplay
+from prefect_hyperband.tasks import prefect_internals, tracking
+from prefect_hyperband.tasks.flavours import load_mlflow
 from prefect_hyperband.tasks.record import CUT_SHORT
 from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
-from prefect_hyperband.common.errors import InputError
 
 
 def live_display():
     """The live progress display when stderr is a terminal (``HYPERBAND_NO_LIVE=1`` turns it off); else None."""
     if not sys.stderr.isatty() or os.environ.get("HYPERBAND_NO_LIVE") == "1" or os.environ.get("TERM") == "dumb":
         return None
-    from prefect_hyperband.flows.progress import LiveDisplay
 
     return LiveDisplay(sys.stderr)
 
@@ -41,12 +43,7 @@ class JobLog:
     memory and written when it does (dropped if the input is refused)."""
 
     def __init__(self, verbose: bool) -> None:
-        import logging
-        import logging.handlers
-
         from prefect.logging.configuration import setup_logging
-
-        from prefect_hyperband.tasks.flavours import load_mlflow
 
         load_mlflow()  # MLflow configures its logger as it is imported; its handler is quieted here
 
@@ -67,8 +64,6 @@ class JobLog:
                         handler.setLevel(logging.WARNING)
 
     def open(self, path: str) -> None:
-        import logging
-
         os.makedirs(os.path.dirname(path), exist_ok=True)
         target = _JobLogFile(path, encoding="utf-8")
         target.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -91,8 +86,6 @@ class _JobLogFile(logging.FileHandler):
     why in one line)."""
 
     def handleError(self, record) -> None:
-        from prefect_hyperband.common.errors import no_space
-
         if no_space(sys.exc_info()[1]):
             return
         super().handleError(record)
@@ -203,8 +196,6 @@ API_LOGS = "prefect_hyperband.api_logs"
 
 
 def quiet_terminal(live: bool = False) -> None:
-    import logging
-
     from prefect.logging.configuration import setup_logging
     from prefect.logging.handlers import PrefectConsoleHandler
 
@@ -223,8 +214,6 @@ def quiet_terminal(live: bool = False) -> None:
 def mlflow_link(params, parent_run_id: str) -> str:
     """Where to see the job in MLflow's Model training view (the UI opens its GenAI view unless told otherwise): the
     parent run's page on a tracking server, or the command that serves a local store."""
-    from prefect_hyperband.tasks import tracking
-
     uri = tracking.tracking_uri(params.tracking_uri)
     if not uri.startswith(("http://", "https://")):
         return f"mlflow server --backend-store-uri {uri}, then the experiment's page with ?workflowType=machine_learning"

@@ -10,9 +10,18 @@ their heartbeats stop).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import signal
 import sys
+import tempfile
+import threading
+import time
 
+from prefect_hyperband.common.errors import first_line
+from prefect_hyperband.flows.worker_slots import SLOTS_MARK
+from prefect_hyperband.flows.worker_watch import claim_key, identifier
+from prefect_hyperband.tasks.prefect_internals import remembering_taken
 
 #: seconds a stopping worker waits for its subscription to end (its socket closed) before it hands back what it took
 CLOSE_WAIT = 5.0
@@ -32,8 +41,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or Ctrl-C, then hand back the trial-rungs it holds (``task_workers.hand_back``); one line
     and exit 2 without a Prefect server to serve."""
-    import os
-
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # its own log lines outside a task run have no flow run to go to (a task run's carry the job's settings, which
     # say the same: ``task_workers._outside_runs``)
@@ -101,8 +108,6 @@ def _ended(worker: list, wait: float) -> None:
     """Until Prefect's engine has ended every run the worker began (up to ``wait`` seconds): a run still ending as the
     process exits logs and emits its end after Python's shutdown began (a traceback per line, "can't register atexit
     after shutdown")."""
-    import time
-
     ends = time.monotonic() + wait
     while worker and worker[0].begun and time.monotonic() < ends:
         time.sleep(0.1)
@@ -112,9 +117,6 @@ def _unreadable(root: str | None) -> str | None:
     """Why the worker cannot use ``root`` (its ``--storage``), or None: a file written, read back and deleted."""
     if not root:
         return None
-    import os
-
-    from prefect_hyperband.common.errors import first_line
 
     key = f"claims/probe-{os.uname().nodename}-{os.getpid()}.json"
     try:
@@ -131,7 +133,6 @@ def _claims(root: str | None):
     """Where the worker notes the task runs it takes (``flows.worker_watch``): its ``--storage``; None without."""
     if not root:
         return None
-    import tempfile
 
     from prefect_hyperband.tasks.job import storage_at
 
@@ -141,9 +142,6 @@ def _claims(root: str | None):
 def _serve(served: object, limit: int, worker: list, claims=None) -> None:
     """Prefect's ``task_worker.serve`` with ``_slots_worker()`` for its ``TaskWorker``: on an event loop of its own, in
     a thread as ``serve``'s is (so that SIGTERM and Ctrl-C reach this thread, not the worker's), until it stops."""
-    import asyncio
-    import threading
-
     failed: list[BaseException] = []
 
     def run() -> None:
@@ -163,8 +161,6 @@ def _serve(served: object, limit: int, worker: list, claims=None) -> None:
 async def _aserve(served: object, limit: int, made: list, claims=None) -> None:
     """What ``prefect.task_worker.aserve`` does, with ``_slots_worker()``: a stop (Prefect's ``StopTaskWorker``, a
     cancel, an interrupt, alone or in the exception group its task group raises) ends it quietly."""
-    import asyncio
-
     from prefect.task_worker import StopTaskWorker
 
     worker = _slots_worker(claims)(served, limit=limit or None)  # (a TaskWorker is made inside its event loop)
@@ -184,13 +180,7 @@ def _slots_worker(claims=None) -> type:
     offers, ``~slots=<--limit>`` (``flows.worker_slots``): a job counts its workers' slots from the server's list.
     With ``claims`` (its ``--storage``), it notes each task run it takes there as it takes it, before it waits for a
     slot (``flows.worker_watch``): a job whose run it holds knows it is gone as soon as the server does."""
-    import asyncio
-
     from prefect.task_worker import TaskWorker
-
-    from prefect_hyperband.flows.worker_slots import SLOTS_MARK
-    from prefect_hyperband.flows.worker_watch import claim_key, identifier
-    from prefect_hyperband.tasks.prefect_internals import remembering_taken
 
     class SlotsWorker(remembering_taken(TaskWorker)):  # type: ignore[misc]
         @property

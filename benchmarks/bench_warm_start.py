@@ -81,7 +81,8 @@ def bench_ddp(trials: int, out: Path) -> dict[str, float]:
 def bench_xgboost(trials: int, out: Path) -> dict[str, float]:
     """Per-trial wall and start cost of one-unit XGBoost-on-Dask trials, cold and warm."""
     from prefect_hyperband.trainers.data import DataSpec, load
-    from prefect_hyperband.trainers.xgboost_trainer import DEFAULT_CONFIG, XGBoostTrainer
+    from prefect_hyperband.trainers.xgboost_config import DEFAULT_CONFIG
+    from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
     from prefect_hyperband.executors.dask_groups import xgboost_on
 
     spec = DataSpec("bank-marketing")

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import math
+import os
+import shutil
+
 
 class InputError(ValueError):
     """Bad user input (a flag, a data file, a search space); its message names the fix."""
@@ -10,9 +15,6 @@ class InputError(ValueError):
 def seconds_from_env(name: str, default: float) -> float:
     """A number of seconds the user set in the environment variable ``name`` (``default`` when unset); a value
     that is not a positive number is an ``InputError`` naming the variable."""
-    import math
-    import os
-
     raw = os.environ.get(name, "").strip()
     if not raw:
         return float(default)
@@ -57,17 +59,12 @@ def causes(exc: BaseException | None, limit: int = 20):
 
 def no_space(exc: BaseException | None) -> bool:
     """The error, or one it came from, is a full disk (``ENOSPC``, ``EDQUOT``, or a library's words for it)."""
-    import errno
-
     return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
                or any(words in str(e).lower() for words in _FULL_WORDS) for e in causes(exc))
 
 
 def full_disk(path: str) -> str:
     """The reason a job stops on a full disk: the path it could not write and the space its filesystem has."""
-    import os
-    import shutil
-
     where = os.path.abspath(path)
     while where and not os.path.exists(where):
         where = os.path.dirname(where)

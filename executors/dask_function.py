@@ -18,15 +18,14 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from prefect_hyperband.trainers import stopping
+from prefect_hyperband.executors.dask_ranks import DaskRanks, OnDask
 from prefect_hyperband.executors.dask_script import CANCEL_POLL, code_here, pack, shipped, unpack
+from prefect_hyperband.trainers import function, stopping
 
 
 def function_rank(job: Mapping[str, Any], env: Mapping[str, str], data: Any, previous: bytes | None,
                   timeout: float) -> dict[str, Any]:
     """One trial-rung of the function, in a Dask worker: its metrics, reports, seconds and checkpoint files."""
-    from prefect_hyperband.trainers import function
-
     with tempfile.TemporaryDirectory(prefix="hyperband-function-") as tmp:
         fn = job.get("fn") or function.load(f"{code_here(job, Path(tmp))}:{job['name']}")
         restored = Path(tmp, "previous") if previous is not None else None
@@ -80,6 +79,4 @@ def run_function(ranks: Any, trainer: Any, trial: Any, checkpoint_dir: Path | No
 def function_on(address: str) -> Callable[[Any], Any]:
     """The user function's placement on the cluster at ``address``: a trial-rung on any free worker (groups of one,
     no rendezvous)."""
-    from prefect_hyperband.executors.dask_ranks import DaskRanks, OnDask
-
     return lambda trainer: OnDask(DaskRanks(address, 1, rendezvous=False), run_function)

@@ -11,12 +11,13 @@ other workers regroup with the workers that joined since.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 from typing import Any, Callable, Iterator
 
-from prefect_hyperband.trainers import stopping
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers import stopping
 
 #: seconds between looks for a free group
 POLL = 0.5
@@ -223,8 +224,6 @@ class XGBoostOnDask:
         if address:
             self.client = connect(address, workers)
         else:
-            import logging
-
             from distributed import Client, LocalCluster
 
             self.cluster = LocalCluster(n_workers=workers, threads_per_worker=max(1, trainer.nthread // workers),

@@ -26,6 +26,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from prefect_hyperband.executors.dask_ranks import DaskRanks, OnDask
+from prefect_hyperband.trainers.script import ScriptFailed, exit_failure, kill_group, reported_at, script_env
+
 #: seconds between looks at a rank's process
 POLL = 0.2
 #: seconds between looks at the trial-rung's cancel event (an RPC to the scheduler)
@@ -81,8 +84,6 @@ def script_rank(job: Mapping[str, Any], env: Mapping[str, str], data: Any, previ
                 timeout: float) -> dict[str, Any]:
     """One rank of one trial-rung, in a Dask worker: run the script under the contract; its checkpoint files,
     and on rank 0 its reports, come back. A non-zero exit raises ``ScriptFailed`` with the rank's last lines."""
-    from prefect_hyperband.trainers.script import ScriptFailed, exit_failure, kill_group, script_env
-
     rank = int(env["RANK"])
     with tempfile.TemporaryDirectory(prefix="hyperband-script-") as tmp:
         script = code_here(job, Path(tmp))
@@ -126,8 +127,6 @@ def _after_work(rank: int, job: Mapping[str, Any], reports: Path, rank0_done: An
     (its event, waited for ``RACE_WAIT`` seconds). An exit before the work leaves rank 0 waiting in a collective:
     no event, and the rank fails as before (its peers are then cancelled). Whether the checkpoint all ranks sent
     back is complete is the trainer's question (``ScriptTrainer._kept_after_exit``)."""
-    from prefect_hyperband.trainers.script import reported_at
-
     if rank == 0:
         return reported_at(reports, job.get("metric", ""), int(job["env"]["HYPERBAND_RESOURCE"]))
     return rank0_done is not None and bool(rank0_done.wait(RACE_WAIT))
@@ -150,6 +149,4 @@ def run_script(ranks: Any, trainer: Any, config: Mapping[str, Any], env: Mapping
 def script_on(address: str) -> Callable[[Any], Any]:
     """The user script's placement on the cluster at ``address``: its ``trainer.workers`` ranks on a group of as
     many workers, meeting at a new port each trial-rung (the script's processes end)."""
-    from prefect_hyperband.executors.dask_ranks import DaskRanks, OnDask
-
     return lambda trainer: OnDask(DaskRanks(address, trainer.workers), run_script)

@@ -16,20 +16,20 @@ are handed out.
 
 from __future__ import annotations
 
+import signal
 from collections import Counter
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
+from prefect_hyperband.common.errors import first_line, no_space, seconds_from_env, unavailable
 from prefect_hyperband.hyperband.criteria import Goal
 from prefect_hyperband.hyperband.first import is_baseline
 from prefect_hyperband.hyperband.journal import Journal
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler
-from prefect_hyperband.hyperband.trial import ended
-from prefect_hyperband.hyperband.trial import TrialRung
+from prefect_hyperband.hyperband.trial import TrialRung, ended
 from prefect_hyperband.tasks.result import Outcome  # (re-exported: the loop's protocol speaks it)
 from prefect_hyperband.trainers.base import TrainResult
-from prefect_hyperband.common.errors import first_line, no_space, seconds_from_env, unavailable
 
 #: a trial-rung whose orchestration (not its trainer) failed is run again this many times
 ORCHESTRATION_RETRIES = 2
@@ -96,8 +96,6 @@ class JobStopped(Exception):
 
 
 def signal_name(signum: int) -> str:
-    import signal
-
     try:
         return signal.Signals(signum).name
     except ValueError:

@@ -8,6 +8,9 @@ import threading
 import time
 from typing import Callable, TypeVar
 
+from prefect_hyperband.common.errors import first_line, unavailable
+from prefect_hyperband.tasks.service_wait import client_waits
+
 #: seconds between tries of a Prefect API that does not answer, and the least a trial-rung waits for it
 API_RETRY_SECONDS = 1.0
 API_WAIT_AT_LEAST = 60.0
@@ -25,9 +28,6 @@ def answering(call: Callable[[], T]) -> tuple[T, bool]:
     answer (its server or database restarting), for as long as the job waits for MLflow (``--service-wait``:
     ``service_wait.client_waits``), and whether it waited. One warning line per outage for the whole process (its
     trial-rungs all wait); past the bound, the error (the loop stops the job: exit 75, ``--resume``)."""
-    from prefect_hyperband.tasks.service_wait import client_waits
-    from prefect_hyperband.common.errors import first_line, unavailable
-
     began, waited = time.monotonic(), False
     while True:
         try:

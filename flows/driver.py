@@ -12,13 +12,15 @@ from typing import Any, Callable
 
 from prefect import get_run_logger
 
-from prefect_hyperband.flows import runner
+from prefect_hyperband.common.errors import shown
 from prefect_hyperband.executors.loop import Drive, JobStopped, Loop, Outcome, stop_grace
 from prefect_hyperband.executors.threads import RealClock, ThreadExecutor
 from prefect_hyperband.executors.tracker import MlflowTracker
 from prefect_hyperband.flows import progress as display
+from prefect_hyperband.flows import runner
 from prefect_hyperband.flows.groups import Groups
 from prefect_hyperband.flows.state import StateWriter
+from prefect_hyperband.flows.worker_slots import LiveSlots, slot_count
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.criteria import Criteria, Goal
 from prefect_hyperband.hyperband.first import PRIOR_BRACKET, PRIOR_TRIAL, is_baseline
@@ -31,7 +33,6 @@ from prefect_hyperband.tasks.record import close_trial_runs
 from prefect_hyperband.tasks.trials import promote_rung
 from prefect_hyperband.tasks.writer import Writer
 from prefect_hyperband.trainers import factory, stopping
-from prefect_hyperband.common.errors import shown
 
 #: seconds between progress-artifact updates: one API write per interval, not per result
 PROGRESS_INTERVAL = 2.0
@@ -95,7 +96,6 @@ def _slots(job: Job) -> Callable[[], int] | None:
     if not (job.task_workers and job.follow_workers):
         return None
     from prefect_hyperband.flows.task_workers import key_of
-    from prefect_hyperband.flows.worker_slots import LiveSlots, slot_count
 
     key = key_of(job.task_storage)  # the workers reading the job's storage (``worker_slots``)
     return LiveSlots(job.concurrency, lambda: slot_count(key))

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefect_hyperband.common.errors import unavailable
+from prefect_hyperband.tasks import tracking
+
 #: the states a lost process leaves its runs in
 _OPEN = ["PENDING", "RUNNING", "SCHEDULED", "CANCELLING", "PAUSED"]
 #: at most this many task runs are ended (the API's page; a job's slots are in flight, the rest finished)
@@ -22,8 +25,15 @@ def end_lost_flow_run(lost: dict[str, Any], by: str, logger) -> int:
     that does not know them (another Prefect server, a temporary one) or fails: one warning line, the job goes on."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
-        FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId, FlowRunFilterState, FlowRunFilterStateType,
-        TaskRunFilter, TaskRunFilterFlowRunId, TaskRunFilterState, TaskRunFilterStateType,
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterParentFlowRunId,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
     )
     from prefect.states import Crashed
 
@@ -60,9 +70,6 @@ def end_lost_flow_run(lost: dict[str, Any], by: str, logger) -> int:
 def end_orphan_runs(job: Any, records: list, runs: dict[str, str], logger) -> list[str]:
     """Child runs of trials this job does not hold (created by a process killed before it saved them, and not
     sampled again): ended ``KILLED`` with ``hyperband.status`` ``abandoned``; their run ids."""
-    from prefect_hyperband.tasks import tracking
-    from prefect_hyperband.common.errors import unavailable
-
     known = {t.trial_id for t in records}
     orphans = [run_id for trial_id, run_id in runs.items() if trial_id not in known]
     for run_id in orphans:

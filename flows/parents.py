@@ -13,12 +13,15 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.hyperband import schedule, warm
-from prefect_hyperband.hyperband.promotion import as_direction, best_key, failed, first as first_value
+from prefect_hyperband.hyperband.promotion import as_direction, best_key, failed
+from prefect_hyperband.hyperband.promotion import first as first_value
 from prefect_hyperband.hyperband.space import parse
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers import registry
-from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers.tables import lineage_of
 
 
 def facts(job: Job, params: Any) -> dict[str, Any]:
@@ -27,7 +30,6 @@ def facts(job: Job, params: Any) -> dict[str, Any]:
     digest = lineage = None
     if model.reads_data and not model.user_code:
         from prefect_hyperband.tasks.datasets import content_digest
-        from prefect_hyperband.trainers.tables import lineage_of
 
         try:
             digest = content_digest(job.settings.data)
@@ -159,7 +161,6 @@ def overall_best(job: Job, best: dict[str, Any] | None) -> dict[str, Any] | None
 
 def _old_facts(job: Job, record: dict[str, Any]) -> dict[str, Any]:
     """The facts of a job recorded before they were kept: worked out again from its parameters."""
-    from prefect_hyperband.flows.params import TuneParams
     from prefect_hyperband.flows.search_space import job_objectives, job_space
     from prefect_hyperband.trainers.data import DataSpec
 

@@ -10,22 +10,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect_hyperband.flows import parents
-from prefect_hyperband.flows.params import TuneParams, may_change_on_resume
-from prefect_hyperband.flows.search_space import job_objectives, job_space
-from prefect_hyperband.flows.lock import check_free
-from prefect_hyperband.flows.state import check_resumable, job_store, load_job_record
-from prefect_hyperband.hyperband import schedule
-from prefect_hyperband.tasks import storage as storages
-from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks import mlflow_input
-from prefect_hyperband.tasks.tracking import check_reachable, tracking_uri
+from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.executors import dask_groups
 from prefect_hyperband.executors.loop import stop_grace
-from prefect_hyperband.trainers import gpus, registry
+from prefect_hyperband.flows import parents
+from prefect_hyperband.flows.lock import check_free
+from prefect_hyperband.flows.params import TuneParams, may_change_on_resume
+from prefect_hyperband.flows.search_space import job_objectives, job_space
+from prefect_hyperband.flows.state import check_resumable, job_store, load_job_record
+from prefect_hyperband.flows.worker_slots import slot_count, storage_name
+from prefect_hyperband.hyperband import schedule
+from prefect_hyperband.tasks import mlflow_input
+from prefect_hyperband.tasks import storage as storages
+from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.tracking import check_reachable, tracking_uri
 from prefect_hyperband.trainers import data as datasets
-from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers import gpus, registry
 from prefect_hyperband.trainers.factory import TrainerSettings
+from prefect_hyperband.trainers.tables import lineage_of
 
 
 def _on_every_machine(path: str | None, pool: str | bool | None) -> str | None:
@@ -166,7 +168,6 @@ def _check_data_unchanged(params: TuneParams, model, job_id: str, record: dict[s
     saved = ((record or {}).get("facts") or {}).get("data_lineage")
     if not params.resume or not saved or not model.reads_data or model.user_code:
         return
-    from prefect_hyperband.trainers.tables import lineage_of
 
     now = lineage_of(params.data)
     if now and now["digest"] != saved["digest"] and params.allow_data_change and saved.get("features"):
@@ -244,7 +245,6 @@ def _task_storage(params: TuneParams) -> str | None:
     """``--storage`` as every machine names it (a local path made absolute), for ``--task-workers`` only."""
     if not (params.task_workers and params.storage):
         return None
-    from prefect_hyperband.flows.worker_slots import storage_name
 
     return storage_name(params.storage)
 
@@ -279,7 +279,6 @@ def _concurrency(params: TuneParams, gpu_ids: tuple[int, ...] | None = None) -> 
         return pool_concurrency(params.trial_pool)
     if params.task_workers and not params.concurrency:
         from prefect_hyperband.flows.task_workers import key_of
-        from prefect_hyperband.flows.worker_slots import slot_count
 
         return slot_count(key_of(_task_storage(params)))
     size = dask_groups.cluster_size(params.dask_address, params.workers) if params.dask_address else None

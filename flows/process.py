@@ -5,9 +5,12 @@ server (started in its own session, stopped). The Prefect internals it needs for
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
+import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -15,7 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import httpx
+
+from prefect_hyperband.common.errors import InputError, seconds_from_env
+from prefect_hyperband.common.files import file_lock
+from prefect_hyperband.common.ports import free_port
 from prefect_hyperband.executors.loop import signal_name
+from prefect_hyperband.executors.threads import stuck
+from prefect_hyperband.flows.server import OUR_APP, batch_server_writes
 from prefect_hyperband.tasks import prefect_internals
 from prefect_hyperband.trainers.stopping import StopToken
 
@@ -87,9 +97,6 @@ def launch_temporary_server() -> Launched | None:
 
     if PREFECT_API_URL.value():
         return None
-    from prefect_hyperband.flows.server import batch_server_writes
-    from prefect_hyperband.common.files import file_lock
-    from prefect_hyperband.common.ports import free_port
 
     batch_server_writes()  # the server inherits them: its event consumers write in batches
     held = contextlib.ExitStack()
@@ -120,8 +127,6 @@ class ServerNotStarted(ConnectionError):
 
 def start_timeout() -> float:
     """``HYPERBAND_SERVER_START_TIMEOUT`` in seconds (``InputError`` for a value that is not one)."""
-    from prefect_hyperband.common.errors import seconds_from_env
-
     return seconds_from_env(START_TIMEOUT, START_TIMEOUT_DEFAULT)
 
 
@@ -142,8 +147,6 @@ def temporary_server(launched: Launched | None = None, say: Callable[[str], None
         if PREFECT_API_URL.value():
             return None
     from prefect.server.api import server as prefect_server
-
-    from prefect_hyperband.common.errors import InputError
 
     try:
         bound = start_timeout()
@@ -181,7 +184,6 @@ def _left_starting(instance: Any) -> Launched | None:
     process = prefect_internals.process_of(instance)
     if instance.running or process is None or process.poll() is not None:
         return None
-    from prefect_hyperband.common.files import file_lock
 
     held = contextlib.ExitStack()
     held.enter_context(file_lock(_server_log().with_name("temporary-server.lock")))
@@ -196,8 +198,6 @@ def _wait_for_health(launched: Launched, bound: float, say: Callable[[str], None
     """Until the launched server answers ``/api/health``: one line past ``SAY_AFTER`` seconds, a new process on a
     new port when it exits 3 (its port was taken meanwhile), ``ServerNotStarted`` when it exits otherwise or past
     ``bound`` seconds since its launch (wall time: Prefect's own wait counts only its sleeps)."""
-    from prefect_hyperband.common.ports import free_port
-
     begun = launched.began
     said = False
     while not _healthy(launched.port):
@@ -224,8 +224,6 @@ def _wait_for_health(launched: Launched, bound: float, say: Callable[[str], None
 
 def _healthy(port: int) -> bool:
     """The server on ``port`` answers ``GET /api/health`` with 200 (as Prefect's start asks)."""
-    import httpx
-
     try:
         return httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=5).status_code == 200
     except httpx.HTTPError:
@@ -236,12 +234,8 @@ def _uvicorn(port: int) -> Any:
     """Prefect's temporary server process (the command and environment of ``SubprocessASGIServer``'s
     ``_run_uvicorn_command``, kept equal by a test) with ``flows.server``'s app, in a session of its own, dying
     with the job, its output in a log file."""
-    import subprocess
-
     import prefect
     from prefect.settings import get_current_settings
-
-    from prefect_hyperband.flows.server import OUR_APP
 
     argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory", OUR_APP,
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
@@ -258,9 +252,6 @@ def kept_popen(argv: list[str], **kwargs: Any) -> Any:
     thread that waits on it: Linux sends that signal when the *thread* that started the child ends, and a job
     started in a thread (``hb.tune`` from a pool) ended its thread while another job of the process still used the
     server (measured: the child of an ended thread is SIGTERMed at once)."""
-    import queue
-    import subprocess
-
     started: queue.Queue[Any] = queue.Queue()
 
     def keep() -> None:
@@ -290,8 +281,6 @@ def _server_log() -> Path:
 def _die_with_parent() -> None:
     """In the server's process, before it runs: SIGTERM it when the job's process dies, even by SIGKILL (Linux)."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except Exception:
         pass
@@ -303,8 +292,6 @@ def big_blocks_to_the_os() -> None:
     such blocks come from the arena of the thread that asked and stay there: a job scoring 1.8 million validation
     rows (a 1 GB table on Dask, the AUC's sorts and ranks, ~80 MB) in a new thread per trial-rung grew its process by
     ~54 MB per trial-rung (542 -> 975 MB over six); with the threshold fixed it stayed at 542-553 MB."""
-    import ctypes
-
     try:
         ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD (malloc.h), 1 MiB
     except (OSError, AttributeError):  # not glibc: its own allocator's policy
@@ -315,8 +302,6 @@ def exit_without_stuck(code: int) -> int:
     """``code``, or, when a training given up on its timeout or a stop's grace still runs in this process (user
     code that hangs and never reports), exit now: Prefect's workers drained, the temporary server stopped, the
     hung thread not waited for."""
-    from prefect_hyperband.executors.threads import stuck
-
     hung = stuck()
     if not hung:
         return code

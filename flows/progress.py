@@ -13,6 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from prefect_hyperband.hyperband.first import PRIOR_BRACKET
+
 
 @dataclass(frozen=True)
 class Start:
@@ -73,8 +78,6 @@ def stop() -> None:
 
 def _label(s: int) -> str:
     """A bracket's line: ``bracket s=3``, or the priors' mode trained first (``--prior-first``)."""
-    from prefect_hyperband.hyperband.first import PRIOR_BRACKET
-
     return "prior's mode at R" if s == PRIOR_BRACKET else f"bracket s={s}"
 
 
@@ -83,8 +86,6 @@ class LiveDisplay:
     on stderr, left on screen when the job ends (``transient=False``)."""
 
     def __init__(self, stream: Any = None) -> None:
-        from rich.console import Console
-
         self.console = Console(file=stream or sys.stderr)
         self.progress: Any = None
         self.tasks: dict[int, Any] = {}
@@ -95,8 +96,6 @@ class LiveDisplay:
         self.metric = ""
 
     def start(self, event: Start) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         self.metric = event.metric
         self.progress = Progress(
             TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),

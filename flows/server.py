@@ -31,6 +31,8 @@ import os
 from contextvars import ContextVar
 from typing import Any, Callable
 
+from prefect_hyperband.tasks.prefect_internals import sqlite_begin_immediate
+
 BATCHED_WRITES = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "200",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
@@ -59,8 +61,6 @@ def create_app() -> Any:
     """Prefect's server application (``PREFECTS_APP``, its settings from the environment), where on SQLite the
     ``READ_THEN_INSERT`` requests begin their transaction IMMEDIATE (see the module's notes)."""
     from prefect.server.api.server import create_app as prefects
-
-    from prefect_hyperband.tasks.prefect_internals import sqlite_begin_immediate
 
     sqlite_begin_immediate(_immediate.get)
     app = prefects()

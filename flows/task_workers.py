@@ -43,11 +43,13 @@ import time
 import types
 from dataclasses import asdict
 from typing import Any, Callable
+from uuid import UUID
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 
+from prefect_hyperband.common.errors import seconds_from_env
 from prefect_hyperband.flows import work_pool, worker_slots, worker_watch
 from prefect_hyperband.flows.api_wait import answering
 from prefect_hyperband.hyperband.trial import TrialRung
@@ -56,7 +58,6 @@ from prefect_hyperband.tasks.job import Job, storage_at
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
 from prefect_hyperband.trainers.base import TrainResult
-from prefect_hyperband.common.errors import seconds_from_env
 
 TASK_NAME = "hyperband-trial-rung"
 #: seconds between reads of a trial-rung's task run (a work pool's flow run is read every 0.5 s: it takes seconds to
@@ -162,8 +163,6 @@ def hand_back(why: str = HANDED_BACK, wait: float = HAND_BACK_WAIT, taken: Any =
     taken run to no other worker). Their jobs run those trial-rungs again at once, not a heartbeat timeout later (a late
     result is refused: ``_given_up``). Their trainings are asked to stop, and waited for up to ``wait`` seconds (each
     ends at its next unit). The runs handed back, leaving out those in ``besides`` (handed back already)."""
-    from uuid import UUID
-
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
 

@@ -30,18 +30,18 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, Iterator
 
 from prefect import flow
 from prefect.context import FlowRunContext
 
+from prefect_hyperband.common.errors import InputError, seconds_from_env
 from prefect_hyperband.hyperband.scheduler import TrialRung
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
 from prefect_hyperband.trainers.base import TrainResult
-from prefect_hyperband.common.errors import InputError, seconds_from_env
 
 FLOW_NAME = "hyperband-trial"
 #: seconds between a trial flow run's heartbeats (written to the job's storage)
@@ -268,8 +268,6 @@ def outcome_of(result: dict[str, Any]) -> tuple[TrainResult | None, Evaluation |
 
 
 def _trial_json(trial_rung: TrialRung) -> dict[str, Any]:
-    from dataclasses import asdict
-
     return asdict(trial_rung)
 
 

@@ -8,8 +8,12 @@ identifier on the server ends in ``SLOTS_MARK`` and its ``--limit`` (``app.worke
 
 from __future__ import annotations
 
+import hashlib
 import time
+from pathlib import Path
 from typing import Any, Callable
+
+from prefect_hyperband.tasks.storage import is_local
 
 #: how ``who_serves`` begins when some worker serves the job's code
 SERVED = "workers serve this code"
@@ -22,17 +26,11 @@ STORE_SEP = "_on_"
 def storage_digest(storage: str | None) -> str:
     """A short name for the storage a job's trial-rungs' parameters travel through (``--storage``, as
     ``storage_name`` writes it; None: Prefect's task-scheduling storage), part of their task's key."""
-    import hashlib
-
     return hashlib.sha256(storage_name(storage).encode()).hexdigest()[:12] if storage else "prefect"
 
 
 def storage_name(storage: str | None) -> str:
     """``--storage`` as every machine names it: a local path absolute (``file://`` dropped), a URL as given."""
-    from pathlib import Path
-
-    from prefect_hyperband.tasks.storage import is_local
-
     if not storage:
         return ""
     return str(Path(storage.removeprefix("file://")).resolve()) if is_local(storage) else storage

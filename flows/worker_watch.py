@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from prefect_hyperband.flows.worker_slots import SLOTS_MARK, serving
+
 #: seconds a worker must be missing from the server's list, at every look, to be gone
 GONE_SECONDS = 3.0
 #: seconds between reads of the server's list (shared by a job's trial-rungs)
@@ -27,8 +29,6 @@ CLAIMS = "claims"
 
 def identifier(listed: str) -> str:
     """A worker's own identifier (Prefect's ``<machine>-<pid>``) from the server's (which may end in its slots)."""
-    from prefect_hyperband.flows.worker_slots import SLOTS_MARK
-
     return listed.split(SLOTS_MARK, 1)[0]
 
 
@@ -76,8 +76,6 @@ class Roster:
 def _listed() -> set[str]:
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-
-    from prefect_hyperband.flows.worker_slots import serving
 
     with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0}), get_client(sync_client=True) as client:
         return set(serving(client))

@@ -8,6 +8,7 @@ scores each parameter; the scores sum to 1. With several objectives, one score s
 
 from __future__ import annotations
 
+import importlib
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -50,8 +51,6 @@ class Importance:
 def preload() -> None:
     """Import what ``importance`` needs (Optuna and its evaluators: about 3 s of one core here), so that a job can
     pay for it before its results arrive."""
-    import importlib
-
     importlib.import_module("optuna.importance")
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, first, rank, several, sign
+from prefect_hyperband.hyperband.sampler import plain
 from prefect_hyperband.hyperband.schedule import brackets
 from prefect_hyperband.hyperband.space import Space
 
@@ -113,8 +114,6 @@ class PriorBandSampler:
 
     # -- persistence -------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        from prefect_hyperband.hyperband.sampler import plain
-
         return {
             "kind": "priorband", "seed": self.seed,
             "direction": list(self.direction) if several(self.direction) else self.direction,

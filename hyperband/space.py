@@ -14,11 +14,12 @@ from (``hyperband.priors``); every other sampler ignores them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
+import yaml
 
 TYPES = ("float", "int", "categorical")
 CONFIDENCES = ("low", "medium", "high")
@@ -85,8 +86,6 @@ def parse(raw: Any, known: Iterable[str] | None = None, model: str = "the model"
 
 def load(path: str | Path, known: Iterable[str] | None = None, model: str = "the model") -> Space:
     """A space from a YAML file."""
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise SpaceError(f"search space file {str(path)!r} not found")
@@ -102,8 +101,6 @@ def load(path: str | Path, known: Iterable[str] | None = None, model: str = "the
 def _unique_keys_loader():
     """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one silently: a
     parameter written twice would be the second one without a word)."""
-    import yaml
-
     class UniqueKeys(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
             seen = set()
@@ -175,8 +172,6 @@ def _param(name: str, spec: Any, allowed: set[str] | None, model: str) -> Param:
 
 def _belief(param: Param, spec: Mapping[str, Any]) -> Param:
     """The parameter with its ``prior`` and ``confidence``, checked: a value it can take, a known confidence."""
-    from dataclasses import replace
-
     prior, confidence = spec.get("prior"), spec.get("confidence")
     if param.type != "categorical":
         prior = _number(prior)

@@ -16,6 +16,7 @@ are mapped under this name by ``pyproject.toml``. Importing this module imports 
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,6 @@ __all__ = ["EveryTrialFailed", "JobCancelled", "JobResult", "StopToken", "Trial"
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'prefect_hyperband' has no attribute {name!r}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
+import sys
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
@@ -110,9 +112,6 @@ def registered(c: Any, name: str, run_id: str, job_id: str, step: int) -> int | 
 def _to_logger() -> Iterator[None]:
     """MLflow's prints to stderr ("Successfully registered model ...") as INFO lines of its ``mlflow`` logger, which
     the CLI keeps in the job's log file (and shows with ``--verbose``). Only this thread's prints are moved."""
-    import logging
-    import sys
-
     original = sys.stderr
     logger = logging.getLogger("mlflow")
     me = threading.get_ident()

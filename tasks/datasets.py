@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import warnings
 from typing import Any
 
+import numpy as np
+
 from prefect_hyperband.trainers import data as datasets
 from prefect_hyperband.trainers import tables
 from prefect_hyperband.trainers.data import DataSpec
+from prefect_hyperband.trainers.layout import read_part
 
 CONTEXTS = ("training", "validation")
 _SOURCES = {
@@ -39,8 +43,6 @@ def content_digest(spec: DataSpec) -> str:
     """The data's digest whatever its split (seed, validation fraction): every row, features and target, in a
     sorted order. Two jobs on the same data have the same one (``--warm-start`` compares them). A table in parts:
     its files' listing (names, sizes, ETags or times), never its rows."""
-    import numpy as np
-
     if spec.data not in _SOURCES and tables.in_parts(spec.data):
         return "listing-" + tables.find(spec.data).digest
     ds = datasets.load(spec)
@@ -83,8 +85,6 @@ SAMPLE_ROWS = 10_000
 def _first_part(spec: DataSpec) -> datasets.Dataset:
     """A table in parts as the first ``SAMPLE_ROWS`` rows of its first part: the job's process reads no more of it
     for its lineage."""
-    from prefect_hyperband.trainers.layout import read_part
-
     table, shape = tables.find(spec.data), datasets.layout_of(spec)
     X_train, y_train, X_val, y_val = read_part(table, table.parts[0], shape, spec.seed, spec.validation_fraction,
                                                limit=SAMPLE_ROWS)
@@ -133,7 +133,6 @@ def _entities(spec: DataSpec) -> tuple[Any, ...]:
         entities = tuple(d._to_mlflow_entity() for d in mlflow_datasets(spec))
     if spec.data in _SOURCES or not tables.in_parts(spec.data):
         return entities
-    import json
 
     from mlflow.entities import Dataset as Entity
 

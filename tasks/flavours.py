@@ -4,6 +4,7 @@ for the job's terminal."""
 
 from __future__ import annotations
 
+import importlib
 import tempfile
 from typing import Any, Mapping
 
@@ -13,8 +14,6 @@ from prefect_hyperband.trainers.base import Flavoured
 def log_flavoured(described: Flavoured, tags: Mapping[str, str] | None = None) -> Any:
     """``mlflow.<flavour>.log_model`` of the described model in the active run, as ``model``, with its signature,
     input example, requirements, code and ``tags``; MLflow's ``ModelInfo``."""
-    import importlib
-
     from mlflow.models import infer_signature
 
     flavour = importlib.import_module(f"mlflow.{described.flavour}")

@@ -15,9 +15,10 @@ from typing import Any, Callable
 
 from prefect_hyperband.hyperband import space as spaces
 from prefect_hyperband.hyperband.importance import Importance, importance
+from prefect_hyperband.hyperband.importance import preload as importance_preload
 from prefect_hyperband.tasks import tracking
 from prefect_hyperband.tasks.record import ends_the_job, retrying
-from prefect_hyperband.tasks.report import warn_failure, figure
+from prefect_hyperband.tasks.report import figure, warn_failure
 
 IMPORTANCE_KEY = "hyperband-importance"
 #: ASHA: seconds between the importances computed while results arrive (``Live``)
@@ -100,8 +101,6 @@ def preload() -> None:
     Measured on an ASHA job of instant trials (``--concurrency 8``, 60 s): imported by the first live computation, 31 s
     in, while results came at about 28/s, Prefect's event sender fell behind and stayed behind (its queue 3,553
     events at the 60 s end, the process 493 MiB); with ``--importance none`` its queue peaked at 369 and drained."""
-    from prefect_hyperband.hyperband.importance import preload as importance_preload
-
     importance_preload()
     figure(1.0, 1.0)  # the chart's imports, by the one function that makes the job's figures (a blank one, dropped)
 

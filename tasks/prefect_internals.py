@@ -44,10 +44,17 @@ Read or called:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import logging
+import ssl
+import subprocess
 import threading
+import types
 from typing import Any, Callable, Iterator
+
+import websockets.exceptions
 
 #: the versions these patches were written and tested for (the suite passed on each: the oldest the package declares
 #: and the newest released)
@@ -92,8 +99,6 @@ def sqlite_begin_immediate(when: Callable[[], bool]) -> None:
 def starting_our_app(popen: Callable[..., Any]) -> contextlib.AbstractContextManager[None]:
     """Inside the block, ``subprocess.Popen`` is ``popen`` (``flows.server.with_our_app``): Prefect's test harness
     starts its server through it, with no parameter for the application."""
-    import subprocess
-
     return _replaced(subprocess, "Popen", popen)
 
 
@@ -150,8 +155,6 @@ def remembering_taken(task_worker: type) -> type:
             self.ended = threading.Event()  # its subscription is over: no run arrives any more
 
         async def _subscribe_to_task_scheduling(self) -> None:
-            import asyncio
-
             import prefect.task_worker
 
             self.loop = asyncio.get_running_loop()
@@ -195,8 +198,6 @@ def remembering_taken(task_worker: type) -> type:
 
 def _close(worker: Any, timeout: float) -> bool:
     """``remembering_taken``'s ``close_subscription``."""
-    import asyncio
-
     worker.closed = True
     socket = getattr(worker.subscription, "_websocket", None)
     if socket is not None and worker.loop is not None and not worker.loop.is_closed():
@@ -211,8 +212,6 @@ class _Closed(Exception):
 def _ending(subscription: type, worker: Any) -> type:
     """Prefect's ``Subscription`` (``prefect.client.subscriptions``), kept on ``worker`` and ended once it is closed:
     its socket closed under it, or a reconnection it would make, ends the iteration."""
-    import websockets.exceptions
-
     class Ending(subscription):  # type: ignore[misc,valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -241,10 +240,6 @@ def shared_tls_context() -> None:
     parsed: 13 ms of CPU, a task worker's largest cost per task run after the training); the same verified context,
     made once per certificate file, for all of them. An unverified one (``PREFECT_API_TLS_INSECURE_SKIP_VERIFY``,
     changed after it is made) is still made each time."""
-    import functools
-    import ssl
-    import types
-
     import prefect.client.orchestration as orchestration
 
     if getattr(orchestration.ssl, "hyperband", False):

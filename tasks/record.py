@@ -5,18 +5,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
+from prefect_hyperband.common.errors import causes, first_line, no_space, unavailable
 from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.tasks import champion, datasets, service_wait, tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.result import Outcome
 from prefect_hyperband.trainers import factory, registry
-from prefect_hyperband.common.errors import causes, first_line, no_space, unavailable
 
 T = TypeVar("T")
 #: the one retry policy of every MLflow write (``retrying``; the end of the job's writes are tasks that call it,
@@ -214,8 +216,6 @@ def close_trial_runs(job: Job, trials: list[TrialRecord], runs: dict[str, str]) 
     more (a local store takes one writer)."""
     open_runs = [(t, runs[t.trial_id]) for t in trials if t.trial_id in runs]
     if len(open_runs) >= CLOSE_AT_ONCE_FROM and str(job.tracking_uri).startswith(("http://", "https://")):
-        from concurrent.futures import ThreadPoolExecutor
-
         with ThreadPoolExecutor(min(CLOSE_THREADS, len(open_runs)), thread_name_prefix="hyperband-close") as pool:
             for done in [pool.submit(_close_run, job, t, run_id) for t, run_id in open_runs]:
                 done.result()  # the first failure, past its retries, is the caller's
@@ -265,8 +265,6 @@ def keep_best_checkpoint(job: Job, checkpoint: str) -> None | State:
 
 
 def _keep_best_checkpoint(job: Job, checkpoint: str) -> None:
-    from pathlib import Path
-
     assert job.parent_run_id is not None
     directory = Path(checkpoint).with_suffix("")
     if directory.is_dir():

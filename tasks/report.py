@@ -25,8 +25,10 @@ from uuid import UUID
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from prefect_hyperband.hyperband.accounting import Summary, RungResult, table
+from prefect_hyperband.hyperband.accounting import RungResult, Summary, table
 from prefect_hyperband.hyperband.promotion import best_key, failed
+from prefect_hyperband.tasks import tracking
+from prefect_hyperband.tasks.tracking import client
 
 PROGRESS_KEY = "hyperband-progress"
 LEADERBOARD_KEY = "hyperband-leaderboard"
@@ -259,8 +261,6 @@ def plot_best_vs_worker_seconds(rows: Iterable[Row], metric: str, direction: str
 
 def log_plots(tracking_uri: str, run_id: str, rows: Iterable[Row], metric: str, direction: str) -> list[str]:
     """Both plots as PNG artifacts of ``run_id``; returns their artifact paths."""
-    from prefect_hyperband.tasks.tracking import client
-
     rows = _rows(rows)
     c = client(tracking_uri)
     logged = []
@@ -356,8 +356,6 @@ def report_results(
         warn_failure("summary artifact", exc)
     if tracking_uri and run_id:
         from prefect_hyperband.tasks.record import ends_the_job, retrying
-
-        from prefect_hyperband.tasks import tracking
 
         try:  # the tracking server may blip: the one retry policy of MLflow writes
             if board:

@@ -9,16 +9,20 @@ there after. On a local or shared path both steps are the identity: the files ar
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
+import shutil
 import threading
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
-from prefect_hyperband.common.files import write_json_atomic
+import fsspec
+
 from prefect_hyperband.common.errors import InputError, first_line
+from prefect_hyperband.common.files import write_json_atomic
 
 T = TypeVar("T")
 #: the suffix of a document's previous version, kept by ``Storage.write_json(keep_previous=True)``
@@ -199,8 +203,6 @@ class Storage:
     def delete_folder(self, key: str) -> None:
         """A folder or an object-store prefix, with everything under it (nothing when it is not there)."""
         if self.local:
-            import shutil
-
             shutil.rmtree(self.url(key), ignore_errors=True)
         else:
             try:
@@ -248,8 +250,6 @@ def _strip(url: str) -> str:
 def filesystem(url: str):
     """The fsspec filesystem of ``url`` (an unknown scheme, or one whose package is missing: one line); fsspec keeps
     one instance per filesystem and options itself."""
-    import fsspec
-
     protocol = url.split("://", 1)[0]
     try:
         cls = fsspec.get_filesystem_class(protocol)
@@ -307,8 +307,6 @@ def parameter_storage(root: str | None) -> Any:
     url = join(root, "task-parameters")
     with _SAVING:
         if url not in _SAVED:
-            import hashlib
-
             from prefect.filesystems import RemoteFileSystem
 
             block = RemoteFileSystem(basepath=url)

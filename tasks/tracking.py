@@ -9,13 +9,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
+import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
+from pathlib import PurePosixPath
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from prefect_hyperband.common.files import file_lock
 from prefect_hyperband.common.errors import InputError, first_line
+from prefect_hyperband.common.files import file_lock
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
@@ -130,7 +135,6 @@ def _tune_sqlite(uri: str, c: Any) -> None:
         event.listen(engine, "connect", on_connect)
         engine.dispose()  # pooled connections reconnect with the pragma
     except Exception as exc:  # an older or different store: its defaults are slower, not wrong
-        import logging
 
         logging.getLogger(__name__).debug("sqlite tuning skipped for %s: %s", uri, exc)
 
@@ -147,8 +151,6 @@ def check_reachable(uri: str, timeout: float = 10.0) -> None:
                 raise
             raise InputError(f"--tracking-uri {uri}: {first_line(exc)}") from None  # a folder: MLflow's file store
         return
-    import urllib.error
-    import urllib.request
 
     try:
         urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout).read()
@@ -181,8 +183,10 @@ def model_development(uri: str, name: str, metric: str, greater_is_better: bool)
     """The experiment as MLflow's model development kind with the job's primary metric, created so or, if it has no
     kind yet, tagged so (a primary metric it already names stays); one of another kind a user made is left as it is:
     (its id, a line saying so, or None)."""
-    from mlflow.utils.mlflow_tags import (MLFLOW_EXPERIMENT_PRIMARY_METRIC_GREATER_IS_BETTER,
-                                          MLFLOW_EXPERIMENT_PRIMARY_METRIC_NAME)
+    from mlflow.utils.mlflow_tags import (
+        MLFLOW_EXPERIMENT_PRIMARY_METRIC_GREATER_IS_BETTER,
+        MLFLOW_EXPERIMENT_PRIMARY_METRIC_NAME,
+    )
 
     primary = {MLFLOW_EXPERIMENT_PRIMARY_METRIC_NAME: metric,
                MLFLOW_EXPERIMENT_PRIMARY_METRIC_GREATER_IS_BETTER: str(greater_is_better).lower()}
@@ -329,9 +333,6 @@ def log_table(uri: str, run_id: str, rows: list[dict[str, Any]], artifact_file: 
     Not ``MlflowClient.log_table``: it appends to a table already there (it downloads it and concatenates), so
     the live importances, written every few seconds, and a resumed job's leaderboard grew a copy per write. The
     file is MLflow's own format (pandas' "split" JSON) and the tag the one it sets."""
-    import tempfile
-    from pathlib import PurePosixPath
-
     import pandas as pd
 
     target = PurePosixPath(artifact_file)

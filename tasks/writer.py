@@ -15,9 +15,12 @@ same calls, same order). ``HYPERBAND_MLFLOW_WRITER=process`` or ``=thread`` deci
 
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
@@ -27,6 +30,7 @@ from typing import Any, BinaryIO, Union
 
 from prefect_hyperband.tasks.record import close_trial_runs, log_trial_rung, start_trial_run
 from prefect_hyperband.tasks.result import Outcome
+from prefect_hyperband.tasks.service_wait import bound_client_waits
 
 _HEADER = struct.Struct("!I")
 #: the writer process: Ctrl-C and SIGTERM ignored from its first line, not only once its imports (about a second of
@@ -176,9 +180,6 @@ def start_ahead(kind: str, service_wait: float) -> None:
     as a writer started by the job does."""
     if kind != "process" or _ahead:
         return
-    import atexit
-
-    from prefect_hyperband.tasks.service_wait import bound_client_waits
 
     with bound_client_waits(service_wait):
         _ahead.append(ProcessWriter())
@@ -225,8 +226,6 @@ def main(answer_fd: int) -> None:
     """The writer process: calls from stdin, answers to ``answer_fd``, until stdin closes. Ctrl-C and SIGTERM, which
     a terminal or a supervisor sends to the job's whole process group, are the job's to handle: it stops, writes
     what it has, then closes stdin (a job killed outright closes it too)."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="MLflow writer: %(message)s")
@@ -245,7 +244,6 @@ def main(answer_fd: int) -> None:
             answer = (seq, False, _picklable(exc))
         _send(answers, answer)
     answers.close()
-    import gc
 
     gc.freeze()  # the job waits for this process's exit: no last collection over MLflow's objects (as app.cli.run)
 

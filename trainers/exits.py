@@ -17,6 +17,7 @@ A rank that aborts before rank 0's last report, or a checkpoint short of a part,
 from __future__ import annotations
 
 import re
+import signal
 import zipfile
 from pathlib import Path
 
@@ -75,8 +76,6 @@ def why_kept(rank: int, code: int, step: int, complete: str) -> str:
 
 
 def _signal_name(code: int) -> str:
-    import signal
-
     if code < 0:
         try:
             return signal.Signals(-code).name

@@ -10,6 +10,7 @@ predictions; the cache on disk is about the size of the table.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import shutil
 import tempfile
@@ -19,8 +20,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import psutil
+import pyarrow
 
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers.layout import read_batches
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +37,6 @@ def chosen(table: Any, asked: bool) -> bool:
     machine's memory (one line says so)."""
     if asked:
         return True
-    import psutil
 
     total = psutil.virtual_memory().total
     if table.size > AUTO_SHARE * total:
@@ -49,8 +52,6 @@ def give_back_freed() -> None:
     many blocks under ``M_MMAP_THRESHOLD`` (XGBoost's pages and histograms, in a new thread's arena per trial-rung):
     measured on a 1 GB table, each trial-rung left 50-110 MB in the arenas (244 -> 466 MB over three), all of it
     given back by a trim, which takes milliseconds."""
-    import ctypes
-
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: its own allocator's policy
@@ -105,10 +106,7 @@ class Matrix:
 def _Parts(table: Any, layout: Any, seed: int, fraction: float, folder: Path) -> Any:
     """The iterator ``ExtMemQuantileDMatrix`` reads (several passes): a part's training rows per batch; the first
     pass also writes each part's validation rows to ``folder``."""
-    import pyarrow
     import xgboost as xgb
-
-    from prefect_hyperband.trainers.layout import read_batches
 
     class Parts(xgb.DataIter):
         def __init__(self) -> None:

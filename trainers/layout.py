@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Literal
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from prefect_hyperband.common.errors import InputError
-from prefect_hyperband.trainers.tables import Part, Table, validation_rows
-
+from prefect_hyperband.common.errors import InputError, first_line
+from prefect_hyperband.trainers.tables import Part, Table, part_url, read_part_csv, validation_rows
 
 #: integer targets with at most this many distinct values are classes, not numbers
 MAX_CLASSES = 20
@@ -98,9 +99,6 @@ def _kinds(fs: Any, table: Table, columns: list[str]) -> dict[str, str]:
     import pandas as pd
 
     if table.format == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         with fs.open(table.parts[0].path, "rb") as fh:
             schema = pq.read_schema(fh)
         kinds = {}
@@ -109,7 +107,6 @@ def _kinds(fs: Any, table: Table, columns: list[str]) -> dict[str, str]:
             kinds[c] = "bool" if pa.types.is_boolean(t) else "number" if (
                 pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)) else "text"
         return kinds
-    from prefect_hyperband.trainers.tables import read_part_csv
 
     sample = read_part_csv(fs, table.parts[0].path, nrows=10_000)
     return {c: "bool" if pd.api.types.is_bool_dtype(sample[c]) else
@@ -136,13 +133,8 @@ def _label(value: Any) -> str:
 
 def _read(fs: Any, table: Table, part: Part, columns: list[str] | None = None, limit: int | None = None) -> Any:
     """A part's ``columns`` (all: None), its first ``limit`` rows only when given."""
-    from prefect_hyperband.common.errors import first_line
-    from prefect_hyperband.trainers.tables import read_part_csv, part_url
-
     try:
         if table.format == "parquet":
-            import pyarrow.parquet as pq
-
             with fs.open(part.path, "rb") as fh:
                 if limit is None:
                     return pq.read_table(fh, columns=columns).to_pandas()
@@ -174,7 +166,6 @@ def read_batches(table: Table, part: Part, layout: Layout, seed: int, fraction: 
     if table.format != "parquet":
         yield read_part(table, part, layout, seed, fraction)
         return
-    import pyarrow.parquet as pq
 
     fs = table.filesystem()
     try:
@@ -189,8 +180,6 @@ def read_batches(table: Table, part: Part, layout: Layout, seed: int, fraction: 
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001  (an object that cannot be read: named in one line)
-        from prefect_hyperband.common.errors import first_line
-        from prefect_hyperband.trainers.tables import part_url
 
         raise InputError(f"cannot read {part_url(table, part)}: {type(exc).__name__}: {first_line(exc)}") from None
 
@@ -202,15 +191,12 @@ def _columns(layout: Layout) -> list[str]:
 def _split(frame: Any, validation: np.ndarray, table: Table, part: Part, layout: Layout
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``frame``'s rows with a target, encoded, split into training and validation rows by ``validation``."""
-    from prefect_hyperband.trainers.tables import part_url
-
     keep = frame[layout.target].notna().to_numpy()
     if not keep.all():
         frame, validation = frame[keep], validation[keep]
     try:
         X = encode(frame, layout)
     except (ValueError, TypeError) as exc:  # text in a column the first part's rows showed as numbers (CSV)
-        from prefect_hyperband.common.errors import first_line
 
         raise InputError(f"{part_url(table, part)}: {first_line(exc)}; every part's column needs the type it has in the "
                          "first part") from None

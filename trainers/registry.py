@@ -12,12 +12,15 @@ the entry-point group ``prefect_hyperband.models`` (``name = "package.module:MOD
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 import threading
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers import plugins
 
 if TYPE_CHECKING:  # pragma: no cover
     from prefect_hyperband.trainers.base import Trainer
@@ -96,15 +99,12 @@ def _load() -> None:
     with _lock:
         if _loaded.is_set():
             return
-        from prefect_hyperband.trainers import plugins
 
         for info in pkgutil.iter_modules(plugins.__path__):
             module = importlib.import_module(f"{plugins.__name__}.{info.name}")
             if isinstance(getattr(module, "MODEL", None), Model):
                 register(module.MODEL)
         try:
-            from importlib.metadata import entry_points
-
             for ep in entry_points(group=ENTRY_POINTS):
                 try:
                     model = ep.load()
@@ -138,8 +138,6 @@ def built_in() -> tuple[str, ...]:
 def missing_extra(name: str, workers: int = 1) -> str | None:
     """Why model ``name`` cannot run here (an optional package it needs is not installed: the extra to install), or
     None. A script with several ranks needs torch's launcher."""
-    import importlib.util
-
     model = get(name)
     needs = list(model.needs) + ([("torch", "torch")] if model.user_code == "script" and workers > 1 else [])
     for module, extra in needs:

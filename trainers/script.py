@@ -35,14 +35,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import psutil
+
+from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.common.files import write_json_atomic
+from prefect_hyperband.common.ports import free_port
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import Placed, Placement, TrainResult
-from prefect_hyperband.common.files import write_json_atomic
-from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.exits import checkpoint_complete, failed_ranks, why_kept
 from prefect_hyperband.trainers.gpus import GpuPool, env_for
 from prefect_hyperband.trainers.launch import contract, torch_launcher
-from prefect_hyperband.common.ports import free_port
 
 #: lines of the script's output kept on a failed trial's run
 TAIL_LINES = 30
@@ -221,8 +223,6 @@ def kill_group(proc: subprocess.Popen) -> None:
     session of its own, so killing the launcher's group alone leaves the ranks running."""
     ranks = []
     try:
-        import psutil
-
         ranks = psutil.Process(proc.pid).children(recursive=True)
     except Exception:  # gone already, or no psutil: the group is what can be reached
         pass

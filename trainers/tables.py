@@ -9,12 +9,17 @@ row number (``validation_rows``): the same rows are validation rows whoever read
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
+import os
+import zipfile
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
 import numpy as np
+import pyarrow.parquet as pq
 
 from prefect_hyperband.common.errors import InputError, first_line
 
@@ -40,8 +45,6 @@ def file_format(name: str) -> str | None:
 def in_parts(data: str) -> bool:
     """``data`` is read here: a URL, a folder, a glob or a Parquet file. A local CSV file is read whole as before
     (its split unchanged), and a bundled data set by its name."""
-    import os
-
     if "://" in data or any(c in data for c in "*?[") or file_format(data) == "parquet":
         return True
     return os.path.isdir(data)
@@ -82,8 +85,6 @@ class Table:
         return part.path[len(self.root):].lstrip("/") if part.path.startswith(self.root) else part.path
 
     def filesystem(self) -> Any:
-        import fsspec
-
         return fsspec.core.url_to_fs(self.url)[0]
 
     def lineage(self) -> dict[str, Any]:
@@ -100,8 +101,6 @@ def lineage_of(data: str) -> dict[str, Any] | None:
 
 def find(data: str) -> Table:
     """The table ``data`` names; ``InputError`` in one line for nothing found, mixed formats or storage refused."""
-    import fsspec
-
     url = data if "://" in data else _absolute(data)
     try:
         fs, path = fsspec.core.url_to_fs(url)
@@ -137,8 +136,6 @@ def find(data: str) -> Table:
 
 
 def _absolute(path: str) -> str:
-    import os
-
     return os.path.abspath(os.path.expanduser(path))
 
 
@@ -183,8 +180,6 @@ def part_url(table: Table, part: Part) -> str:
 
 def _columns(fs: Any, path: str, kind: str) -> list[str]:
     if kind == "parquet":
-        import pyarrow.parquet as pq
-
         with fs.open(path, "rb") as fh:
             return list(pq.read_schema(fh).names)
     return list(read_part_csv(fs, path, nrows=0).columns)
@@ -192,16 +187,12 @@ def _columns(fs: Any, path: str, kind: str) -> list[str]:
 
 def read_part_csv(fs: Any, path: str, nrows: int | None = None) -> Any:
     """A CSV part, comma or semicolon separated (from its first line), compressed as its name says."""
-    import csv
-
     import pandas as pd
 
     compression = {"gz": "gzip", "bz2": "bz2", "zip": "zip", "xz": "xz", "zst": "zstd"}.get(path.rsplit(".", 1)[-1])
     with fs.open(path, "rb", compression=None if compression in (None, "zip") else compression) as fh:
         raw = fh.read() if nrows is None else fh.read(64 * 1024)
     if compression == "zip":
-        import zipfile
-
         with zipfile.ZipFile(io.BytesIO(raw)) as z:
             raw = z.read(z.namelist()[0])
     head = raw[: 64 * 1024].decode("utf-8", errors="replace").splitlines()
@@ -225,8 +216,6 @@ def read(table: Table) -> tuple[Any, list[tuple[str, int]]]:
     for part in table.parts:
         try:
             if table.format == "parquet":
-                import pyarrow.parquet as pq
-
                 with fs.open(part.path, "rb") as fh:
                     frame = pq.read_table(fh).to_pandas()
             else:

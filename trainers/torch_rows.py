@@ -19,6 +19,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from prefect_hyperband.trainers.layout import Layout, read_part
+from prefect_hyperband.trainers.tables import Part, Table
+
 #: the share this process read last: (table digest, rank, world) and its four arrays. A Dask worker runs one rank of
 #: every trial-rung of its group, each in a fresh ``Run``: kept here, the group reads its table once per job
 _LAST: dict[str, Any] = {"key": None, "arrays": None, "reads": 0}
@@ -71,9 +74,6 @@ def owned(part_rows: tuple[int, ...] | list[int], rank: int, world: int) -> list
 def read_share(meta: Mapping[str, Any], rank: int, world: int) -> tuple[np.ndarray, ...]:
     """This rank's training and validation rows: ``X_train, y_train, X_val, y_val`` (read once per process and
     table, ``_LAST``)."""
-    from prefect_hyperband.trainers.layout import Layout, read_part
-    from prefect_hyperband.trainers.tables import Part, Table
-
     t = meta["table"]
     key = (t["digest"], rank, world)
     if _LAST["key"] == key:

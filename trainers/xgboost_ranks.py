@@ -12,10 +12,13 @@ scheduler, each worker inside ``xgboost.dask.CommunicatorContext``, its parts pa
 from __future__ import annotations
 
 import threading
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from prefect_hyperband.trainers.layout import read_part
 
 #: in a Dask worker's process only: the training matrices of the groups it belongs to, by key
 _matrices: dict[str, Any] = {}
@@ -42,8 +45,6 @@ def rows_on(client: Any, key: str, parts: list[Any]) -> Rows:
 def train(client: Any, rows: Rows, params: dict[str, Any], rounds: int, booster: Any) -> Any:
     """``rounds`` more boosting rounds of ``booster`` (None: a new one) over the group's rows: one task per worker
     holding some, in one collective; the booster every worker holds, from the first."""
-    import uuid
-
     from distributed.comm import get_address_host
 
     workers = list(rows.by_worker)
@@ -58,8 +59,6 @@ def train(client: Any, rows: Rows, params: dict[str, Any], rounds: int, booster:
 
 def training_part(table: Any, part: Any, layout: Any, seed: int, fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """On a worker: a part's training rows (``trainers.layout.read_part``'s first two), its validation rows left."""
-    from prefect_hyperband.trainers.layout import read_part
-
     X, y, _, _ = read_part(table, part, layout, seed, fraction)
     return X, y
 

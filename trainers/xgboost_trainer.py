@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import os
 import threading
 import time
@@ -33,47 +34,25 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from prefect_hyperband.trainers import stopping
-from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_sidecar
-from prefect_hyperband.trainers import external_memory as extmem
-from prefect_hyperband.trainers.data import (DataSpec, Dataset, check_metric, example_rows, layout_of, load, score,
-                                             table_of)
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers import external_memory as extmem
+from prefect_hyperband.trainers import stopping, xgboost_ranks
+from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_sidecar
+from prefect_hyperband.trainers.data import (
+    Dataset,
+    DataSpec,
+    check_metric,
+    example_rows,
+    layout_of,
+    load,
+    score,
+    table_of,
+)
 from prefect_hyperband.trainers.gpus import GpuPool
+from prefect_hyperband.trainers.layout import read_part
+from prefect_hyperband.trainers.xgboost_config import PARAMS, ROUNDS_PER_UNIT, segments
 
 log = logging.getLogger(__name__)
-
-#: The six parameters AWS's SageMaker Hyperband example tunes; boosting rounds are the resource.
-DEFAULT_SPACE: dict[str, dict[str, Any]] = {
-    "eta": {"type": "float", "low": 0.01, "high": 0.5, "log": True},
-    "alpha": {"type": "float", "low": 1e-3, "high": 10.0, "log": True},
-    "min_child_weight": {"type": "float", "low": 1.0, "high": 20.0, "log": True},
-    "max_depth": {"type": "int", "low": 2, "high": 10},
-    "colsample_bylevel": {"type": "float", "low": 0.3, "high": 1.0},
-    "colsample_bytree": {"type": "float", "low": 0.3, "high": 1.0},
-}
-#: XGBoost's own defaults: the "default configuration" the summary compares against.
-DEFAULT_CONFIG: dict[str, Any] = {
-    "eta": 0.3,
-    "alpha": 0.0,
-    "min_child_weight": 1.0,
-    "max_depth": 6,
-    "colsample_bylevel": 1.0,
-    "colsample_bytree": 1.0,
-}
-#: Booster parameters a search space may name (tree booster, hist method).
-#: boosting rounds one unit of resource trains, unless the job says otherwise (``--rounds-per-unit``)
-ROUNDS_PER_UNIT = 10
-
-PARAMS = frozenset(
-    {
-        "eta", "learning_rate", "gamma", "min_split_loss", "max_depth", "min_child_weight",
-        "max_delta_step", "subsample", "sampling_method", "colsample_bytree", "colsample_bylevel",
-        "colsample_bynode", "lambda", "reg_lambda", "alpha", "reg_alpha", "grow_policy",
-        "max_leaves", "max_bin", "scale_pos_weight", "num_parallel_tree", "max_cat_to_onehot",
-    }
-)
-
 
 @dataclass(frozen=True)
 class _Objective:
@@ -90,12 +69,6 @@ def _StopWhenAsked():
             return stopping.requested()
 
     return StopWhenAsked()
-
-
-def segments(start: int, stop: int, milestones: tuple[int, ...]) -> list[tuple[int, int]]:
-    """Split [start, stop) at every milestone strictly inside it."""
-    cuts = [start, *sorted(m for m in set(milestones) if start < m < stop), stop]
-    return [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
 
 
 class XGBoostTrainer:
@@ -191,14 +164,9 @@ class XGBoostTrainer:
         """A table's parts read by ``group``'s workers themselves (once per group and job), each encoded by the job's
         layout and split by its rows' keys, kept there for the group's matrices (``trainers.xgboost_ranks``); the
         first group also keeps the validation rows, scored where they are."""
-        import operator
-
         import dask
         import dask.array as da
         from distributed import wait
-
-        from prefect_hyperband.trainers import xgboost_ranks
-        from prefect_hyperband.trainers.layout import read_part
 
         began, first = time.perf_counter(), self._validation is None
         on = {"workers": list(group), "allow_other_workers": False, "pure": False}
@@ -232,7 +200,6 @@ class XGBoostTrainer:
         dask, self._dask = self._dask, None
         if dask is not None:
             if self._table is not None:  # the workers' matrices (an external cluster's workers outlive the job)
-                from prefect_hyperband.trainers import xgboost_ranks
 
                 with contextlib.suppress(Exception):
                     xgboost_ranks.drop(dask.client, self._key)
@@ -335,8 +302,6 @@ class XGBoostTrainer:
 
     def _train_dask(self, params: dict[str, Any], rounds: int, booster):
         from xgboost import dask as dxgb
-
-        from prefect_hyperband.trainers import xgboost_ranks
 
         dask = self._dask
         if dask is None:

@@ -156,14 +156,16 @@ def test_tune_help_is_generated_every_field_once_with_its_description():
 def test_a_field_added_to_tune_params_is_a_flag_with_no_other_edit(capsys, monkeypatch):
     from pydantic import Field
 
-    from prefect_hyperband.flows import params
+    from prefect_hyperband.app import cli, flags
     from prefect_hyperband.app.cli import job_params
     from prefect_hyperband.app.flags import build_parser, given
+    from prefect_hyperband.flows import params
 
     class Mine(params.TuneParams):
         warmup_units: int = Field(2, ge=0, description="Units of learning-rate warm-up before the first rung.")
 
-    monkeypatch.setattr(params, "TuneParams", Mine)  # as if the field were written in TuneParams
+    for module in (params, flags, cli):  # as if the field were written in TuneParams
+        monkeypatch.setattr(module, "TuneParams", Mine)
     assert "--warmup-units N Units of learning-rate warm-up before the first rung." in _help("tune")
     args = build_parser().parse_args(["tune", "--warmup-units", "5", "--max-resource", "9", "--no-baseline"])
     params = job_params(given(args))

@@ -244,7 +244,7 @@ def test_a_prefect_api_away_for_a_while_is_waited_for_with_one_line_and_past_the
     with pytest.raises(ValueError):  # not an outage: at once
         api_wait.answering(lambda: (_ for _ in ()).throw(ValueError("bad request")))
     monkeypatch.setattr(api_wait, "API_WAIT_AT_LEAST", 0.0)
-    monkeypatch.setattr("prefect_hyperband.tasks.service_wait.client_waits", lambda: 0.0)
+    monkeypatch.setattr(api_wait, "client_waits", lambda: 0.0)
     clock = iter(range(0, 100, 10))
     monkeypatch.setattr(api_wait.time, "monotonic", lambda: next(clock))
     with pytest.raises(httpx.ConnectError):  # past --service-wait: the loop stops the job (exit 75)

@@ -4,25 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers import synthetic_trainer
 from prefect_hyperband.trainers.registry import Model
+from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
 
 
 def build(settings: Any):
-    from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
-
     return SyntheticTrainer(seed=settings.seed, workers=settings.workers, **dict(settings.extra))
 
 
 def space():
-    from prefect_hyperband.trainers import synthetic_trainer as m
-
-    return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
+    return synthetic_trainer.DEFAULT_SPACE, synthetic_trainer.PARAMS, synthetic_trainer.DEFAULT_CONFIG
 
 
 def metric(spec: Any, given: str | None) -> str:
-    from prefect_hyperband.common.errors import InputError
-    from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
-
     if given not in (None, SyntheticTrainer.metric):
         raise InputError(f"--metric {given}: the synthetic model reports {SyntheticTrainer.metric} only")
     return SyntheticTrainer.metric
@@ -33,8 +29,6 @@ def extra(params: Any) -> tuple[tuple[str, Any], ...]:
 
 
 def check_config(config: dict[str, Any]) -> None:
-    from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
-
     SyntheticTrainer().resolve(config)
 
 

@@ -6,6 +6,11 @@ import os
 import shutil
 from typing import Any
 
+from prefect_hyperband.executors.dask_ranks import torch_on
+from prefect_hyperband.executors.torch_pool import warm_pools
+from prefect_hyperband.trainers.base import Flavoured
+from prefect_hyperband.trainers.gpus import of_settings
+from prefect_hyperband.trainers.plugins.xgboost import metric as from_data
 from prefect_hyperband.trainers.registry import Model
 
 
@@ -18,14 +23,11 @@ def build(settings: Any):
     if settings.timeout:
         kwargs.setdefault("trial_timeout", settings.timeout)
     if settings.dask_address:  # the ranks on the cluster's workers: the executor's placement, given to the trainer
-        from prefect_hyperband.executors.dask_ranks import torch_on
 
         kwargs["placement"] = torch_on(settings.dask_address)
     else:  # this machine's ranks, kept up between trial-rungs (``warm=False`` in the model's knobs turns it off)
-        from prefect_hyperband.executors.torch_pool import warm_pools
 
         kwargs["pools"] = warm_pools
-    from prefect_hyperband.trainers.gpus import of_settings
 
     kwargs.setdefault("deterministic", settings.deterministic)
     if not settings.dask_address:  # (a Dask group's GPUs are its workers' own)
@@ -46,8 +48,6 @@ def gpu_space() -> dict[str, dict[str, Any]]:
 
 
 def metric(spec: Any, given: str | None) -> str:
-    from prefect_hyperband.trainers.plugins.xgboost import metric as from_data
-
     return from_data(spec, given)
 
 
@@ -55,8 +55,6 @@ def log_model(trainer: Any, checkpoint: str):
     """The module, for MLflow's PyTorch flavour (``tasks.flavours``); its class ships as code, so loading needs no
     install of ours."""
     import torch
-
-    from prefect_hyperband.trainers.base import Flavoured
 
     example = trainer.example(5)
     module = trainer.load_model(checkpoint)

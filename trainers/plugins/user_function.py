@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
+from prefect_hyperband.executors.dask_function import function_on
+from prefect_hyperband.trainers.function import FunctionTrainer
+from prefect_hyperband.trainers.gpus import of_settings
 from prefect_hyperband.trainers.registry import Model
 
 
 def build(settings: Any):
-    from prefect_hyperband.trainers.function import FunctionTrainer
-
     assert settings.trainer and settings.metric
     placement = None
     if settings.dask_address:  # each trial-rung on a free worker of the cluster: the executor's placement
-        from prefect_hyperband.executors.dask_function import function_on
 
         placement = function_on(settings.dask_address)
-    from prefect_hyperband.trainers.gpus import of_settings
 
     return FunctionTrainer(settings.trainer, settings.metric, workers=settings.workers, placement=placement,
                            gpus=of_settings(settings))
@@ -31,8 +31,6 @@ def log_model(trainer: Any, checkpoint: str, tags: dict[str, str] | None = None)
     with them, and a retry after MLflow went away finds it. One that does not is called without them; the
     champion's writer (``tasks.champion``) sets them just after (MLflow gone in between leaves an untagged model,
     and the retry logs a second one)."""
-    import inspect
-
     hook = getattr(trainer, "log_model_hook", None)
     if hook is None:
         return None

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.executors.dask_groups import xgboost_on
+from prefect_hyperband.trainers import xgboost_config
+from prefect_hyperband.trainers.base import Flavoured
+from prefect_hyperband.trainers.gpus import of_settings
 from prefect_hyperband.trainers.registry import Model
 
 
 def build(settings: Any):
-    from prefect_hyperband.trainers.gpus import of_settings
     from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
 
     placement = None
     if settings.workers > 1 or settings.dask_address:  # allreduce on a Dask cluster's groups: the executor's placement
-        from prefect_hyperband.executors.dask_groups import xgboost_on
 
         placement = xgboost_on(settings.dask_address)
     return XGBoostTrainer(
@@ -29,9 +34,7 @@ def extra(params: Any) -> tuple[tuple[str, Any], ...]:
 
 
 def space():
-    from prefect_hyperband.trainers import xgboost_trainer as m
-
-    return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
+    return xgboost_config.DEFAULT_SPACE, xgboost_config.PARAMS, xgboost_config.DEFAULT_CONFIG
 
 
 def metric(spec: Any, given: str | None) -> str:
@@ -48,8 +51,6 @@ def log_model(trainer: Any, checkpoint: str):
     import pandas as pd
     import xgboost as xgb
 
-    from prefect_hyperband.trainers.base import Flavoured
-
     names = list(trainer.info.feature_names)
     example = pd.DataFrame(trainer.example(5), columns=names)
     booster = trainer.booster(checkpoint)
@@ -59,10 +60,7 @@ def log_model(trainer: Any, checkpoint: str):
 
 def check_config(config: dict[str, Any]) -> None:
     """XGBoost's own parameter checks: one boosting round on four rows (milliseconds)."""
-    import numpy as np
     import xgboost as xgb
-
-    from prefect_hyperband.common.errors import InputError
 
     tiny = xgb.DMatrix(np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]]), label=[0, 1, 0, 1])
     try:
