@@ -11,7 +11,7 @@ from typing import Any
 from prefect_hyperband.common.errors import InputError, no_space
 from prefect_hyperband.flows.groups import FLOW_NAME as GROUP_FLOW
 from prefect_hyperband.flows.progress import LiveDisplay
-from prefect_hyperband.tasks import prefect_internals, tracking
+from prefect_hyperband.tasks import mlflow_store, prefect_internals
 from prefect_hyperband.tasks.flavours import load_mlflow
 from prefect_hyperband.tasks.record import CUT_SHORT
 from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
@@ -214,11 +214,11 @@ def quiet_terminal(live: bool = False) -> None:
 def mlflow_link(params, parent_run_id: str) -> str:
     """Where to see the job in MLflow's Model training view (the UI opens its GenAI view unless told otherwise): the
     parent run's page on a tracking server, or the command that serves a local store."""
-    uri = tracking.tracking_uri(params.tracking_uri)
+    uri = mlflow_store.tracking_uri(params.tracking_uri)
     if not uri.startswith(("http://", "https://")):
         return f"mlflow server --backend-store-uri {uri}, then the experiment's page with ?workflowType=machine_learning"
     try:
-        exp_id = tracking.client(uri).get_run(parent_run_id).info.experiment_id
+        exp_id = mlflow_store.client(uri).get_run(parent_run_id).info.experiment_id
     except Exception:  # noqa: BLE001  (a link is a courtesy: the job is done)
         return uri
     return f"{uri.rstrip('/')}/#/experiments/{exp_id}/runs/{parent_run_id}?workflowType=machine_learning"

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"a {args.cluster}-worker Dask cluster")
     from distributed import LocalCluster
 
-    from prefect_hyperband.tasks import tracking
+    from prefect_hyperband.tasks import mlflow_store
 
     rows = []
     with common.workdir("dask-groups") as tmp, common.prefect_server(), LocalCluster(
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         scores = {}
         for label, concurrency in (("one trial at a time", 1), ("cluster // workers at once", 0)):
             uri = f"sqlite:///{tmp}/{concurrency}.db"
-            tracking.check_reachable(uri)
+            mlflow_store.check_reachable(uri)
             result, wall = common.run_tune(
                 model="xgboost", data="bank-marketing", min_resource=1, max_resource=max_r, eta=3, seed=0,
                 workers=args.workers, concurrency=concurrency, dask_address=cluster.scheduler_address,

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     common.header(f"bench_dask_torch: torch digits (1, {R}, 3), world size 2: one machine vs Dask vs a work pool")
     from distributed import LocalCluster
 
-    from prefect_hyperband.tasks import tracking
+    from prefect_hyperband.tasks import mlflow_store
 
     common_fields = dict(model="torch", data="digits", min_resource=1, max_resource=R, eta=3, seed=0, workers=2,
                          register_model=False, baseline=False)
@@ -92,12 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with common.prefect_server():
             uri = f"sqlite:///{tmp}/local.db"
-            tracking.check_reachable(uri)
+            mlflow_store.check_reachable(uri)
             result, wall = common.run_tune(**common_fields, job_dir=str(tmp / "jobs"), job_id="local", tracking_uri=uri)
             runs.append(("one machine, warm pools", result, wall, uri))
             print(f"   one machine: flow wall {result['summary']['wall_seconds']:.1f} s", flush=True)
             uri = f"sqlite:///{tmp}/local2.db"  # two pools at once: the like-for-like of two Dask groups
-            tracking.check_reachable(uri)
+            mlflow_store.check_reachable(uri)
             result, wall = common.run_tune(**common_fields, job_dir=str(tmp / "jobs"), job_id="local2", tracking_uri=uri,
                                            concurrency=2)
             runs.append(("one machine, 2 warm pools", result, wall, uri))
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                                   dashboard_address=None) as cluster:  # a fresh cluster: the job pays its imports
                     uri = f"sqlite:///{tmp}/dask{workers}.db"
-                    tracking.check_reachable(uri)
+                    mlflow_store.check_reachable(uri)
                     result, wall = common.run_tune(**common_fields, job_dir=str(tmp / "jobs"), job_id=f"dask{workers}",
                                                    tracking_uri=uri, dask_address=cluster.scheduler_address)
                     runs.append((f"Dask, {workers} workers", result, wall, uri))

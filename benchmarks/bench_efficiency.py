@@ -233,10 +233,10 @@ def main(argv: list[str] | None = None) -> int:
 
     with common.workdir("efficiency") as tmp:
         with common.prefect_server():
-            from prefect_hyperband.tasks import tracking
+            from prefect_hyperband.tasks import mlflow_store
 
             uri = f"sqlite:///{tmp}/mlflow.db"
-            tracking.check_reachable(uri)
+            mlflow_store.check_reachable(uri)
             common.run_tune(model="xgboost", data="bank-marketing", max_resource=3, job_dir=str(tmp / "warm"),
                             tracking_uri=f"sqlite:///{tmp}/warm.db", register_model=False, baseline=False)  # imports, not timed
             from prefect_hyperband.trainers import data as datasets
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"   job: {job_wall:.1f} s", flush=True)
             rows = read_job(result["job_dir"])
             floor_uri = f"sqlite:///{tmp}/floor.db"
-            tracking.check_reachable(floor_uri)  # creates the store, untimed
+            mlflow_store.check_reachable(floor_uri)  # creates the store, untimed
             floor = replay(rows, seed, min_r, max_r, eta, tmp / "floor", nthread=os.cpu_count(), tracking_uri=floor_uri,
                            tasks=True)
             print(f"   loop + MLflow writes + task runs ({os.cpu_count()} threads): {floor['wall']:.1f} s", flush=True)

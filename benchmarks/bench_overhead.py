@@ -81,9 +81,9 @@ def plain_loop(min_r: int, max_r: int, eta: int, seed: int, out: Path,
 
 def loop_with_mlflow(min_r: int, max_r: int, eta: int, seed: int, out: Path, uri: str) -> dict[str, Any]:
     """The plain loop plus the MLflow calls the flow makes, straight through ``tasks.tracking``."""
-    from prefect_hyperband.tasks import tracking
+    from prefect_hyperband.tasks import mlflow_store, tracking
 
-    tracking.check_reachable(uri)
+    mlflow_store.check_reachable(uri)
     parent = tracking.start_parent(uri, "bench-overhead", "loop", {"min_resource": min_r, "max_resource": max_r, "eta": eta}, {})
     run_ids: dict[str, str] = {}
 
@@ -132,12 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     with common.workdir("overhead") as tmp:
 
         def timed(label: str, fn: Callable[[Path], dict[str, Any]]) -> None:
-            from prefect_hyperband.tasks import tracking
+            from prefect_hyperband.tasks import mlflow_store
 
             walls, result = [], {}
             for i in range(args.repeats):
                 out = tmp / f"{label.replace(' ', '_')}-{i}"
-                tracking.check_reachable(f"sqlite:///{out}.db")  # create a store's tables before timing
+                mlflow_store.check_reachable(f"sqlite:///{out}.db")  # create a store's tables before timing
                 began = time.perf_counter()
                 result = fn(out)
                 walls.append(time.perf_counter() - began)
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         timed("loop + state + MLflow", lambda out: loop_with_mlflow(min_r, max_r, eta, seed, out, f"sqlite:///{out}.db"))
 
         with common.prefect_server():
-            from prefect_hyperband.tasks import tracking
+            from prefect_hyperband.tasks import mlflow_store
 
             # warm-up: imports, first flow run registration; not timed
             warm = tmp / "warmup"
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                             job_dir=str(warm), tracking_uri=f"sqlite:///{warm}.db", register_model=False, baseline=False)
             for c in args.concurrency:
                 uri = f"sqlite:///{tmp}/flow-c{c}.db"
-                tracking.check_reachable(uri)  # create the store's tables before timing
+                mlflow_store.check_reachable(uri)  # create the store's tables before timing
                 result, wall = common.run_tune(
                     model="synthetic", min_resource=min_r, max_resource=max_r, eta=eta, seed=seed, concurrency=c,
                     unit_seconds=0.0, job_dir=str(tmp / f"flow-c{c}"), tracking_uri=uri, experiment="bench-overhead",

@@ -147,10 +147,10 @@ def run_random(problem: Problem, max_r: int, budget: int, seed: int) -> dict[str
 
 
 def run_flow(tmp: Path, mode: str, sampler: str, seed: int, max_r: int, eta: int) -> dict[str, Any]:
-    from prefect_hyperband.tasks import tracking
+    from prefect_hyperband.tasks import mlflow_store
 
     uri = f"sqlite:///{tmp}/mlflow-{mode}-{sampler}-{seed}.db"
-    tracking.check_reachable(uri)
+    mlflow_store.check_reachable(uri)
     result, wall = common.run_tune(
         model="xgboost", data="bank-marketing", mode=mode, sampler=sampler, min_resource=1, max_resource=max_r, eta=eta,
         seed=seed, concurrency=0, job_dir=str(tmp / "jobs"), job_id=f"{mode}-{sampler}-{seed}", tracking_uri=uri,

@@ -34,10 +34,10 @@ import _common as common  # noqa: E402
 
 
 def run(tmp: Path, label: str, **fields: Any) -> dict[str, Any]:
-    from prefect_hyperband.tasks import tracking
+    from prefect_hyperband.tasks import mlflow_store
 
     uri = f"sqlite:///{tmp}/{label}.db"
-    tracking.check_reachable(uri)
+    mlflow_store.check_reachable(uri)
     result, wall = common.run_tune(job_dir=str(tmp / "jobs"), job_id=label, tracking_uri=uri, experiment="bench-scaling",
                                    register_model=False, baseline=False, **fields)
     s = result["summary"]

@@ -87,10 +87,10 @@ def run_optuna(problem: quality.Problem, sampler_name: str, max_r: int, eta: int
 
 
 def run_flow(tmp: Path, seed: int, max_r: int, eta: int, concurrency: int) -> dict[str, Any]:
-    from prefect_hyperband.tasks import tracking
+    from prefect_hyperband.tasks import mlflow_store
 
     uri = f"sqlite:///{tmp}/mlflow-{seed}-{concurrency}.db"
-    tracking.check_reachable(uri)
+    mlflow_store.check_reachable(uri)
     result, _ = common.run_tune(
         model="xgboost", data="bank-marketing", min_resource=1, max_resource=max_r, eta=eta, seed=seed,
         concurrency=concurrency, rounds_per_unit=1, job_dir=str(tmp / "jobs"), job_id=f"c{concurrency}-{seed}",
@@ -105,7 +105,7 @@ def run_floor(tmp: Path, job_dir: str, seed: int, max_r: int, eta: int) -> dict[
     import os
 
     import bench_efficiency as efficiency
-    from prefect_hyperband.tasks import tracking
+    from prefect_hyperband.tasks import mlflow_store
 
     rows = efficiency.read_job(job_dir)
     out: dict[str, dict[str, Any]] = {}
@@ -115,7 +115,7 @@ def run_floor(tmp: Path, job_dir: str, seed: int, max_r: int, eta: int) -> dict[
         uri = None
         if mlflow:
             uri = f"sqlite:///{tmp}/floor-{seed}-{len(out)}.db"
-            tracking.check_reachable(uri)  # creates the store, untimed (as for the flow)
+            mlflow_store.check_reachable(uri)  # creates the store, untimed (as for the flow)
         cpu = common.cpu_seconds()
         r = efficiency.replay(rows, seed, 1, max_r, eta, tmp / f"floor-{seed}-{len(out)}", nthread=os.cpu_count(),
                               rounds_per_unit=1, tracking_uri=uri, tasks=tasks)

@@ -9,7 +9,7 @@ One trial-rung's path: ``_fill`` takes it from ``scheduler.next_trial_rung()`` (
 ``hyperband.criteria.Goal``), writes the call in the journal (``hyperband.journal.Journal``) and submits it; once
 trained, ``_trained`` hands it to the tracker; once recorded, ``_settle`` reports it to the scheduler (and the
 journal, and the goal) and adds its row; the state is saved after every pass that settled a result (the driver's
-``save`` appends the journal's calls as one record: ``flows.state.StateWriter``), and only then are the pass's results
+``save`` appends the journal's calls as one record: ``executors.state.StateWriter``), and only then are the pass's results
 and decisions told (``Events``: the log lines, the display, the rungs' promote tasks), before the next trial-rungs
 are handed out.
 """
@@ -245,7 +245,8 @@ class Loop:
             trial_rung = self.retry.pop(0) if self.retry else self._next()
             if trial_rung is None:
                 return
-            self.tracker.start(trial_rung)
+            if not is_baseline(trial_rung.bracket):  # the baseline has no run of its own
+                self.tracker.start(trial_rung)
             self.flights[self.executor.submit(trial_rung)] = Flight(trial_rung, self.timeouts.limit(trial_rung))
 
     def _next(self) -> TrialRung | None:
@@ -344,13 +345,15 @@ class Loop:
         if out.trained is not None and out.error is None:
             self.timeouts.observe(out.trained)
         t, r = trial_rung.trial_id, trial_rung.resource
-        decisions = self.scheduler.report(t, r, out.score, out.checkpoint, out.error)
-        self.journal.reported(t, r, out.score, out.checkpoint, out.error)
+        checkpoint, row = out.checkpoint, asdict(out.row())  # the outcome read whole, then the algorithm told
+        decisions = self.scheduler.report(t, r, out.score, checkpoint, out.error)
+        self.journal.reported(t, r, out.score, checkpoint, out.error)
+        closed = ended(decisions)
         if self.goal is not None:
             self.goal.see(t, r, out.score)
-        self.rows.append(asdict(out.row()))
+        self.rows.append(row)
         self.told.append((out, decisions))
-        self.to_close += ended(decisions)
+        self.to_close += closed
 
     def _tell(self) -> None:
         """The watchers learn the results of the pass, once they are in the saved state."""

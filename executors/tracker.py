@@ -19,7 +19,6 @@ from prefect_hyperband.hyperband.first import is_baseline
 from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import trial_params
 from prefect_hyperband.tasks.service_wait import client_waits
 from prefect_hyperband.tasks.writer import ProcessWriter, ThreadWriter, Writer, make_writer, writer_for
 from prefect_hyperband.trainers.stopping import StopToken
@@ -57,7 +56,7 @@ class MlflowTracker:
 
     def start(self, trial_rung: TrialRung) -> None:
         t = trial_rung.trial_id
-        if t in self.runs or t in self.creating or is_baseline(trial_rung.bracket):  # the baseline: no run of its own
+        if t in self.runs or t in self.creating:  # (the loop starts none for the baseline)
             return
         self.creating[t] = self.waiting.watch(self.writer.submit("start", self.job, t, trial_rung.bracket, time.time()))
 
@@ -70,14 +69,15 @@ class MlflowTracker:
             kept: Future[Outcome] = Future()
             kept.set_result(out)
             return kept
-        logged, params = None, None
+        logged, config = None, None
         if not (out.error is not None and self.stop.requested()):  # stopped, not failed: --resume trains it again
-            # a trial's first rung brings its params (again, the same values, when it is trained again after a kill)
-            params = trial_params(self.job, trial_rung.trial_id, trial_rung.bracket, trial_rung.config) if trial_rung.rung == 0 else None
-            logged = out if out.error is None or params is not None else None
+            # a trial's first rung brings its params (again, the same values, when it is trained again after a kill),
+            # made from its config by the writer (off the loop's thread)
+            config = trial_rung.config if trial_rung.rung == 0 else None
+            logged = out if out.error is None or config is not None else None
         written = self.waiting.watch(self.writer.submit("record", self.job, trial_rung.trial_id, trial_rung.bracket,
                                                         out.started or time.time(), self.runs.get(trial_rung.trial_id),
-                                                        logged, params))
+                                                        logged, config))
         done: Future[Outcome] = Future()
 
         def settle(f: Future) -> None:

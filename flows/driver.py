@@ -14,12 +14,12 @@ from prefect import get_run_logger
 
 from prefect_hyperband.common.errors import shown
 from prefect_hyperband.executors.loop import Drive, JobStopped, Loop, Outcome, stop_grace
+from prefect_hyperband.executors.state import StateWriter
 from prefect_hyperband.executors.threads import RealClock, ThreadExecutor
 from prefect_hyperband.executors.tracker import MlflowTracker
 from prefect_hyperband.flows import progress as display
 from prefect_hyperband.flows import runner
 from prefect_hyperband.flows.groups import Groups
-from prefect_hyperband.flows.state import StateWriter
 from prefect_hyperband.flows.worker_slots import LiveSlots, slot_count
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.criteria import Criteria, Goal
@@ -43,7 +43,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
           saved: dict[str, Any] | None = None, writer: Writer | None = None, criteria: Criteria | None = None,
           clock=lambda: 0.0, importance: str = "none") -> Drive:
     """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every pass
-    that settled results (a journal record; ``flows.state.StateWriter``). ``runs``: trial id -> child run, kept up
+    that settled results (a journal record; ``executors.state.StateWriter``). ``runs``: trial id -> child run, kept up
     to date here (saved ones, and those a killed run of the job created); ``saved``: the state it resumes;
     ``writer``: the trials' MLflow writer (``tasks.writer``), shut down here; ``criteria``: when the job ends before
     its schedule does (``hyperband.criteria``; ``clock``: the job's seconds across resumes, for a time budget);

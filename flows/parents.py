@@ -112,13 +112,14 @@ def _parent(job: Job, pid: str) -> tuple[str, dict[str, Any], list[tuple[Any, ..
     """A parent's id, facts and results (``warm.Result`` and the trial's id), from this job's store (its folder's
     root, or its storage URL)."""
     from prefect_hyperband.executors.schedulers import make_scheduler
-    from prefect_hyperband.flows.state import job_store, load_job_record, load_state
+    from prefect_hyperband.executors.state import job_store, load_job_record, load_state
+    from prefect_hyperband.flows.say import in_run
 
     if pid == job.job_id:
         raise InputError(f"--warm-start {pid}: a job cannot start from itself")
     root = Path(job.job_dir).parent
     storage = job.storage[: -len(job.job_id)] + pid if job.storage else None
-    record = load_job_record(job_store(root / pid, pid, storage))
+    record = load_job_record(job_store(root / pid, pid, storage), in_run)
     if record is None:
         raise InputError(f"--warm-start {pid}: no job {pid!r} under {storage or root} (expected {pid}/job.json)")
     pf = record.get("facts") or _old_facts(job, record)
@@ -128,7 +129,7 @@ def _parent(job: Job, pid: str) -> tuple[str, dict[str, Any], list[tuple[Any, ..
         sampler=p["sampler"], prior_first=p.get("prior_first", False), seed=p["seed"], min_resource=p["min_resource"],
         max_resource=p["max_resource"], eta=p["eta"], direction=pf["direction"],
         objectives=tuple(tuple(o) for o in pf["objectives"]), warm=record.get("warm"))
-    found = load_state(parent, lambda raw: make_scheduler(parent, 1, None, lambda: 0.0, raw))
+    found = load_state(parent, lambda raw: make_scheduler(parent, 1, None, lambda: 0.0, raw), in_run)
     if found is None:
         return pid, pf, []
     return pid, pf, [(t.config, r, v, t.trial_id) for t in found[1].records() for r, v in t.scores.items()]

@@ -13,17 +13,18 @@ from typing import Any
 from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.executors import dask_groups
 from prefect_hyperband.executors.loop import stop_grace
+from prefect_hyperband.executors.state import check_resumable, job_store, load_job_record
 from prefect_hyperband.flows import parents
 from prefect_hyperband.flows.lock import check_free
 from prefect_hyperband.flows.params import TuneParams, may_change_on_resume
+from prefect_hyperband.flows.say import in_run
 from prefect_hyperband.flows.search_space import job_objectives, job_space
-from prefect_hyperband.flows.state import check_resumable, job_store, load_job_record
 from prefect_hyperband.flows.worker_slots import slot_count, storage_name
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.tasks import mlflow_input
 from prefect_hyperband.tasks import storage as storages
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.tracking import check_reachable, tracking_uri
+from prefect_hyperband.tasks.mlflow_store import check_reachable, tracking_uri
 from prefect_hyperband.trainers import data as datasets
 from prefect_hyperband.trainers import gpus, registry
 from prefect_hyperband.trainers.factory import TrainerSettings
@@ -63,7 +64,7 @@ def resume_params(job_dir: str, job_id: str, given: dict[str, Any] | None = None
     """
     storage = (given or {}).get("storage")
     root = job_root(job_dir, storage)
-    record = load_job_record(job_store(Path(root).resolve() / job_id, job_id, storage))
+    record = load_job_record(job_store(Path(root).resolve() / job_id, job_id, storage), in_run)
     if record is None:
         where = storage if storage and not storages.is_local(storage) else root
         hint = "" if storage else " (a job started with --storage needs it again to resume)"
@@ -295,11 +296,11 @@ def _place(params: TuneParams, job_id: str) -> tuple[Path, Any, dict[str, Any] |
     store = job_store(job_dir, job_id, params.storage)
     record = None
     if params.resume:
-        record = load_job_record(store)
+        record = load_job_record(store, in_run)
         if record is None:
             raise InputError(f"no job {job_id!r} to resume under {store.root}")
         check_resumable(store, job_id)
-    elif load_job_record(store) is not None:
+    elif load_job_record(store, in_run) is not None:
         raise InputError(f"job {job_id!r} already exists under {params.job_dir}; continue it with --resume {job_id} "
                          "or choose another --job-id")
     if job_dir.is_dir():

@@ -20,7 +20,7 @@ from prefect_hyperband.flows.prepare import new_job_id, prepare
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.tune import tune
 from prefect_hyperband.hyperband import speedup
-from prefect_hyperband.tasks import service_wait, tracking
+from prefect_hyperband.tasks import mlflow_store, service_wait, tracking
 from prefect_hyperband.tasks.record import ends_the_job, outage, reason, retrying
 from prefect_hyperband.tasks.storage import Storage
 from prefect_hyperband.trainers import factory
@@ -36,7 +36,7 @@ def scale(params: TuneParams, workers: list[int], target_score: float | None = N
     if not sizes or sizes[0] < 1:
         raise ValueError(f"workers must be a list of counts >= 1, got {workers}")
     study = params.job_id or new_job_id()
-    uri = tracking.tracking_uri(params.tracking_uri)
+    uri = mlflow_store.tracking_uri(params.tracking_uri)
     try:
         with service_wait.bound_client_waits(params.service_wait):
             return _study(params, sizes, study, uri, target_score, tolerance)
@@ -158,6 +158,6 @@ def _record(uri: str, run_id: str, result: dict[str, Any], rows: list[speedup.Sc
         right.set_xlabel("workers N")
         right.legend()
         fig.tight_layout()
-        retrying(tracking.client(uri).log_figure, run_id, fig, "scaling.png")
+        retrying(mlflow_store.client(uri).log_figure, run_id, fig, "scaling.png")
     finally:
         retrying(tracking.end_run, uri, run_id, "FINISHED")

@@ -10,15 +10,17 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Cancelled
 
+from prefect_hyperband.common.errors import first_line, unavailable
+from prefect_hyperband.executors.schedulers import make_scheduler
+from prefect_hyperband.executors.state import load_state, save_job_record
 from prefect_hyperband.flows import ending, parents
 from prefect_hyperband.flows.driver import JobStopped, close_decided, drive
-from prefect_hyperband.flows.lost import end_lost_flow_run
-from prefect_hyperband.flows.prepare import prepare, resolve
-from prefect_hyperband.flows.params import TuneParams, mlflow_params
 from prefect_hyperband.flows.lock import job_lock, took_over
+from prefect_hyperband.flows.lost import end_lost_flow_run
+from prefect_hyperband.flows.params import TuneParams, mlflow_params
+from prefect_hyperband.flows.prepare import prepare, resolve
 from prefect_hyperband.flows.process import big_blocks_to_the_os, job_lines_in_ui, stop_on_signals
-from prefect_hyperband.executors.schedulers import make_scheduler
-from prefect_hyperband.flows.state import load_state, save_job_record
+from prefect_hyperband.flows.say import in_run
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.criteria import Criteria
 from prefect_hyperband.hyperband.first import is_baseline
@@ -27,7 +29,6 @@ from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import start_job_run
 from prefect_hyperband.tasks.writer import Writer, make_writer, writer_for
 from prefect_hyperband.trainers import factory, registry, stopping
-from prefect_hyperband.common.errors import first_line, unavailable
 
 
 def _run_name() -> str:
@@ -87,7 +88,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
                                  f"{params.service_wait:g} s (--service-wait): {first_line(no.__cause__)}; nothing ran, "
                                  "run the same command again")
     clock = lambda: spent + time.perf_counter() - began  # noqa: E731  (ASHA's time budget, across resumes)
-    found = load_state(job, lambda state: make_scheduler(job, max_trials, params.time_budget, clock, state))
+    found = load_state(job, lambda state: make_scheduler(job, max_trials, params.time_budget, clock, state), in_run)
     saved, scheduler = found if found else (None, make_scheduler(job, max_trials, params.time_budget, clock,
                                                                  warm=parents.sampler_for))
     rows, spent = (saved["rows"], float(saved["elapsed"])) if saved else ([], 0.0)

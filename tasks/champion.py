@@ -10,7 +10,7 @@ import threading
 from typing import Any, Callable, Iterator, Mapping
 
 from prefect_hyperband.tasks.flavours import log_flavoured
-from prefect_hyperband.tasks.tracking import client
+from prefect_hyperband.tasks.mlflow_store import client
 from prefect_hyperband.trainers.base import Flavoured
 
 #: the registered model's alias for the best model of the newest job

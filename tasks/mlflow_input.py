@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from prefect_hyperband.tasks.tracking import client
+from prefect_hyperband.tasks.mlflow_store import client
 from prefect_hyperband.common.errors import InputError
 
 SQLITE = "sqlite:///"

@@ -1,4 +1,5 @@
-"""MLflow I/O with ``MlflowClient`` and explicit run ids (the fluent active run is thread-local).
+"""MLflow I/O with ``MlflowClient`` and explicit run ids (the fluent active run is thread-local); the store and its
+client: ``tasks.mlflow_store``.
 
 Layout: one parent run per job; one nested child run per trial (tag ``mlflow.parentRunId``),
 its hyperparameters as params and ``val_<metric>`` at step = cumulative resource.
@@ -6,157 +7,15 @@ its hyperparameters as params and ``val_<metric>`` at step = cumulative resource
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
-import logging
 import os
 import tempfile
-import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import PurePosixPath
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Iterable, Mapping, Sequence
 
-from prefect_hyperband.common.errors import InputError, first_line
-from prefect_hyperband.common.files import file_lock
-
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-#: per SQLite store (its URI): its writers take turns (re-entrant: start_parent calls log_params), and its first
-#: opening (creation, pragmas) runs once. Per store, not per process: a writer stuck on one store (another test's,
-#: another job's) never holds up a job on another
-_locks: dict[tuple[str, str], threading.RLock] = {}
-_locks_lock = threading.Lock()
-
-
-def _lock(kind: str, uri: str) -> threading.RLock:
-    with _locks_lock:
-        return _locks.setdefault((kind, uri), threading.RLock())
-
-
-def _one_writer(fn: F) -> F:
-    """SQLite has one writer at a time: brackets logging from several threads take turns in-process,
-    instead of failing with "database is locked" and retrying. Servers (http URIs) are not serialised."""
-
-    @functools.wraps(fn)
-    def wrapper(uri: str, *args: Any, **kwargs: Any) -> Any:
-        if uri.startswith("sqlite:"):
-            with _lock("write", uri):
-                return fn(uri, *args, **kwargs)
-        return fn(uri, *args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def tracking_uri(explicit: str | None = None) -> str:
-    """``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``."""
-    return explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-
-
-def client(uri: str):
-    from mlflow import MlflowClient
-
-    # MLflow prints "View run ... at: URL" to stdout each time a run ends against a tracking server: a line per
-    # trial (thousands under ASHA) on the job's terminal; the CLI prints the parent run's link once, at the end
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-    if uri.startswith("sqlite:") and uri not in _tuned:
-        with _lock("open", uri):
-            if uri not in _tuned:
-                with _creation_lock(uri):  # WAL's first switch too: it wants the database to itself
-                    c = _open_stores(uri)
-                    _tune_sqlite(uri, c)
-                return c
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
-
-
-_tuned: set[str] = set()
-
-
-@contextlib.contextmanager
-def _creation_lock(uri: str) -> Iterator[None]:
-    """Across processes, one at a time: ``<database>.lock`` beside a SQLite file. Two jobs started together on a
-    new ``mlflow.db`` would both run MLflow's schema migration on it and one would fail (``table runs already
-    exists``, ``Online migration expected to match one row``)."""
-    from sqlalchemy.engine import make_url
-
-    database = make_url(uri).database
-    if not database or database == ":memory:" or database.startswith("file:"):
-        yield
-        return
-    with file_lock(os.path.abspath(database) + ".lock"):
-        yield
-
-
-def _open_stores(uri: str) -> Any:
-    """A client of a SQLite URI with its tracking and registry stores open (MLflow creates and migrates a new
-    database as it opens it, then caches the store per URI): under ``_creation_lock``, the second job finds it
-    created."""
-    from mlflow import MlflowClient
-
-    try:
-        c = MlflowClient(tracking_uri=uri, registry_uri=uri)  # opens the tracking store
-        c._get_registry_client().store  # noqa: B018  (opening is the point)
-        return c
-    except Exception as exc:
-        raise StoreError(f"MLflow store {uri}: cannot open it: {type(exc).__name__}: {first_line(exc)}; if the file "
-                         "is not an MLflow database (or one of another MLflow version), move it away or pass "
-                         "--tracking-uri sqlite:///another.db") from exc
-
-
-class StoreError(InputError):
-    """The tracking store cannot be opened; the message names it and what to do (one line, exit 2)."""
-
-
-def _tune_sqlite(uri: str, c: Any) -> None:
-    """A local sqlite store in WAL mode with ``synchronous=NORMAL``: a commit appends to the log
-    instead of syncing the database file twice, 2-3x faster per write (measured: a child run's
-    create + params 18 -> 7.5 ms). Safe against a killed process; a power cut may lose the last
-    commits, never corrupt the file. ``MLFLOW_SQLITE_WAL=0`` keeps sqlite's defaults (a database on
-    a network filesystem, where WAL does not work)."""
-    _tuned.add(uri)
-    if os.environ.get("MLFLOW_SQLITE_WAL", "1") == "0":
-        return
-    try:
-        from sqlalchemy import event
-
-        engine = c._tracking_client.store.engine
-        with engine.connect() as conn:
-            conn.exec_driver_sql("PRAGMA journal_mode=WAL")
-
-        def on_connect(dbapi_connection: Any, _record: Any) -> None:
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.close()
-
-        event.listen(engine, "connect", on_connect)
-        engine.dispose()  # pooled connections reconnect with the pragma
-    except Exception as exc:  # an older or different store: its defaults are slower, not wrong
-
-        logging.getLogger(__name__).debug("sqlite tuning skipped for %s: %s", uri, exc)
-
-
-def check_reachable(uri: str, timeout: float = 10.0) -> None:
-    """Fail fast, before any training, when the tracking server cannot be reached."""
-    if not uri.startswith(("http://", "https://")):
-        try:
-            client(uri).search_experiments(max_results=1)
-        except InputError:
-            raise
-        except Exception as exc:
-            if "://" in uri and not uri.startswith("file:"):  # a database: it may be restarting (--service-wait)
-                raise
-            raise InputError(f"--tracking-uri {uri}: {first_line(exc)}") from None  # a folder: MLflow's file store
-        return
-
-    try:
-        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout).read()
-    except (urllib.error.URLError, OSError) as exc:
-        raise ConnectionError(f"MLflow tracking server {uri} is not reachable ({exc}); start it or pass --tracking-uri") from exc
-
+from prefect_hyperband.tasks.mlflow_store import client, one_writer
 
 #: MLflow's experiment kinds (its UI opens ``custom_model_development`` in the Model training view)
 KIND, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"
@@ -206,7 +65,7 @@ def model_development(uri: str, name: str, metric: str, greater_is_better: bool)
     return exp_id, None
 
 
-@_one_writer
+@one_writer
 def start_parent(uri: str, experiment: str, run_name: str, params: Mapping[str, Any], tags: Mapping[str, str],
                  inputs: Sequence[Any] = ()) -> str:
     c = client(uri)
@@ -223,7 +82,7 @@ def _experiment_of(uri: str, parent_run_id: str) -> str:
     return client(uri).get_run(parent_run_id).info.experiment_id
 
 
-@_one_writer
+@one_writer
 def create_child(uri: str, parent_run_id: str, run_name: str, tags: Mapping[str, str], start_time: float | None = None,
                  inputs: Sequence[Any] = ()) -> str:
     """A nested run of ``parent_run_id`` (the parent's experiment is looked up once per process), with the job's
@@ -272,14 +131,14 @@ def existing_children(uri: str, parent_run_id: str) -> dict[str, str]:
             return found
 
 
-@_one_writer
+@one_writer
 def log_params(uri: str, run_id: str, params: Mapping[str, Any]) -> None:
     from mlflow.entities import Param
 
     _log_batches(client(uri), run_id, [Param(str(k), _fmt(v)) for k, v in params.items()], [])
 
 
-@_one_writer
+@one_writer
 def log_metrics(uri: str, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
     from mlflow.entities import Metric
 
@@ -299,7 +158,7 @@ def result_metrics(history: Iterable[Mapping[str, float]], metrics: Mapping[str,
     return items
 
 
-@_one_writer
+@one_writer
 def log_result(
     uri: str, run_id: str, history: Iterable[Mapping[str, float]], metrics: Mapping[str, float], step: int,
     params: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None,
@@ -313,7 +172,7 @@ def log_result(
                  [RunTag(k, v) for k, v in (tags or {}).items()])
 
 
-@_one_writer
+@one_writer
 def log_history(uri: str, run_id: str, key: str, points: Iterable[tuple[int, float, float]]) -> None:
     """A metric's history in batches: (step, value, epoch seconds) each, so MLflow draws its curve."""
     from mlflow.entities import Metric
@@ -326,7 +185,7 @@ def log_history(uri: str, run_id: str, key: str, points: Iterable[tuple[int, flo
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"
 
 
-@_one_writer
+@one_writer
 def log_table(uri: str, run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
     """Rows as an MLflow table artifact (the run's artifact view shows it as a table), replacing the last one.
 
@@ -347,34 +206,34 @@ def log_table(uri: str, run_id: str, rows: list[dict[str, Any]], artifact_file: 
         c.set_tag(run_id, LOGGED_ARTIFACTS_TAG, json.dumps([*shown, entry]))
 
 
-@_one_writer
+@one_writer
 def log_figure(uri: str, run_id: str, figure: Any, artifact_file: str) -> None:
     client(uri).log_figure(run_id, figure, artifact_file)
 
 
-@_one_writer
+@one_writer
 def set_tags(uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
     from mlflow.entities import RunTag
 
     client(uri).log_batch(run_id, tags=[RunTag(k, _fmt(v)) for k, v in tags.items()])
 
 
-@_one_writer
+@one_writer
 def set_status(uri: str, run_id: str, status: str) -> None:
     client(uri).update_run(run_id, status=status)
 
 
-@_one_writer
+@one_writer
 def end_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(uri).set_terminated(run_id, status=status)
 
 
-@_one_writer
+@one_writer
 def log_json(uri: str, run_id: str, payload: Any, artifact_file: str) -> None:
     client(uri).log_dict(run_id, payload, artifact_file)
 
 
-@_one_writer
+@one_writer
 def log_artifacts(uri: str, run_id: str, path: str, artifact_path: str) -> None:
     """A file or a directory's files, under ``artifact_path`` on the run."""
     if os.path.isdir(path):
@@ -383,7 +242,7 @@ def log_artifacts(uri: str, run_id: str, path: str, artifact_path: str) -> None:
         client(uri).log_artifact(run_id, path, artifact_path)
 
 
-@_one_writer
+@one_writer
 def log_text(uri: str, run_id: str, text: str, artifact_file: str) -> None:
     client(uri).log_text(run_id, text, artifact_file)
 

@@ -28,7 +28,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, Union
 
-from prefect_hyperband.tasks.record import close_trial_runs, log_trial_rung, start_trial_run
+from prefect_hyperband.tasks.record import close_trial_runs, log_trial_rung, start_trial_run, trial_params
 from prefect_hyperband.tasks.result import Outcome
 from prefect_hyperband.tasks.service_wait import bound_client_waits
 
@@ -53,12 +53,14 @@ class TrialRuns:
         return run_id
 
     def record(self, job: Any, trial_id: str, bracket: int, started: float, run_id: str | None,
-               out: Outcome | None, params: dict[str, Any] | None = None) -> str:
+               out: Outcome | None, config: dict[str, Any] | None = None) -> str:
         """The trial's run (made now when its creation failed or never came), with the trial-rung's result ``out``
-        logged to it when given (``params``: the run's, with its first write)."""
+        logged to it when given (``config``: the trial's, given with its first rung, logged as the run's params with
+        its first write)."""
         run_id = run_id or self.created.get(trial_id) or start_trial_run(job, trial_id, bracket, started)
         self.created[trial_id] = run_id
         if out is not None:
+            params = trial_params(job, trial_id, bracket, config) if config is not None else None
             log_trial_rung(job, run_id, out, params)
         return run_id
 

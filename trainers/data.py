@@ -219,7 +219,6 @@ def layout_of(spec: DataSpec) -> Any:
 
 @lru_cache(maxsize=8)
 def _layout(spec: DataSpec, digest: str) -> Any:  # per listing: a resume whose data changed sees the new one
-
     table = tables.find(spec.data)
     if not spec.target:
         raise InputError(f"--target is required with a table ({spec.data})")

@@ -180,7 +180,6 @@ def read_batches(table: Table, part: Part, layout: Layout, seed: int, fraction: 
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001  (an object that cannot be read: named in one line)
-
         raise InputError(f"cannot read {part_url(table, part)}: {type(exc).__name__}: {first_line(exc)}") from None
 
 
@@ -197,7 +196,6 @@ def _split(frame: Any, validation: np.ndarray, table: Table, part: Part, layout:
     try:
         X = encode(frame, layout)
     except (ValueError, TypeError) as exc:  # text in a column the first part's rows showed as numbers (CSV)
-
         raise InputError(f"{part_url(table, part)}: {first_line(exc)}; every part's column needs the type it has in the "
                          "first part") from None
     bad = np.isinf(X).any(axis=0)

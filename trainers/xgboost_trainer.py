@@ -200,7 +200,6 @@ class XGBoostTrainer:
         dask, self._dask = self._dask, None
         if dask is not None:
             if self._table is not None:  # the workers' matrices (an external cluster's workers outlive the job)
-
                 with contextlib.suppress(Exception):
                     xgboost_ranks.drop(dask.client, self._key)
             dask.close()

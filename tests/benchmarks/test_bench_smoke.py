@@ -137,14 +137,14 @@ def test_replay_makes_the_jobs_mlflow_writes(tmp_path):
     """The floor's replay with a tracking store: a child run per trial, its params once, a metric per trial-rung."""
     from mlflow import MlflowClient
 
-    from prefect_hyperband.tasks import tracking
+    from prefect_hyperband.tasks import mlflow_store
 
     config = {"eta": 0.3, "max_depth": 3}
     rows = [{"trial_id": "t0", "bracket": 1, "rung": 0, "resource": 1, "config": config},
             {"trial_id": "t1", "bracket": 1, "rung": 0, "resource": 1, "config": {**config, "max_depth": 4}},
             {"trial_id": "t0", "bracket": 1, "rung": 1, "resource": 3, "config": config}]
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    tracking.check_reachable(uri)
+    mlflow_store.check_reachable(uri)
     result = _load("bench_efficiency").replay(rows, 0, 1, 3, 3, tmp_path / "replay", nthread=1, rounds_per_unit=1,
                                               tracking_uri=uri)
     assert result["units"] == 4 and set(result["scores"]) == {("t0", 1), ("t1", 1), ("t0", 3)}

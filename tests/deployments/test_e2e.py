@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_hyperband.flows.state import saved_rows
+from prefect_hyperband.executors.state import saved_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "hyperband-process"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_hyperband.flows.state import saved_rows
+from prefect_hyperband.executors.state import saved_rows
 
 from stack import Stack, running, _exe, _free_port, _http, _wait_http, _wait_log, server_env  # noqa: E402  (tests/deployments)
 

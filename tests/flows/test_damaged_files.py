@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_hyperband.flows.state import saved_rows
+from prefect_hyperband.executors.state import saved_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 SYNTHETIC = ["--model", "synthetic", "--max-resource", "9", "--unit-seconds", "0.05", "--concurrency", "1", "--no-baseline"]

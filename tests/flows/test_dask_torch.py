@@ -15,7 +15,7 @@ import pytest
 from dask_cluster import cluster  # tests/dask_cluster.py
 from mlflow_runs import runs_of  # tests/flows
 
-from prefect_hyperband.flows.state import saved_rows
+from prefect_hyperband.executors.state import saved_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 

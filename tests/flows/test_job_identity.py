@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from prefect_hyperband.flows.state import saved_rows
+from prefect_hyperband.executors.state import saved_rows
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 SMALL = ["--model", "synthetic", "--max-resource", "3", "--eta", "3", "--no-baseline"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_hyperband.flows.state import saved_rows
+from prefect_hyperband.executors.state import saved_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 COMMON = ["--model", "synthetic", "--max-resource", "9", "--no-baseline", "--seed", "4", "--json"]

@@ -14,7 +14,7 @@ import pytest
 from mlflow_runs import runs_of  # noqa: E402  (tests/flows)
 
 from prefect_hyperband.flows.params import TuneParams
-from prefect_hyperband.flows.state import saved_rows
+from prefect_hyperband.executors.state import saved_rows
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -272,7 +272,7 @@ def test_trial_rung_metrics_are_written_by_the_mlflow_writer_before_the_result_e
     tracking store already (read back from the store at every save)."""
     from mlflow import MlflowClient
 
-    from prefect_hyperband.flows.state import StateWriter
+    from prefect_hyperband.executors.state import StateWriter
     from prefect_hyperband.flows.tune import tune
     from prefect_hyperband.tasks import writer
 

@@ -13,7 +13,7 @@ def test_a_torch_job_with_gpus_takes_the_gpu_sized_default_space_and_a_resume_el
     from prefect_hyperband.flows import parents
     from prefect_hyperband.flows.prepare import prepare, resume_params
     from prefect_hyperband.flows.search_space import job_space
-    from prefect_hyperband.flows.state import save_job_record
+    from prefect_hyperband.executors.state import save_job_record
     from prefect_hyperband.trainers import registry
 
     common = dict(model="torch", data="digits", max_resource=3, job_dir=str(tmp_path))

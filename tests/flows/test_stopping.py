@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from prefect_hyperband.flows.state import saved_rows
+from prefect_hyperband.executors.state import saved_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 

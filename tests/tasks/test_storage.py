@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_hyperband.flows.state import job_store
+from prefect_hyperband.executors.state import job_store
 from prefect_hyperband.tasks.storage import Storage, check
 from prefect_hyperband.common.errors import InputError
 

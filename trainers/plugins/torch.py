@@ -23,10 +23,8 @@ def build(settings: Any):
     if settings.timeout:
         kwargs.setdefault("trial_timeout", settings.timeout)
     if settings.dask_address:  # the ranks on the cluster's workers: the executor's placement, given to the trainer
-
         kwargs["placement"] = torch_on(settings.dask_address)
     else:  # this machine's ranks, kept up between trial-rungs (``warm=False`` in the model's knobs turns it off)
-
         kwargs["pools"] = warm_pools
 
     kwargs.setdefault("deterministic", settings.deterministic)

@@ -16,7 +16,6 @@ def build(settings: Any):
     assert settings.trainer and settings.metric
     placement = None
     if settings.dask_address:  # each trial-rung on a free worker of the cluster: the executor's placement
-
         placement = function_on(settings.dask_address)
 
     return FunctionTrainer(settings.trainer, settings.metric, workers=settings.workers, placement=placement,

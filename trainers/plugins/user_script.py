@@ -14,7 +14,6 @@ def build(settings: Any):
     assert settings.script and settings.metric
     placement = None
     if settings.dask_address:  # the ranks on a group of the cluster's workers: the executor's placement
-
         placement = script_on(settings.dask_address)
 
     return ScriptTrainer(settings.script, settings.metric, workers=settings.workers, threads=settings.threads,

@@ -19,7 +19,6 @@ def build(settings: Any):
 
     placement = None
     if settings.workers > 1 or settings.dask_address:  # allreduce on a Dask cluster's groups: the executor's placement
-
         placement = xgboost_on(settings.dask_address)
     return XGBoostTrainer(
         settings.data, workers=settings.workers, metric=settings.metric, seed=settings.seed,

@@ -1,4 +1,4 @@
-"""The job's state as a snapshot and a journal (``flows.state``): a result costs one appended record, a kill at
+"""The job's state as a snapshot and a journal (``executors.state``): a result costs one appended record, a kill at
 any point resumes to the state of the last record, a torn last record is skipped in one line, a damaged snapshot
 falls back on its previous version and both journals; the same on an object store, in segments."""
 
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from prefect_hyperband.flows import state as state_mod
-from prefect_hyperband.flows.state import StateWriter, journal_key, load_state, saved_rows
+from prefect_hyperband.executors import state as state_mod
+from prefect_hyperband.executors.state import StateWriter, journal_key, load_state, saved_rows
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.journal import Journal
 from prefect_hyperband.hyperband.sampler import RandomSampler
@@ -72,8 +72,7 @@ class Job:
 
 
 def loaded(store: Storage, said: list[str], monkeypatch):
-    monkeypatch.setattr(state_mod, "_say", said.append)
-    return load_state(SimpleNamespace(store=lambda: store), build)
+    return load_state(SimpleNamespace(store=lambda: store), build, said.append)
 
 
 def same(a, b) -> None:

@@ -1,4 +1,6 @@
-"""Job state on disk: JSON files in the job directory, written atomically, read back by ``--resume``."""
+"""Job state on disk: JSON files in the job directory, written atomically, read back by ``--resume``. The engine's
+(no Prefect): what it has to say of a damaged file goes to the ``say`` it is given (``flows.say.in_run``: the flow
+run's log)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from prefect_hyperband.common.errors import InputError, full_disk, no_space
 from prefect_hyperband.hyperband.journal import Diverged, Journal, replay
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.storage import PREVIOUS, Storage, is_local, join
 
 if TYPE_CHECKING:  # (an annotation only)
     from prefect_hyperband.hyperband.scheduler import Scheduler
-from prefect_hyperband.common.errors import InputError, full_disk, no_space
+
+
+def on_stderr(text: str) -> None:
+    """One line on stderr: where a damaged file is said when no flow gives its run's log (``flows.say.in_run``)."""
+    print(f"hyperband: {text}", file=sys.stderr, flush=True)
+
 
 def job_store(job_dir: str | Path, job_id: str, storage: str | None = None) -> Storage:
     """The job's record, state and checkpoints: in ``job_dir``, or under ``<storage>/<job_id>`` when that is a URL."""
@@ -41,12 +49,12 @@ def _job_record(value: Any) -> dict[str, Any]:
     return value
 
 
-def load_job_record(store: Storage) -> dict[str, Any] | None:
-    """The job's record, from its previous version when ``job.json`` is damaged (said in one line); None when the
-    job has none; ``InputError`` naming the file when neither is good."""
+def load_job_record(store: Storage, say: Callable[[str], None] = on_stderr) -> dict[str, Any] | None:
+    """The job's record, from its previous version when ``job.json`` is damaged (said in one line, ``say``); None
+    when the job has none; ``InputError`` naming the file when neither is good."""
     record, notice = store.read_kept("job.json", _job_record)
     if notice:
-        _say(notice)
+        say(notice)
     return record
 
 
@@ -216,7 +224,8 @@ def read_journal(store: Storage, generation: int) -> tuple[list[dict[str, Any]],
     return records, notices
 
 
-def load_state(job: Job, build: Callable[[dict[str, Any]], Any]) -> tuple[dict[str, Any], Any] | None:
+def load_state(job: Job, build: Callable[[dict[str, Any]], Any],
+               say: Callable[[str], None] = on_stderr) -> tuple[dict[str, Any], Any] | None:
     """The saved state and its scheduler (``build`` of the snapshot's, with its trial-rungs in flight still out), the
     journal replayed on it, then its trial-rungs in flight offered again; from the snapshot's previous version when
     ``state.json`` is damaged or ``build`` rejects it (said in one line). None for a new job; ``InputError``
@@ -232,7 +241,7 @@ def load_state(job: Job, build: Callable[[dict[str, Any]], Any]) -> tuple[dict[s
 
     found, notice = store.read_kept(SNAPSHOT, check)
     if notice:
-        _say(notice)
+        say(notice)
     if found is None:
         return None
     saved, scheduler = found
@@ -249,7 +258,7 @@ def load_state(job: Job, build: Callable[[dict[str, Any]], Any]) -> tuple[dict[s
             saved["runs"].update(record["runs"])
             saved["elapsed"], saved["lost"] = record["elapsed"], record["lost"]
         for line in notices:
-            _say(line)
+            say(line)
         saved["journal"] = max([int(generation), *(_generation(k) for k in store.keys("journal."))])
     scheduler.requeue()
     return saved, scheduler
@@ -294,13 +303,3 @@ def check_resumable(store: Storage, job_id: str) -> None:
         raise InputError(f"job {job_id!r}: {store.url(SNAPSHOT)} and its previous version are gone, but its journal "
                          "or checkpoints are there; restore either file to resume, or start a new job")
 
-
-def _say(text: str) -> None:
-    """One line: in the flow run's log (the terminal and the UI) inside a run, on stderr before one starts."""
-    from prefect import get_run_logger
-    from prefect.exceptions import MissingContextError
-
-    try:
-        get_run_logger().warning(text)
-    except MissingContextError:
-        print(f"hyperband: {text}", file=sys.stderr, flush=True)
