@@ -31,7 +31,7 @@ def _load(name: str):
                                   "bench_vs_optuna", "bench_dask_groups", "bench_dask_torch", "bench_multi_objective",
                                   "bench_priors", "bench_job_size", "bench_bookkeeping",
                                   "bench_load", "bench_startup", "bench_big_data", "bench_task_workers",
-                                  "bench_torch_epoch", "gpu_check"])
+                                  "bench_torch_epoch", "bench_task_runner", "gpu_check"])
 def test_imports_and_has_main(name):
     module = _load(name)
     assert callable(module.main)
@@ -179,3 +179,22 @@ def test_the_gpu_check_runs_on_this_cpu_without_prefect_or_mlflow_and_writes_its
     assert set(checks["epoch_cpu"]["figures"]) == {"32", "512"}
     assert checks["xgboost_cuda"]["figures"]["cpu"]["resumed_equals_straight"]
     assert len(proc.stdout.strip().splitlines()) == len(checks)  # one line a check
+
+
+def test_task_runner_bench_runs_both_ways_and_only_prefects_keeps_results_linked(prefect_harness, tmp_path):
+    """The two ways the bench compares train and evaluate the same trial-rungs without a failure; the job's way
+    leaves no result linked to the flow run (``forget_results``), ``submit``'s leaves each (issue 77's figure)."""
+    from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.flows.prepare import prepare
+    from prefect_hyperband.trainers import factory
+
+    bench = _load("bench_task_runner")
+    job = prepare(TuneParams(model="synthetic", max_resource=1, job_dir=str(tmp_path / "jobs"), job_id="smoke",
+                             tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", baseline=False))
+    with factory.scope():
+        trainer = factory.get(job.settings)
+        ours = bench.measure("ours", job, trainer, 6, 2, 0)
+        theirs = bench.measure("prefect", job, trainer, 6, 2, 0)
+    assert ours["failed"] == theirs["failed"] == 0
+    assert ours["linked"] == 0 and theirs["linked"] >= 6 * 2  # a train and an evaluate result a trial-rung at least
+    assert ours["wall"] > 0 and theirs["cpu"] > 0
