@@ -9,9 +9,9 @@ One trial-rung's path: ``_fill`` takes it from ``scheduler.next_trial_rung()`` (
 ``hyperband.criteria.Goal``), writes the call in the journal (``hyperband.journal.Journal``) and submits it; once
 trained, ``_trained`` hands it to the tracker; once recorded, ``_settle`` reports it to the scheduler (and the
 journal, and the goal) and adds its row; the state is saved after every pass that settled a result (the driver's
-``save`` appends the journal's calls as one record: ``executors.state.StateWriter``), and only then are the pass's results
-and decisions told (``Events``: the log lines, the display, the rungs' promote tasks), before the next trial-rungs
-are handed out.
+``save`` appends the journal's calls as one record: ``executors.state.StateWriter``), and only then are the pass's
+results and decisions told (``Events``: the log lines, the display, the rungs' promote tasks), before the next
+trial-rungs are handed out.
 """
 
 from __future__ import annotations

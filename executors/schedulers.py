@@ -1,7 +1,7 @@
 """A job's scheduler and its sampler, new or as saved: what ``--mode``, ``--sampler``, ``--baseline``,
 ``--prior-first`` and ``--warm-start`` make of the algorithm (``hyperband/``) for the loop. The state they are saved in
-and resumed from is ``executors.state``'s; a warm start's parents are read by ``flows.parents`` (``sampler_for``, handed in
-as ``warm``)."""
+and resumed from is ``executors.state``'s; a warm start's parents are read by ``flows.parents`` (``sampler_for``,
+handed in as ``warm``)."""
 
 from __future__ import annotations
 
