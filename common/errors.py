@@ -6,6 +6,7 @@ import errno
 import math
 import os
 import shutil
+import sys
 
 
 class InputError(ValueError):
@@ -25,6 +26,12 @@ def seconds_from_env(name: str, default: float) -> float:
     if not value > 0 or math.isinf(value):
         raise InputError(f"{name}={raw!r}: not a number of seconds above 0 (unset, it is {default:g})")
     return value
+
+
+def on_stderr(text: str) -> None:
+    """One line on stderr, ``hyperband: text``: what the CLI says outside a flow run (a slow server's start, a damaged
+    file read before a job's flow run begins)."""
+    print(f"hyperband: {text}", file=sys.stderr, flush=True)
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:

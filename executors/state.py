@@ -5,24 +5,18 @@ run's log)."""
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from prefect_hyperband.common.errors import InputError, full_disk, no_space
+from prefect_hyperband.common.errors import InputError, full_disk, no_space, on_stderr
 from prefect_hyperband.hyperband.journal import Diverged, Journal, replay
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.storage import PREVIOUS, Storage, is_local, join
 
 if TYPE_CHECKING:  # (an annotation only)
     from prefect_hyperband.hyperband.scheduler import Scheduler
-
-
-def on_stderr(text: str) -> None:
-    """One line on stderr: where a damaged file is said when no flow gives its run's log (``flows.say.in_run``)."""
-    print(f"hyperband: {text}", file=sys.stderr, flush=True)
 
 
 def job_store(job_dir: str | Path, job_id: str, storage: str | None = None) -> Storage:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
-from prefect_hyperband.common.errors import InputError, seconds_from_env
+from prefect_hyperband.common.errors import InputError, on_stderr, seconds_from_env
 from prefect_hyperband.common.files import file_lock
 from prefect_hyperband.common.ports import free_port
 from prefect_hyperband.executors.loop import signal_name
@@ -163,7 +163,7 @@ def temporary_server(launched: Launched | None = None, say: Callable[[str], None
         launched = launched or _left_starting(instance) or launch_temporary_server()
         with launched.held:
             try:
-                _wait_for_health(launched, bound, say or _say)
+                _wait_for_health(launched, bound, say or on_stderr)
             except ServerNotStarted:
                 prefect_internals.take_up(instance, launched.port, launched.process)  # a retry takes it up
                 raise
@@ -188,10 +188,6 @@ def _left_starting(instance: Any) -> Launched | None:
     held = contextlib.ExitStack()
     held.enter_context(file_lock(_server_log().with_name("temporary-server.lock")))
     return Launched(instance.port, process, held)
-
-
-def _say(line: str) -> None:
-    print(f"hyperband: {line}", file=sys.stderr, flush=True)
 
 
 def _wait_for_health(launched: Launched, bound: float, say: Callable[[str], None]) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 
-from prefect_hyperband.executors.state import on_stderr
+from prefect_hyperband.common.errors import on_stderr
 
 
 def in_run(text: str) -> None:

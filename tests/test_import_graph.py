@@ -23,13 +23,16 @@ def _modules(root: Path = ROOT) -> dict[str, Path]:
     return found
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node but those under ``if TYPE_CHECKING:`` (annotations only: no import at run time)."""
+def _runtime_nodes(tree: ast.AST, functions: bool = True):
+    """Every node but those under ``if TYPE_CHECKING:`` (annotations only: no import at run time); without
+    ``functions``, none inside a function either (what importing the module runs)."""
     stack = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
             stack.extend(node.orelse)
+            continue
+        if not functions and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
         yield node
         stack.extend(ast.iter_child_nodes(node))
@@ -142,19 +145,8 @@ DEFERRED_BOUND = 197
 
 def _top_imports(path: Path) -> set[str]:
     """The modules ``path`` imports when it is imported: not inside a function, not under ``if TYPE_CHECKING:``."""
-    found: set[str] = set()
-    stack = list(ast.parse(path.read_text()).body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            continue
-        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-            stack.extend(node.orelse)
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            found |= _targets(node)
-        stack.extend(ast.iter_child_nodes(node))
-    return found
+    return set().union(*(_targets(node) for node in _runtime_nodes(ast.parse(path.read_text()), functions=False)
+                         if isinstance(node, (ast.Import, ast.ImportFrom))))
 
 
 def _targets(node: ast.Import | ast.ImportFrom) -> set[str]:
@@ -176,8 +168,8 @@ def _heavy_libraries(root: Path) -> dict[str, set[str]]:
             parts = module.split(".")
             reached = top.get(module, set()) | {".".join(parts[:i]) for i in range(1, len(parts))}
             for target in reached:
-                root = target.split(".")[0]
-                heavy[module] |= {root} if root in HEAVY else of(target) if target in modules else set()
+                library = target.split(".")[0]
+                heavy[module] |= {library} if library in HEAVY else of(target) if target in modules else set()
         return heavy[module]
 
     return {m: of(m) for m in modules}

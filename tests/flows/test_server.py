@@ -122,7 +122,7 @@ def fake_start(monkeypatch, tmp_path):
     state.answer_after = 0
     monkeypatch.setattr(process, "_uvicorn", launch)
     monkeypatch.setattr(process, "_healthy", healthy)
-    monkeypatch.setattr(process, "_say", state.said.append)
+    monkeypatch.setattr(process, "on_stderr", state.said.append)
     monkeypatch.setattr(prefect_server, "SubprocessASGIServer", lambda: state.instance)
     with temporary_settings({PREFECT_HOME: tmp_path}, restore_defaults={PREFECT_API_URL}):
         yield state
