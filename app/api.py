@@ -55,6 +55,7 @@ def tune(
     min_resource: int = _DEFAULT["min_resource"],
     stop: StopToken | None = None,
     metrics: Mapping[str, str] | None = None,
+    run_name: str | None = None,
     **options: Any,
 ) -> JobResult:
     """Tune ``train(trial) -> {metric: value}`` over ``space`` with Hyperband; any ``TuneParams`` field in ``options``.
@@ -62,6 +63,8 @@ def tune(
     ``stop``: a ``StopToken`` whose ``request()`` (from another thread) stops this job as Ctrl-C would: its state
     saved, ``--resume`` (``resume=True, job_id=...``) finishes it; the flow run ends Cancelled and this raises
     ``JobCancelled``. Jobs run side by side in one process (threads) each have their own.
+
+    ``run_name``: the flow run's name in Prefect (default: what the job is and its id).
 
     ``train`` is a function (importable, or defined right here: then a killed job resumes only in
     this process) or its entry string, ``path/to/file.py:function`` / ``package.module:function``, or a
@@ -99,8 +102,14 @@ def tune(
     prepare(resolve(params))  # bad input raises here, as the CLI's preflight: no server, no failed flow run
     temporary_server()  # without PREFECT_API_URL, as the CLI's (batched writes, flows.server's app)
     with stopping.bind(stop or StopToken()):
-        state = started(tune_flow, params)  # a Prefect API whose database restarts: one warning line, a wait
+        flow = tune_flow.with_options(flow_run_name=_literal(run_name)) if run_name else tune_flow
+        state = started(flow, params)  # a Prefect API whose database restarts: one warning line, a wait
     return _found(state, params)
+
+
+def _literal(name: str) -> str:
+    """``name`` as a Prefect run-name template that formats to itself (its braces doubled)."""
+    return name.replace("{", "{{").replace("}", "}}")
 
 
 def _found(state, params: TuneParams) -> JobResult:

@@ -298,8 +298,9 @@ def _ended(state, params, args: argparse.Namespace, out=None) -> int:
         print(result["table"], file=out)
         print(f"MLflow: experiment {params.experiment!r}, parent run {result['parent_run_id']}; job dir {result['job_dir']}", file=out)
         print(f"MLflow UI: {terminal.mlflow_link(params, result['parent_run_id'])}", file=out)
-        if result.get("champion_version"):
-            print(f"champion: models:/{params.experiment}@champion (version {result['champion_version']})", file=out)
+        if result.get("champion_version"):  # this job's version: @champion, or @challenger (the summary says why)
+            alias = result.get("model_alias") or "champion"
+            print(f"{alias}: models:/{params.experiment}@{alias} (version {result['champion_version']})", file=out)
     if failed:  # nothing tuned: the user's code (or data) fails, not a job to build on
         print(f"hyperband: error: every trial failed ({result['summary']['failed_trials']}), the first with "
               f"{result['every_trial_failed']} (each traceback: {Path(result['job_dir']) / 'job.log'}); fix it and run the "

@@ -49,6 +49,7 @@ class Deployed:
     work_pool: str
     working_dir: str
     schedules: tuple[str, ...]
+    active: bool = False
 
 
 def deploy(
@@ -56,14 +57,17 @@ def deploy(
     working_dir: str | Path = ".",
     names: Sequence[str] = (),
     schedule: bool = True,
+    active: bool = False,
 ) -> list[Deployed]:
-    """Create or update the bundled deployments on ``pool``; flow runs start in ``working_dir``.
+    """Create or update the bundled deployments on ``pool``; flow runs start in ``working_dir``. Their example
+    schedules are created paused unless ``active`` (none without ``schedule``).
 
     A process worker otherwise runs each flow run in a fresh temporary folder, where a job's
     checkpoints (``job_dir``, relative by default) would be lost and ``--resume`` impossible.
     """
     from prefect import deploy as prefect_deploy
     from prefect.deployments.runner import EntrypointType
+    from prefect.schedules import Cron
 
     chosen = choose(names)
     workdir = Path(working_dir).resolve()
@@ -74,7 +78,8 @@ def deploy(
         # the pool's environment as the packaged prefect.yaml gives it (the Prefect client's retries, no telemetry)
         env = dict((d.get("work_pool") or {}).get("job_variables", {}).get("env") or {})
         job_variables = {"working_dir": str(workdir), "env": env}
-        crons = [s["cron"] for s in d.get("schedules") or []] if schedule else []
+        crons = [Cron(s["cron"], timezone=s.get("timezone"), active=active)
+                 for s in d.get("schedules") or []] if schedule else []
         module, _, name = d["entrypoint"].partition(":")  # a module path: the tune flow, or the scaling study's
         flow = getattr(importlib.import_module(module), name)
         deployments.append(
@@ -83,7 +88,7 @@ def deploy(
                 description=d.get("description"),
                 tags=d.get("tags"),
                 parameters=d.get("parameters"),
-                cron=crons or None,
+                schedules=crons or None,
                 concurrency_limit=d.get("concurrency_limit"),
                 job_variables=job_variables,
                 entrypoint_type=EntrypointType.MODULE_PATH,
@@ -91,7 +96,8 @@ def deploy(
         )
     prefect_deploy(*deployments, work_pool_name=pool, build=False, push=False, print_next_steps_message=False)
     return [
-        Deployed(f"{d.flow_name}/{d.name}", pool, str(workdir), tuple(s.schedule.cron for s in d.schedules or []))
+        Deployed(f"{d.flow_name}/{d.name}", pool, str(workdir), tuple(s.schedule.cron for s in d.schedules or []),
+                 active)
         for d in deployments
     ]
 
@@ -111,14 +117,16 @@ def command(args: Any) -> int:
     if not (os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value()):
         return _fail("hyperband deploy needs a Prefect server: set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)")
     try:
-        done = deploy(args.pool, args.working_dir, args.name, schedule=not args.no_schedule)
+        done = deploy(args.pool, args.working_dir, args.name, schedule=not args.no_schedule,
+                      active=args.schedule_active)
     except InputError as exc:
         return _fail(str(exc))
     except Exception as exc:  # an unknown pool, an unreachable server: one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return _fail(f"deploy to pool {args.pool!r} failed: {type(exc).__name__}: {first}")
     for d in done:
-        cron = f", cron {', '.join(d.schedules)}" if d.schedules else ""
+        state = "on" if d.active else "paused: --schedule-active, or the UI's toggle, turns it on"
+        cron = f", cron {', '.join(d.schedules)} ({state})" if d.schedules else ""
         print(f"deployed {d.name} on pool {d.work_pool} (runs start in {d.working_dir}{cron})")
     print(f"start a worker: prefect worker start --pool {args.pool}")
     return 0

@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("--name", action="append", default=[], help="a bundled deployment to deploy (repeatable; default: all)")
     deploy.add_argument("--working-dir", default=".", help="folder flow runs start in: job dirs and relative paths land there")
     deploy.add_argument("--no-schedule", action="store_true", help="leave out the example cron schedules")
+    deploy.add_argument("--schedule-active", action="store_true",
+                        help="turn the example cron schedules on (they are created paused)")
     deploy.add_argument("--show", action="store_true", help="print the bundled prefect.yaml's path and exit")
 
     tune = sub.add_parser("tune", help="run a tuning job; every flag is a TuneParams field")

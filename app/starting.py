@@ -9,6 +9,7 @@ import time
 import httpx
 
 from prefect_hyperband.common.errors import causes
+from prefect_hyperband.flows.form import flat
 
 
 def started(tune, params):
@@ -23,7 +24,7 @@ def started(tune, params):
         why = api_not_ready()
         if why is None:
             try:
-                return tune(params, return_state=True)
+                return tune(**flat(params), return_state=True)
             except Exception as exc:  # noqa: BLE001  (sorted below: an unavailable API, or not ours to handle)
                 if params.job_id in bodies_begun or not unavailable(exc):
                     raise

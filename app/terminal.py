@@ -212,13 +212,6 @@ def quiet_terminal(live: bool = False) -> None:
 
 
 def mlflow_link(params, parent_run_id: str) -> str:
-    """Where to see the job in MLflow's Model training view (the UI opens its GenAI view unless told otherwise): the
+    """Where to see the job in MLflow's model-training view (the UI opens its GenAI view unless told otherwise): the
     parent run's page on a tracking server, or the command that serves a local store."""
-    uri = mlflow_store.tracking_uri(params.tracking_uri)
-    if not uri.startswith(("http://", "https://")):
-        return f"mlflow server --backend-store-uri {uri}, then the experiment's page with ?workflowType=machine_learning"
-    try:
-        exp_id = mlflow_store.client(uri).get_run(parent_run_id).info.experiment_id
-    except Exception:  # noqa: BLE001  (a link is a courtesy: the job is done)
-        return uri
-    return f"{uri.rstrip('/')}/#/experiments/{exp_id}/runs/{parent_run_id}?workflowType=machine_learning"
+    return mlflow_store.run_page(mlflow_store.tracking_uri(params.tracking_uri), parent_run_id)

@@ -99,9 +99,9 @@ def run_tune(attempts: int = 2, **fields: Any) -> tuple[dict[str, Any], float]:
     for attempt in range(1, attempts + 1):
         if job_id and attempt > 1:  # a fresh folder: the failed run's state must not be resumed
             fields = {**fields, "job_id": f"{job_id}-retry{attempt - 1}"}
-        params = TuneParams(**fields)
+        TuneParams(**fields)  # a bad field raises here, not as a failed flow run
         began = time.perf_counter()
-        state = tune(params, return_state=True)
+        state = tune(**fields, return_state=True)
         wall = time.perf_counter() - began
         if state.is_completed():
             return state.result(), wall

@@ -9,6 +9,7 @@ decided trials are closed after. The map trial id -> run id is this side's (save
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from concurrent.futures import Future
@@ -33,8 +34,11 @@ class MlflowTracker:
     go through ``tasks.writer`` (a process of their own by default), in the order they are made."""
 
     def __init__(self, job: Job, runs: dict[str, str], records: Callable[..., list[TrialRecord]], stop: StopToken,
-                 warn: Callable[[str], None], writer: Writer | None = None) -> None:
+                 warn: Callable[[str], None], writer: Writer | None = None,
+                 best: dict[str, tuple[int, float]] | None = None) -> None:
         self.job, self.runs, self.records, self.stop, self.warn = job, runs, records, stop, warn
+        #: trial id -> its best (resource, value) over the rungs written (a resume's: ``scheduler.trial_bests``)
+        self.best = dict(best or {})
         self.creating: dict[str, Future[str]] = {}
         self.lock = threading.Lock()  # ``runs`` grows on the writer's thread; the state's saves read it under this
         self.writer = writer or make_writer(writer_for(job.concurrency, job.mode, None, None))
@@ -61,9 +65,9 @@ class MlflowTracker:
         self.creating[t] = self.waiting.watch(self.writer.submit("start", self.job, t, trial_rung.bracket, time.time()))
 
     def record(self, out: Outcome) -> Future[Outcome]:
-        """The trial-rung's metrics, to the trial's run (made then if its creation failed); its future ends once
-        written, with the run known (``runs``). The baseline's has no run: its metric goes on the parent run at the
-        job's end (``default_<metric>``)."""
+        """The trial-rung's metrics, to the trial's run (made then if its creation failed), with the trial's best so
+        far (``best``); its future ends once written, with the run known (``runs``). The baseline's has no run: its
+        metric goes on the parent run at the job's end (``default_<metric>``)."""
         trial_rung = out.trial_rung
         if is_baseline(trial_rung.bracket):
             kept: Future[Outcome] = Future()
@@ -75,9 +79,15 @@ class MlflowTracker:
             # made from its config by the writer (off the loop's thread)
             config = trial_rung.config if trial_rung.rung == 0 else None
             logged = out if out.error is None or config is not None else None
+        # the trial's best so far, its run's best_<metric>: as ``promotion.best_rung`` ranks, inline (no function more
+        # on a trial-rung's path, tests/test_path.py)
+        value, best = out.metric, self.best.get(trial_rung.trial_id)
+        if out.error is None and value is not None and not math.isnan(value) and (  # NaN: no score
+                best is None or (value > best[1] if self.job.direction == "max" else value < best[1])):
+            best = (trial_rung.resource, value)  # a tie keeps the smaller resource
         written = self.waiting.watch(self.writer.submit("record", self.job, trial_rung.trial_id, trial_rung.bracket,
                                                         out.started or time.time(), self.runs.get(trial_rung.trial_id),
-                                                        logged, config))
+                                                        logged, config, best))
         done: Future[Outcome] = Future()
 
         def settle(f: Future) -> None:
@@ -85,6 +95,8 @@ class MlflowTracker:
                 run_id = f.result()
                 with self.lock:
                     self.runs.setdefault(trial_rung.trial_id, run_id)
+                if best is not None:  # written: the trial's next rung compares with it
+                    self.best[trial_rung.trial_id] = best
             except Exception as exc:  # noqa: BLE001  (the loop sees the write's failure)
                 done.set_exception(exc)
                 return

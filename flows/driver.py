@@ -26,7 +26,7 @@ from prefect_hyperband.hyperband.criteria import Criteria, Goal
 from prefect_hyperband.hyperband.first import PRIOR_BRACKET, PRIOR_TRIAL, is_baseline
 from prefect_hyperband.hyperband.journal import Journal
 from prefect_hyperband.hyperband.promotion import best_key, failed, first, sort_key
-from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, best_of
+from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, best_of, trial_bests
 from prefect_hyperband.tasks import importance_report, report
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import close_trial_runs
@@ -61,7 +61,8 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     where = _where(job, trainers)
     executor = ThreadExecutor(where, token,
                               interrupt=lambda: trainers.interrupt(job.settings), place=groups.enter)
-    tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning, writer)
+    tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning, writer,
+                            trial_bests(scheduler.records(), job.directions))  # a resume's trials' best so far
     tracker.wait_ready()
     events = _Events(job, scheduler, logger, progress or report.ProgressBar(None, 0), groups,
                      _live_importance(job, importance))

@@ -19,7 +19,8 @@ from prefect_hyperband.hyperband.accounting import RungResult, Summary, summaris
 from prefect_hyperband.hyperband.importance import MIN_RESULTS, Importance
 from prefect_hyperband.hyperband.promotion import Score, first
 from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
-from prefect_hyperband.tasks import importance_report, report, tracking
+from prefect_hyperband.tasks import importance_report, mlflow_store, report, tracking
+from prefect_hyperband.tasks.champion import Registered
 from prefect_hyperband.tasks.front_report import log_front
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import (
@@ -81,19 +82,24 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
     points = front.points(records, job.directions) if job.objectives else []  # several objectives: the front, once
     failed = _every_trial_failed(records)
     summary, best = _summarise(job, records, run, runs, points)
-    version = _champion(params, job, best, logger)
+    registered = _champion(params, job, best, logger)
+    version = registered.version if registered is not None else None
     mattered = _importance(job, records, params.importance, logger)
     progress.finish()
+    links = mlflow_links(job, registered)
     report.report_results(
         [RungResult(**r) for r in run.rows], {t.trial_id: t.config for t in records}, summary, job.metric_key,
         job.direction, job.tracking_uri, job.parent_run_id, title=f"Hyperband job {job.job_id}",
-        extra={"MLflow parent run": job.parent_run_id, "champion version": version}, runs=runs,
+        extra={name: f"[{text}]({url})" if mlflow_store.on_server(url) else f"{text}: {url}"
+               for name, (text, url) in links.items()}, runs=runs,
     )
     if job.objectives:
         _written(job, log_front(job, records, run.rows, runs, best["trial_id"] if best else None, points,
                                  return_state=True))
     overall = parents.overall_best(job, best)
     text = _summary_text(job, summary, run, len(records), max_trials, params.time_budget, mattered, points, best)
+    if registered is not None:  # champion kept or moved, and why (``champion.decide``)
+        text += "\n" + registered.line
     if overall is not None:
         text += "\n" + _overall_line(job, overall)
     metrics = _job_metrics(job, summary, run.elapsed)
@@ -102,6 +108,8 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
     _written(job, finish_job_run(job, metrics, _best_config(job, best), summary.to_json(), text, len(run.rows),
                                   "FAILED" if failed else "FINISHED", return_state=True))
     logger.info("summary\n%s", text, extra={"hyperband_terminal": False})  # the CLI prints it once
+    for name, (said, url) in links.items():  # the run's last lines: where it is in MLflow (the CLI says it its way)
+        logger.info("%s: %s, %s", name, said, url, extra={"hyperband_terminal": False})
     return {
         "job_id": job.job_id,
         "job_dir": job.job_dir,
@@ -111,12 +119,24 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
         "summary": summary.to_json(),
         "table": text,
         "best": best,
-        "champion_version": version,
+        "champion_version": version,  # this job's registered version, whichever alias it took
+        "model_alias": registered.alias if registered is not None else None,
         "stopped_by": run.stopped_by,
         "warm_start": {k: job.warm[k] for k in ("parents", "kind", "note")} if job.warm else None,
         "overall_best": overall,
         "every_trial_failed": failed,
     }
+
+
+def mlflow_links(job: Job, registered: Registered | None) -> dict[str, tuple[str, str]]:
+    """Where the job is in MLflow's model-training view: its parent run's page and its registered version's (on a
+    tracking server), or the command that serves a local store; each a (text, link)."""
+    links = {"MLflow parent run": (job.parent_run_id or "", mlflow_store.run_page(job.tracking_uri, job.parent_run_id))}
+    if registered is not None:
+        page = mlflow_store.version_page(job.tracking_uri, job.experiment, registered.version)
+        links["registered model"] = (f"{job.experiment} version {registered.version} (@{registered.alias})",
+                                     page or f"models:/{job.experiment}/{registered.version}")
+    return links
 
 
 def _every_trial_failed(records: list[TrialRecord]) -> str | None:
@@ -180,26 +200,27 @@ def _pause_open_runs(job: Job, records, runs: dict[str, str], why: str) -> None:
             retrying(tracking.end_run, job.tracking_uri, runs[t.trial_id], "FINISHED")
 
 
-def _champion(params: TuneParams, job: Job, best: dict[str, Any] | None, logger) -> str | None:
-    """The best model registered with the ``champion`` alias (its version), or its checkpoint on the parent run."""
+def _champion(params: TuneParams, job: Job, best: dict[str, Any] | None, logger) -> Registered | None:
+    """The best model registered, aliased champion when it beats the current one, else challenger (its version, alias
+    and line: ``champion.decide``), or its checkpoint on the parent run (None)."""
     if best is None:
         return None
-    version, why = None, "registration off" if not params.register_model else "the model has no MLflow flavour"
+    got, why = None, "registration off" if not params.register_model else "the model has no MLflow flavour"
     best_file = job.store().fetch(best["checkpoint"])  # local, wherever it was trained
     if params.register_model and registry.get(job.settings.model).log_model is not None:
-        registered = register_champion(job, best["run_id"], best_file, _champion_metrics(job, best), best["resource"],
-                                       return_state=True)
-        if registered.is_completed():
-            version = registered.result()  # None: the model logged nothing (a user's code without log_model)
-        elif cut_short(job, registered) is not None:
-            raise _CutShort(*cut_short(job, registered))
+        state = register_champion(job, best["run_id"], best_file, _champion_metrics(job, best), best["resource"],
+                                  params.force_champion, return_state=True)
+        if state.is_completed():
+            got = state.result()  # None: the model logged nothing (a user's code without log_model)
+        elif cut_short(job, state) is not None:
+            raise _CutShort(*cut_short(job, state))
         else:  # the results stand without a registered model: say so, keep the job
             why = "its registration failed"
-            logger.error("could not register the champion model: %s", registered.message)
-    if version is None:  # no flavour to log it in: its files, on the parent run
+            logger.error("could not register the champion model: %s", state.message)
+    if got is None:  # no flavour to log it in: its files, on the parent run
         _written(job, keep_best_checkpoint(job, best_file, return_state=True))
         logger.info("no model registered (%s); the best checkpoint is on the parent run under best_checkpoint/", why)
-    return version
+    return got
 
 
 def _job_metrics(job: Job, summary: Summary, wall: float) -> dict[str, Any]:

@@ -199,7 +199,11 @@ class TuneParams(BaseModel):
         None, description="MLflow run id to nest this job's parent run under (set by a scaling study).",
         json_schema_extra={"metavar": "RUN_ID"}
     )
-    register_model: bool = Field(True, description="Register the best model with alias 'champion'.",
+    register_model: bool = Field(True, description="Register the best model with alias 'champion' when it beats the "
+        "current champion (same metric, direction and validation data), else 'challenger'.",
+        json_schema_extra={"on_resume": "may change"})
+    force_champion: bool = Field(False, description="Move alias 'champion' to this job's model even when it does not "
+        "beat the current champion.",
         json_schema_extra={"on_resume": "may change"})
     baseline: bool = Field(True, description="Also train the model's default config to R, for the summary.")
     resume: bool = Field(False, description="Continue the job job_id from its saved state and checkpoints.",

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
-from prefect.states import Cancelled
+from prefect.states import Cancelled, Failed, State
+from pydantic import ValidationError
 
 from prefect_hyperband.common.errors import first_line, unavailable
 from prefect_hyperband.executors.schedulers import make_scheduler
 from prefect_hyperband.executors.state import load_state, save_job_record
-from prefect_hyperband.flows import ending, parents
+from prefect_hyperband.flows import ending, form, parents, run_name
 from prefect_hyperband.flows.driver import JobStopped, close_decided, drive
 from prefect_hyperband.flows.lock import job_lock, took_over
 from prefect_hyperband.flows.lost import end_lost_flow_run
@@ -31,31 +31,30 @@ from prefect_hyperband.tasks.writer import Writer, make_writer, writer_for
 from prefect_hyperband.trainers import factory, registry, stopping
 
 
-def _run_name() -> str:
-    params = flow_run.parameters.get("params")
-    params = params if isinstance(params, TuneParams) else TuneParams.model_validate(params or {})
-    code = registry.get(params.model).user_code
-    if code:
-        return f"hyperband {os.path.basename(str(getattr(params, code)))}"
-    if not registry.get(params.model).reads_data:  # a synthetic job reads no data set: its name names none
-        return f"hyperband {params.model} ({params.mode})"
-    return f"hyperband {params.model} on {params.data}"
-
-
 #: job ids whose flow run began in this process while ``app.starting.started`` starts it (it retries a job only while
 #: Prefect could not start it, and takes the id out again once its start returned or failed)
 bodies_begun: set[str] = set()
 
 
-@flow(name="hyperband-tune", flow_run_name=_run_name)
-def tune(params: TuneParams) -> dict[str, Any]:
-    """Hyperband (Li et al., JMLR 2018) or ASHA (Li et al., MLSys 2020) over ``params``, tracked in MLflow."""
-    if params.job_id:
-        bodies_begun.add(params.job_id)
+def tune(**values: Any) -> dict[str, Any] | State:
+    """Hyperband (Li et al., JMLR 2018) or ASHA (Li et al., MLSys 2020) over the job's parameters (one per
+    ``TuneParams`` field), tracked in MLflow. Bad input (a field, fields that disagree, a space or data that does not
+    load) ends the flow run Failed with one line, the same in its log and its state's message."""
     logger = get_run_logger()
     began = time.perf_counter()
-    params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
-    job = prepare(params)
+    try:
+        params, legacy = form.from_flow(values)
+        if params.job_id:
+            bodies_begun.add(params.job_id)
+        if legacy:
+            logger.warning(form.LEGACY_WARNING)
+        params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
+        job = prepare(params)
+    except ValueError as exc:  # a field, fields that disagree (ValidationError), a space or data (InputError...)
+        line = f"bad parameters: {form.one_line(exc) if isinstance(exc, ValidationError) else exc}"
+        logger.error(line)
+        return Failed(message=line, data=exc)  # a Python caller gets the error itself (``state.result()`` raises it)
+    run_name.describe(job, params)  # a name given is kept; otherwise what the run is, and its job id
     big_blocks_to_the_os()  # the trial-rungs' threads give back what they score with
     token = stopping.current() or stopping.StopToken()  # the caller's (``prefect_hyperband.tune(stop=...)``), or new
     # one process per job; the bound before the writer's process starts: it inherits it. Ctrl-C stops the job from
@@ -75,6 +74,10 @@ def tune(params: TuneParams) -> dict[str, Any]:
             return _run_job(params, job, logger, began, writer)
         finally:
             writer.shutdown()  # drive() shut it down already, unless the job failed before
+
+
+tune.__signature__ = form.signature()  # type: ignore[attr-defined]  (Prefect's schema and call binding read it)
+tune = flow(name="hyperband-tune", validate_parameters=False)(tune)  # TuneParams validates: one line, no traceback
 
 
 def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer) -> dict[str, Any]:

@@ -81,6 +81,16 @@ def best_key(trial_id: str, resource: int, value: Score, direction: Directions) 
     return sort_key(f"{trial_id}@{resource:06d}", value, direction)
 
 
+def best_rung(trial_id: str, scores: Mapping[int, Score], direction: Directions) -> tuple[int, float] | None:
+    """A trial's best (resource, value of the first objective) over its rungs, ranked as the job's best is
+    (``best_key``: ties to the smaller resource); None when no rung has a score."""
+    seen = [(r, v) for r, v in scores.items() if not failed(v)]
+    if not seen:
+        return None
+    resource, value = min(seen, key=lambda c: best_key(trial_id, c[0], c[1], direction))
+    return resource, first(value)  # type: ignore[return-value]
+
+
 def rank(scores: Mapping[Id, Score], direction: Directions) -> list[Id]:
     """Trial ids best first, deterministic under ties and failures; by Pareto fronts with several objectives."""
     if several(direction):
@@ -106,5 +116,5 @@ def best(scores: Mapping[Id, Score], direction: Directions) -> Id | None:
     return ranked[0] if ranked else None
 
 
-__all__ = ["Direction", "Directions", "Score", "as_direction", "as_score", "best", "failed", "first", "n_promoted", "promote", "rank", "several",
-           "sign", "sort_key"]
+__all__ = ["Direction", "Directions", "Score", "as_direction", "as_score", "best", "best_rung", "failed", "first",
+           "n_promoted", "promote", "rank", "several", "sign", "sort_key"]

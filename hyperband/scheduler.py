@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.bracket import BracketState
 from prefect_hyperband.hyperband.priorband import first_rung
-from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, best_key, failed
+from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, best_key, best_rung, failed
 from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
 from prefect_hyperband.hyperband.space import Space
 from prefect_hyperband.hyperband.first import Firsts
@@ -57,6 +57,13 @@ def best_of(records: list[TrialRecord], direction: Directions) -> tuple[TrialRec
     if not seen:
         return None
     return min(seen, key=lambda c: best_key(c[0].trial_id, c[1], c[2], direction))
+
+
+def trial_bests(records: list[TrialRecord], direction: Directions) -> dict[str, tuple[int, float]]:
+    """Each trial's best (resource, value) over its rungs (``promotion.best_rung``): a resumed job's runs'
+    ``best_<metric>`` so far."""
+    found = {t.trial_id: best_rung(t.trial_id, t.scores, direction) for t in records}
+    return {t: b for t, b in found.items() if b is not None}
 
 
 # --------------------------------------------------------------------------------- synchronous

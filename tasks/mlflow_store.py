@@ -11,6 +11,7 @@ import os
 import threading
 import urllib.error
 import urllib.request
+from urllib.parse import quote
 from typing import Any, Callable, Iterator, TypeVar
 
 from prefect_hyperband.common.errors import InputError, first_line
@@ -49,6 +50,40 @@ def one_writer(fn: F) -> F:
 def tracking_uri(explicit: str | None = None) -> str:
     """``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``."""
     return explicit or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+#: MLflow 3's UI opens an experiment's pages in its GenAI view unless a link names the model-training one
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def on_server(uri: str) -> bool:
+    """Whether ``uri`` is a tracking server (http or https) whose UI a link can open."""
+    return uri.startswith(("http://", "https://"))
+
+
+def serve_command(uri: str) -> str:
+    """How to see a local store in MLflow's UI, in its model-training view."""
+    return f"mlflow server --backend-store-uri {uri}, then the experiment's page with ?{MODEL_TRAINING_VIEW}"
+
+
+def run_page(uri: str, run_id: str, experiment_id: str | None = None) -> str:
+    """The run's page in MLflow's model-training view on a tracking server (``uri`` itself when its experiment cannot
+    be read); for a local store, ``serve_command``."""
+    if not on_server(uri):
+        return serve_command(uri)
+    if experiment_id is None:
+        try:
+            experiment_id = client(uri).get_run(run_id).info.experiment_id
+        except Exception:  # noqa: BLE001  (a link is a courtesy: the job is done)
+            return uri
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
+
+
+def version_page(uri: str, name: str, version: int | str) -> str | None:
+    """A registered model version's page on a tracking server (model-training view); None for a local store."""
+    if not on_server(uri):
+        return None
+    return f"{uri.rstrip('/')}/#/models/{quote(name, safe='')}/versions/{version}?{MODEL_TRAINING_VIEW}"
 
 
 def client(uri: str):

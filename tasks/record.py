@@ -191,11 +191,19 @@ def start_trial_run(job: Job, trial_id: str, bracket: int, started: float | None
                     dataset_inputs(job))
 
 
-def log_trial_rung(job: Job, run_id: str, out: Outcome, params: dict[str, Any] | None = None) -> None:
+#: a trial run's tag: the resource at which its ``best_<metric>`` was reached
+BEST_RESOURCE = "hyperband.best_resource"
+
+
+def log_trial_rung(job: Job, run_id: str, out: Outcome, params: dict[str, Any] | None = None,
+                   best: tuple[int, float] | None = None) -> None:
     """A trial-rung's result on its trial's run, in one batch at step = its resource (``Outcome.batch``: the metric,
     what the trainer recorded on the way, a remote worker's tag), with the run's ``params`` when it is its first
-    write."""
+    write and the trial's ``best`` so far (resource, value) as ``best_<metric>`` and its ``BEST_RESOURCE`` tag."""
     history, metrics, tags = out.batch(job.metric_key)
+    if best is not None:  # the runs table sorted by it agrees with the job's best (``promotion.best_rung``)
+        metrics[f"best_{job.metric_key}"] = best[1]
+        tags[BEST_RESOURCE] = str(best[0])
     retrying(tracking.log_result, job.tracking_uri, run_id, history, metrics, out.trial_rung.resource, params,
              tags or None)
 
@@ -274,23 +282,25 @@ def _keep_best_checkpoint(job: Job, checkpoint: str) -> None:
 
 @task(name="register champion", **END)
 def register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str, float] | None = None,
-                      resource: int = 0) -> int | None | State:
+                      resource: int = 0, force: bool = False) -> champion.Registered | None | State:
     """The best trial's model in its flavour, with ``metrics`` (its metric, its objectives) linked to it for the
-    validation dataset, listed on the parent run, registered under the experiment's name with alias champion."""
-    return write_end(job, _register_champion, job, run_id, checkpoint, metrics, resource)
+    validation dataset, listed on the parent run, registered under the experiment's name with alias champion when
+    it beats the current one (``champion.decide``; ``force``: always), else challenger."""
+    return write_end(job, _register_champion, job, run_id, checkpoint, metrics, resource, force)
 
 
 def _register_champion(job: Job, run_id: str, checkpoint: str, metrics: dict[str, float] | None,
-                       resource: int) -> int | None:
+                       resource: int, force: bool = False) -> champion.Registered | None:
     assert job.parent_run_id is not None
     model = registry.get(job.settings.model)
     validation = (lambda: datasets.mlflow_datasets(job.settings.data)[1]) if model.reads_data else None
-    version = champion.log_champion(job.tracking_uri, run_id, model, lambda: factory.get(job.settings), checkpoint,
-                                    job.experiment, metrics, validation, job.parent_run_id, resource,
-                                    job.job_id)  # once per job and model; the trainer built only to log it
-    if version is None:
+    got = champion.log_champion(job.tracking_uri, run_id, model, lambda: factory.get(job.settings), checkpoint,
+                                job.experiment, metrics, validation, job.parent_run_id, resource, job.job_id,
+                                job.direction, force)  # once per job and model; the trainer built only to log it
+    if got is None:
         return None
-    tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.champion_version": version,
+    tracking.set_tags(job.tracking_uri, job.parent_run_id, {"hyperband.champion_version": got.version,
+                                                            "hyperband.model_alias": got.alias,
                                                             "hyperband.best_run_id": run_id,
                                                             "hyperband.champion_resource": resource})
-    return version
+    return got

@@ -53,15 +53,16 @@ class TrialRuns:
         return run_id
 
     def record(self, job: Any, trial_id: str, bracket: int, started: float, run_id: str | None,
-               out: Outcome | None, config: dict[str, Any] | None = None) -> str:
+               out: Outcome | None, config: dict[str, Any] | None = None,
+               best: tuple[int, float] | None = None) -> str:
         """The trial's run (made now when its creation failed or never came), with the trial-rung's result ``out``
         logged to it when given (``config``: the trial's, given with its first rung, logged as the run's params with
-        its first write)."""
+        its first write; ``best``: the trial's best (resource, value) so far, its run's ``best_<metric>``)."""
         run_id = run_id or self.created.get(trial_id) or start_trial_run(job, trial_id, bracket, started)
         self.created[trial_id] = run_id
         if out is not None:
             params = trial_params(job, trial_id, bracket, config) if config is not None else None
-            log_trial_rung(job, run_id, out, params)
+            log_trial_rung(job, run_id, out, params, best)
         return run_id
 
     def close(self, job: Any, records: list, runs: dict[str, str]) -> None:

@@ -35,7 +35,7 @@ def test_a_flow_run_the_api_cannot_start_is_waited_for_with_one_warning_line(mon
     monkeypatch.setattr(starting, "api_not_ready", lambda: None)
     answers = [_api_down(), _api_down(503), "the final state"]
 
-    def tune(params, return_state):
+    def tune(return_state, **fields):
         answer = answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
@@ -58,7 +58,7 @@ def test_an_api_whose_database_is_down_is_waited_for_before_the_flow_run_is_crea
     answers = ["503 Service Unavailable for GET http://127.0.0.1:4200/api/ready", "ConnectError: refused", None]
     monkeypatch.setattr(starting, "api_not_ready", lambda: answers.pop(0))
     called = []
-    assert starting.started(lambda params, return_state: called.append(clock.now) or "done",
+    assert starting.started(lambda return_state, **fields: called.append(clock.now) or "done",
                         TuneParams(job_id="j3", service_wait=60)) == "done"
     assert called == [10.0] and not answers  # after two waits of 5 s, once
     assert capsys.readouterr().err.strip().splitlines() == [
@@ -122,7 +122,7 @@ def test_past_the_service_wait_the_job_stops_in_one_line_exit_75(monkeypatch, ca
     monkeypatch.setattr(starting, "time", clock)
     monkeypatch.setattr(starting, "api_not_ready", lambda: None)
 
-    def tune(params, return_state):
+    def tune(return_state, **fields):
         raise _api_down()
 
     assert starting.started(tune, TuneParams(job_id="j2", service_wait=30)) is None  # the CLI's exit 75
@@ -141,9 +141,9 @@ def test_an_error_once_the_job_began_or_not_from_the_api_is_not_retried(monkeypa
     monkeypatch.setattr(starting, "api_not_ready", lambda: None)
     calls = []
 
-    def tune(params, return_state):
-        calls.append(params.job_id)
-        raise _api_down() if params.job_id == "began" else ValueError("a bug")
+    def tune(return_state, **fields):  # the flow's keyword per field
+        calls.append(fields["job_id"])
+        raise _api_down() if fields["job_id"] == "began" else ValueError("a bug")
 
     monkeypatch.setattr(tune_module, "bodies_begun", {"began"})
     with pytest.raises(Exception, match="Server error"):

@@ -93,9 +93,9 @@ def _scenario(stack: Stack, tmp_path: Path, timings: dict[str, float]) -> None:
     deployment = _http("GET", f"{stack.prefect_url}/api/deployments/name/{DEPLOYMENT}")
     assert deployment["work_pool_name"] == POOL and deployment["entrypoint"] == "prefect_hyperband.flows.tune:tune"
     assert deployment["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
-    assert [s["schedule"]["cron"] for s in deployment["schedules"]] == ["0 2 * * *"]
+    assert [(s["schedule"]["cron"], s["active"]) for s in deployment["schedules"]] == [("0 2 * * *", False)]  # paused
     torch = _http("GET", f"{stack.prefect_url}/api/deployments/name/hyperband-tune/torch-digits")
-    assert torch["parameters"]["params"]["model"] == "torch"
+    assert torch["parameters"]["model"] == "torch"
 
     # as a user who installed only the package: `hyperband deploy` replaces the deployment, with no
     # checkout, no pull step, and flow runs starting in the folder it names
@@ -107,7 +107,11 @@ def _scenario(stack: Stack, tmp_path: Path, timings: dict[str, float]) -> None:
     deployment = _http("GET", f"{stack.prefect_url}/api/deployments/name/{DEPLOYMENT}")
     assert deployment["entrypoint"] == "prefect_hyperband.flows.tune.tune" and not deployment["pull_steps"]  # MODULE_PATH form
     assert deployment["job_variables"]["working_dir"] == str(runs_dir) and not deployment["schedules"]
-    assert deployment["parameters"]["params"]["model"] == "xgboost"
+    assert deployment["parameters"]["model"] == "xgboost"
+    # the operator points the deployment at their MLflow server and Dask cluster (the UI's Edit does the same)
+    _http("PATCH", f"{stack.prefect_url}/api/deployments/{deployment['id']}", {"parameters": {
+        **deployment["parameters"], "tracking_uri": stack.mlflow_url, "experiment": EXPERIMENT,
+        "dask_address": stack.dask_address, "job_dir": "jobs"}})  # relative: lands in runs_dir
     timings["deploy"] = time.monotonic() - t0
 
     # the worker runs somewhere else on purpose: the deployment must take the flow run to runs_dir
@@ -117,12 +121,10 @@ def _scenario(stack: Stack, tmp_path: Path, timings: dict[str, float]) -> None:
                 cwd=worker_cwd)
 
     t0 = time.monotonic()
-    params = {
-        "model": "xgboost", "data": "bank-marketing", "min_resource": 1, "max_resource": 3, "eta": 3, "workers": 2,
-        "rounds_per_unit": 2, "dask_address": stack.dask_address, "tracking_uri": stack.mlflow_url,
-        "experiment": EXPERIMENT, "job_dir": "jobs", "job_id": "e2e-job",  # relative: lands in runs_dir
-    }
-    out = stack.run("deployment-run", [_exe("prefect"), "deployment", "run", DEPLOYMENT, "--params", json.dumps({"params": params})])
+    # as Prefect users override values: one --param each, merged over the deployment's (its MLflow server kept)
+    overrides = {"max_resource": 3, "rounds_per_unit": 2, "job_id": "e2e-job"}
+    out = stack.run("deployment-run", [_exe("prefect"), "deployment", "run", DEPLOYMENT, "--flow-run-name", "e2e R=3",
+                                       *[a for k, v in overrides.items() for a in ("--param", f"{k}={v}")]])
     match = re.search(r"UUID: ([0-9a-f-]{36})", out)
     assert match, out
     flow_run_id = match.group(1)
@@ -130,12 +132,49 @@ def _scenario(stack: Stack, tmp_path: Path, timings: dict[str, float]) -> None:
     timings["run"] = time.monotonic() - t0
     assert state["type"] == "COMPLETED", f"flow run ended {state['type']}: {state.get('message')}"
     assert (runs_dir / "jobs" / "e2e-job").is_dir() and not (worker_cwd / "jobs").exists()
+    assert _http("GET", f"{stack.prefect_url}/api/flow_runs/{flow_run_id}")["name"] == "e2e R=3"  # the name given
+    assert not list(tmp_path.rglob("mlflow.db")) or {p.parent for p in tmp_path.rglob("mlflow.db")} == {tmp_path}
+    logs = _http("POST", f"{stack.prefect_url}/api/logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run_id]}},
+                                                                  "limit": 200, "sort": "TIMESTAMP_DESC"})
+    assert any(f"{stack.mlflow_url}/#/experiments/" in log["message"] and "workflowType=machine_learning" in
+               log["message"] for log in logs), "the run's last lines link its MLflow parent run"
 
     _check_mlflow(stack.mlflow_url)
 
     t0 = time.monotonic()
+    _second_job_keeps_the_better_champion(stack)
+    timings["second job"] = time.monotonic() - t0
+
+    t0 = time.monotonic()
     _cancel_and_resume(stack, tmp_path, runs_dir)
     timings["cancel and resume"] = time.monotonic() - t0
+
+
+def _second_job_keeps_the_better_champion(stack: Stack) -> None:
+    """A second, smaller job on the same data and metric (R=1: one config at one round): @champion stays on the
+    better version, and the other is @challenger; a deployment made by an earlier hyperband deploy (one nested
+    params object) still runs."""
+    from mlflow import MlflowClient
+
+    deployment = _http("GET", f"{stack.prefect_url}/api/deployments/name/{DEPLOYMENT}")
+    legacy = {"params": {**deployment["parameters"], "max_resource": 1, "rounds_per_unit": 1, "job_id": "e2e-small"}}
+    _http("PATCH", f"{stack.prefect_url}/api/deployments/{deployment['id']}", {"parameters": legacy})
+    out = stack.run("deployment-run-2", [_exe("prefect"), "deployment", "run", DEPLOYMENT])
+    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
+    state = _wait_for_run(stack, flow_run_id)
+    assert state["type"] == "COMPLETED", f"flow run ended {state['type']}: {state.get('message')}"
+    client = MlflowClient(stack.mlflow_url)
+    versions = client.search_model_versions(f"name = '{EXPERIMENT}'")
+    assert len(versions) == 2
+    scores = {}
+    for v in versions:
+        run = client.get_run(v.run_id)
+        scores[v.version] = max(m.value for m in client.get_metric_history(v.run_id, "val_auc"))
+        assert run.data.metrics["best_val_auc"] == pytest.approx(scores[v.version])
+    champion = client.get_model_version_by_alias(EXPERIMENT, "champion").version
+    assert scores[champion] == max(scores.values())
+    if len(set(scores.values())) == 2:
+        assert client.get_model_version_by_alias(EXPERIMENT, "challenger").version != champion
 
 
 def _state(stack: Stack, flow_run_id: str) -> dict:
@@ -152,10 +191,12 @@ def _cancel_and_resume(stack: Stack, tmp_path: Path, runs_dir: Path) -> None:
               cwd=tmp_path)
     uri = f"sqlite:///{tmp_path / 'cancel-mlflow.db'}"
     jobs = tmp_path / "cancel-jobs"
+    # --params merges over the deployment's values: its own code's fields set back to none
     params = {"model": "synthetic", "max_resource": 9, "eta": 3, "unit_seconds": 0.4, "concurrency": 2, "seed": 2,
-              "baseline": False, "tracking_uri": uri, "job_dir": str(jobs), "job_id": "cancel-me"}
+              "baseline": False, "tracking_uri": uri, "job_dir": str(jobs), "job_id": "cancel-me",
+              "trainer": None, "space": None, "metric": None, "direction": None}
     out = stack.run("deployment-run-cancelled", [_exe("prefect"), "deployment", "run", deployment, "--params",
-                                                 json.dumps({"params": params})])
+                                                 json.dumps(params)])
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
     state_file = jobs / "cancel-me" / "state.json"
     deadline = time.monotonic() + 300

@@ -19,7 +19,7 @@ def _config() -> dict:
 
 
 def _deployments() -> list[dict]:
-    """The tuning jobs (the ``hyperband-tune`` flow, one ``params``)."""
+    """The tuning jobs (the ``hyperband-tune`` flow, a parameter per field)."""
     return [d for d in _config()["deployments"] if d["entrypoint"].endswith(":tune")]
 
 
@@ -59,9 +59,10 @@ def test_pull_step_sets_the_working_directory_to_the_project_root():
     assert pull == [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ project-root.stdout }}"}}]
 
 
-def test_one_deployment_has_a_schedule():
+def test_one_deployment_has_a_schedule_made_paused():
     schedules = {d["name"]: d.get("schedules") or [] for d in _deployments()}
     assert any(schedules.values())
+    assert not any(item.get("active", True) for items in schedules.values() for item in items)
     from prefect.client.schemas.schedules import CronSchedule
 
     for items in schedules.values():
@@ -70,22 +71,24 @@ def test_one_deployment_has_a_schedule():
 
 
 @pytest.mark.parametrize("deployment", _deployments(), ids=lambda d: d["name"])
-def test_entrypoint_is_a_prefect_flow_taking_params(deployment):
+def test_entrypoint_is_a_prefect_flow_taking_a_parameter_per_field(deployment):
     from prefect import Flow
+
+    from prefect_hyperband.flows.params import TuneParams
 
     flow = _load(deployment["entrypoint"])
     assert isinstance(flow, Flow)
     assert flow.name == "hyperband-tune"
-    assert list(inspect.signature(flow.fn).parameters) == ["params"]
-    assert set(deployment["parameters"]) == {"params"}
+    assert set(inspect.signature(flow.fn).parameters) == {*TuneParams.model_fields, "params"}
+    assert set(deployment["parameters"]) <= set(TuneParams.model_fields)
 
 
 @pytest.mark.parametrize("deployment", _deployments(), ids=lambda d: d["name"])
 def test_parameters_validate_against_tune_params(deployment):
     from prefect_hyperband.flows.params import TuneParams
 
-    params = TuneParams.model_validate(deployment["parameters"]["params"])
-    assert params.model == deployment["parameters"]["params"]["model"]
+    params = TuneParams.model_validate(deployment["parameters"])
+    assert params.model == deployment["parameters"]["model"]
 
 
 @pytest.mark.parametrize("deployment", _deployments() + _studies(), ids=lambda d: d["name"])
@@ -100,7 +103,7 @@ def test_parameters_validate_against_the_deployment_schema(deployment):
 
 
 def test_models_match_the_deployment_names():
-    by_name = {d["name"]: d["parameters"]["params"] for d in _deployments()}
+    by_name = {d["name"]: d["parameters"] for d in _deployments()}
     assert by_name["xgboost-bank-marketing"]["model"] == "xgboost"
     assert by_name["torch-digits"] == {**by_name["torch-digits"], "model": "torch", "data": "digits"}
 
@@ -181,6 +184,6 @@ def test_the_user_code_deployment_validates_and_its_trainer_loads():
     from prefect_hyperband.flows.params import TuneParams
     from prefect_hyperband.trainers.function import load
 
-    params = TuneParams.model_validate(next(d for d in _deployments() if d["name"] == "sklearn-digits-example")["parameters"]["params"])
+    params = TuneParams.model_validate(next(d for d in _deployments() if d["name"] == "sklearn-digits-example")["parameters"])
     assert params.model == "function" and isinstance(params.space, dict)
     assert callable(load(params.trainer))  # importable from the installed package, wherever the worker runs

@@ -237,10 +237,10 @@ def _deploy(s: Stack, tmp_path: Path) -> None:
 def _run_deployment(s: Stack, tmp_path: Path, mlflow_url: str, name: str) -> str:
     """A run of job ``name``'s deployment with that job's parameters (a synthetic (1, 27, 3) job, as the CLI's, with
     0.2 s units: the CLI's take 0.05 s); its flow run id."""
-    params = {"model": "synthetic", "max_resource": 27, "unit_seconds": 0.2, "eta": 3, "concurrency": 2,
+    params = {"model": "synthetic", "max_resource": 27, "unit_seconds": 0.2, "eta": 3, "concurrency": 2, "workers": 1,
               "experiment": name, "job_id": name, "tracking_uri": mlflow_url, "job_dir": str(tmp_path / "jobs")}
     out = s.run(f"run-{name}", [_exe("prefect"), "deployment", "run", f"hyperband-tune/{DEPLOYED[name]}", "--params",
-                                json.dumps({"params": params})])
+                                json.dumps(params)])  # merged over the deployment's values
     match = re.search(r"UUID: ([0-9a-f-]{36})", out)
     assert match, out
     return match.group(1)

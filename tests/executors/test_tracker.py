@@ -58,3 +58,31 @@ def test_a_close_that_fails_in_every_call_is_said_once():
     tracker.close([f"s0-{i:04d}" for i in range(250)])
     tracker.drain()
     assert len(warned) == 1 and warned[0].startswith("MLflow: closing trial runs failed after retries: ConnectionError")
+
+
+def test_each_rungs_write_carries_the_trials_best_so_far_in_the_metrics_direction_a_resumes_from_its_state():
+    """A trial run's ``best_<metric>`` (``record.log_trial_rung``): the best over the rungs written, ties to the smaller
+    resource, a NaN or a failure never best; a resumed job's trials start from their saved best."""
+    from prefect_hyperband.hyperband.scheduler import trial_bests
+    from prefect_hyperband.hyperband.trial import TrialRung
+    from prefect_hyperband.tasks.result import Outcome
+    from prefect_hyperband.trainers.base import Evaluation
+
+    writer = _Writer()
+    job = SimpleNamespace(tracking_uri="sqlite:///mlflow.db", direction="min")
+    saved = [TrialRecord("s0-0001", 0, {}, "promoted", 1, 1, {1: 0.2}, None)]
+    tracker = MlflowTracker(job, {}, _records, StopToken(), [].append, writer, trial_bests(saved, "min"))
+
+    def best(trial_id: str, rung: int, resource: int, score: float | None, error: str | None = None):
+        trial_rung = TrialRung(trial_id, 0, rung, resource, {}, None)
+        tracker.record(Outcome(trial_rung, None, None if score is None else Evaluation(score, 0.0), error)).result()
+        return writer.calls[-1][-1]
+
+    assert best("s0-0000", 0, 1, 0.5) == (1, 0.5)
+    assert best("s0-0000", 1, 3, 0.3) == (3, 0.3)
+    assert best("s0-0000", 2, 9, 0.4) == (3, 0.3)  # worse: the best so far again, at this rung's step
+    assert best("s0-0000", 3, 27, 0.3) == (3, 0.3)  # a tie keeps the smaller resource
+    assert best("s0-0000", 4, 81, float("nan")) == (3, 0.3)
+    assert best("s0-0000", 4, 81, None, "ValueError: boom") == (3, 0.3)
+    assert best("s0-0001", 1, 3, 0.25) == (1, 0.2)  # resumed: its saved rung's
+    assert best("s0-0002", 0, 1, None, "ValueError: boom") is None

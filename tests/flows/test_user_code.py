@@ -121,7 +121,7 @@ def test_a_trainer_that_fails_on_every_config_fails_the_flow_run_and_the_parent_
     assert len(children) == 5 and {c.info.status for c in children} == {"FAILED"}
     with get_client(sync_client=True) as prefect:
         jobs = [r for r in prefect.read_flow_runs() if r.parent_task_run_id is None and r.name.endswith(
-            f"{train.__qualname__}:{id(train)}")]  # this job's, of the module's flow runs (one Prefect harness)
+            f"({result.job_id})")]  # this job's, of the module's flow runs (one Prefect harness): its id in its name
     assert [(r.state.type.value, r.state.message) for r in jobs] == [
         ("FAILED", "every trial failed (5), the first with s1-0000: ValueError: bad config handling")]
 

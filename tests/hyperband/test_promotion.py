@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from prefect_hyperband.hyperband.promotion import best, n_promoted, promote, rank
+from prefect_hyperband.hyperband.promotion import best, best_rung, n_promoted, promote, rank
 
 
 def test_top_k_maximise_and_minimise_are_mirror_images():
@@ -38,3 +38,12 @@ def test_n_promoted_is_floor_n_over_eta():
 def test_bad_direction_is_rejected():
     with pytest.raises(ValueError, match="direction must be 'max' or 'min'"):
         promote({"a": 1.0}, 1, "up")  # type: ignore[arg-type]
+
+
+def test_a_trials_best_rung_is_ranked_as_the_jobs_best_in_either_direction_ties_to_the_smaller_resource():
+    scores = {1: 0.5, 3: 0.7, 9: 0.6, 27: None, 81: float("nan")}
+    assert best_rung("t", scores, "max") == (3, 0.7)
+    assert best_rung("t", scores, "min") == (1, 0.5)
+    assert best_rung("t", {1: 0.5, 3: 0.5}, "max") == (1, 0.5)
+    assert best_rung("t", {1: (0.5, 9.0), 3: (0.4, 1.0)}, ("min", "min")) == (3, 0.4)  # several: by the first
+    assert best_rung("t", {1: None}, "max") is None and best_rung("t", {}, "min") is None

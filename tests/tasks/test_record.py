@@ -165,13 +165,13 @@ def _champion_found_again(uri: str, monkeypatch) -> None:
     cut.clear()
     with pytest.raises(ConnectionError):  # now after the registration, before the alias
         log(9)
-    assert log(9) == 1 and log(9) == 1 and len(logged) == 1  # the model logged once, registered once
+    assert log(9).version == 1 and log(9).version == 1 and len(logged) == 1  # the model logged once, registered once
     # the trainer (which may load the data) built only to log it; the dataset (its digest reads every row) only to
     # link the metrics, before the version is registered: not for a version found registered
     assert built == [9, "data", "data"]
     assert len(c.get_run(parent).outputs.model_outputs) == 1  # listed once on the parent run
     assert int(c.get_model_version_by_alias("e", champion.CHAMPION).version) == 1
-    assert log(27) == 2 and log(9, job="j2") == 3 and len(logged) == 3  # trained further; another job's
+    assert log(27).version == 2 and log(9, job="j2").version == 3 and len(logged) == 3  # trained further; another job's
     assert sorted(int(v.version) for v in c.search_model_versions("name = 'e'")) == [1, 2, 3]
 
 
@@ -213,7 +213,7 @@ def test_a_plug_in_that_takes_tags_logs_its_model_born_tagged_so_a_cut_just_afte
                                         step=9, job_id="j1")
     with pytest.raises(ConnectionError):
         log()
-    assert log() == 1 and log() == 1
+    assert log().version == 1 and log().version == 1
     assert logged == [{"hyperband.job_id": "j1", "hyperband.resource": "9"}]  # logged once, born with the tags
     assert cut == ["get_metric_history"]  # nothing set the tags after: they came with the model
 
