@@ -14,6 +14,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from typing import Any, Callable, Iterator
 
 from prefect_hyperband.common.errors import InputError
@@ -23,6 +24,23 @@ from prefect_hyperband.trainers import stopping
 POLL = 0.5
 #: seconds a trial-rung waits for workers to come back when every group lost one
 REGROUP_WAIT = 120.0
+#: seconds between looks at a group's workers while its tasks run (a worker lost mid-task: its task never ends)
+WATCH_POLL = 0.5
+#: seconds to look for a lost worker after a task's error (the scheduler may learn of it after the peers)
+LOST_GRACE = 10.0
+#: times a trial-rung's training runs again on another group after its group lost a worker (then the trial fails)
+RETRIES = 2
+
+log = logging.getLogger(__name__)
+
+
+class GroupLost(RuntimeError):
+    """A worker of the group running a trial-rung left the cluster (killed, its machine gone)."""
+
+    def __init__(self, group: tuple[str, ...], gone: list[str], cause: BaseException | None) -> None:
+        self.group, self.gone = group, gone
+        why = f": {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}" if cause else ""
+        super().__init__(f"Dask worker(s) {', '.join(gone)} of group {', '.join(group)} left the cluster{why}")
 
 
 def workers_of(client: Any) -> dict[str, Any]:
@@ -67,6 +85,66 @@ def cluster_size(address: str, workers: int) -> int:
         client.close()
 
 
+def gone_of(client: Any, group: tuple[str, ...], alive: Any = None) -> list[str]:
+    """The group's workers not among ``alive`` (the scheduler's workers, asked now if not given)."""
+    alive = workers_of(client) if alive is None else alive
+    return [a for a in group if a not in alive]
+
+
+def gather(client: Any, futures: list, group: tuple[str, ...], poll: float = WATCH_POLL,
+           grace: float = LOST_GRACE) -> list[Any]:
+    """The results of ``futures`` (tasks pinned to ``group``'s workers), watching the group meanwhile: a worker of
+    it gone (the scheduler's worker removal: SIGKILL, a machine lost) raises ``GroupLost`` within ``poll`` seconds,
+    its tasks cancelled, where ``client.gather`` would wait forever (a task pinned to a dead worker never runs
+    again). A task's error raises at once, unless a worker of the group is seen gone within ``grace`` seconds (a
+    peer's "Connection reset" comes before the scheduler sees the worker go): then ``GroupLost`` too."""
+    from distributed import wait
+    from distributed.client import FuturesCancelledError
+
+    pending = list(futures)
+    try:
+        while pending:
+            # Dask's wait raises when none is done in time, and when one was cancelled: the scheduler forgets a
+            # task whose input (scattered rows) died with its worker ("already forgotten")
+            with contextlib.suppress(TimeoutError, FuturesCancelledError):
+                wait(pending, timeout=poll, return_when="FIRST_COMPLETED")
+            erred = [f for f in pending if f.done() and f.status != "finished"]
+            if erred:
+                gone = _lost(client, group, futures, grace)
+                if gone:
+                    exc = None
+                    with contextlib.suppress(BaseException):
+                        exc = erred[0].exception()
+                    raise GroupLost(group, gone, exc if isinstance(exc, BaseException) else None)
+                erred[0].result()  # raises the task's own error (or CancelledError)
+            pending = [f for f in pending if not f.done()]
+            if pending:
+                gone = gone_of(client, group)
+                if gone:
+                    raise GroupLost(group, gone, None)
+                stopping.check()
+    except BaseException:
+        for f in futures:
+            with contextlib.suppress(Exception):
+                f.cancel()
+        raise
+    return [f.result() for f in futures]
+
+
+def _lost(client: Any, group: tuple[str, ...], futures: list, grace: float) -> list[str]:
+    """The group's workers gone, given a task's error: looked at until the scheduler says so, every task has ended
+    by itself (the trial's own error: a dead worker's task never ends), or ``grace`` seconds. A task cancelled (not
+    by us: the scheduler forgot it with the rows its dead worker held) is looked at for the whole grace: the client
+    hears of the cancel before the scheduler's list of workers drops the dead one."""
+    ends = time.monotonic() + grace
+    while True:
+        gone = gone_of(client, group)
+        ended = all(f.done() for f in futures) and not any(f.cancelled() for f in futures)
+        if gone or ended or time.monotonic() > ends:
+            return gone
+        time.sleep(0.1)
+
+
 def executing(dask_worker: Any) -> int:
     """Tasks running in this worker's threads, cancelled ones included (``client.run`` passes the worker)."""
     return len(dask_worker.state.executing) + len(dask_worker.state.long_running)
@@ -105,6 +183,7 @@ class WorkerGroups:
         self.retired: list[tuple[str, ...]] = []
         self._reserved = threading.local()  # the group ``reserve`` holds for the calling thread's next ``take``
         self._gpus: dict[tuple[str, ...], dict[str, float]] = {}  # ``gpus``: a worker's resources are its own for life
+        self._said = False  # the one line of a wait for workers: said once until a group forms again
         self._add(split(self.alive(), n))
 
     def gpus(self, group: tuple[str, ...]) -> dict[str, float]:
@@ -125,6 +204,7 @@ class WorkerGroups:
             item = (group, self._prepare(group))
             with self._lock:
                 self.groups.append(group)
+                self._said = False
             if self._free is not None:
                 self._free.put(item)
 
@@ -176,7 +256,7 @@ class WorkerGroups:
                 yield held
                 return
         self.regroup()  # workers that joined since (a restarted one, a scaled-up cluster) make new groups
-        waited = 0.0
+        waited, said = 0.0, False
         while True:
             free = self._free
             if free is None:
@@ -195,10 +275,22 @@ class WorkerGroups:
                     continue
                 if self.regroup():
                     continue
+                if not said:  # one line while it waits (every waiting trial-rung's thread would say the same)
+                    said = True
+                    with self._lock:
+                        first, self._said = not self._said, True
+                    if first:
+                        log.warning("the Dask cluster has %d workers, fewer than --workers %d: waiting up to %g s "
+                                    "for workers to join", len(self.alive()), self.n, wait)
                 waited += POLL
                 if waited >= wait:
-                    raise RuntimeError(f"the Dask cluster has {len(self.alive())} workers left, fewer than --workers "
-                                       f"{self.n}, and none came back in {wait:g} s")
+                    reason = (f"the Dask cluster has {len(self.alive())} workers left, fewer than --workers "
+                              f"{self.n}, and none came back in {wait:g} s")
+                    token = stopping.current()
+                    if token is not None:  # the job stops, saved: --resume goes on once workers are back
+                        token.request(reason=reason)
+                        raise stopping.Stopped(reason)
+                    raise RuntimeError(reason)
         group = item[0]
         try:
             yield item
@@ -232,6 +324,33 @@ class XGBoostOnDask:
             self.client = Client(self.cluster)
         self.client.wait_for_workers(workers, timeout=120)
         self.worker_groups = WorkerGroups(self.client, workers, lambda group: trainer.partition(self.client, group))
+
+    def run(self, fn: Callable[[tuple[str, ...], Any], Any], retries: int = RETRIES) -> tuple[Any, float, int]:
+        """``fn(group, data)`` on a free group (its tasks waited for with ``gather``, which raises ``GroupLost``);
+        when the group loses a worker it is retired (its other workers regroup with those that join, each new
+        group loading its data again) and ``fn`` runs again on another group, ``retries`` times, then the
+        trial-rung fails naming each loss. Returns (what ``fn`` returned, worker-seconds lost, attempts)."""
+        lost, reasons = 0.0, []
+        while True:
+            with self.worker_groups.take() as (group, data):
+                if gone_of(self.client, group):  # lost while free: no work lost, no attempt spent
+                    self.worker_groups.retire(group)
+                    continue
+                began = time.monotonic()
+                try:
+                    return fn(group, data), lost, len(reasons) + 1
+                except GroupLost as exc:
+                    lost += (time.monotonic() - began) * len(group)
+                    reasons.append(str(exc))
+                    log.warning("%s: the trial-rung's training runs again on another group", exc)
+                    self.worker_groups.retire(group)
+                    if len(reasons) > retries:
+                        raise RuntimeError(f"the trial-rung lost its Dask group {len(reasons)} times: "
+                                           + "; ".join(reasons)) from exc
+
+    def gather(self, futures: list, group: tuple[str, ...]) -> list[Any]:
+        """``gather`` on this cluster: the results of a trial-rung's tasks on ``group``, or ``GroupLost``."""
+        return gather(self.client, futures, group)
 
     def device(self, group: tuple[str, ...]) -> dict[str, str]:
         """XGBoost's ``device`` on ``group``: ``cuda`` (each worker's first visible GPU) where every worker of it was

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from prefect_hyperband.executors import dask_groups
+from prefect_hyperband.executors.dask_groups import GroupLost
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.launch import contract
 from prefect_hyperband.common.ports import free_port
@@ -103,15 +104,6 @@ def _fresh_world(dist: Any) -> None:
         dist.destroy_process_group()  # resets the counter
     else:
         dist.distributed_c10d._world.group_count = 0  # what destroy_process_group does (no public call for it)
-
-
-class GroupLost(RuntimeError):
-    """A worker of the group running a trial-rung left the cluster (killed, its machine gone)."""
-
-    def __init__(self, group: tuple[str, ...], gone: list[str], cause: BaseException | None) -> None:
-        self.group, self.gone = group, gone
-        why = f": {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}" if cause else ""
-        super().__init__(f"Dask worker(s) {', '.join(gone)} of group {', '.join(group)} left the cluster{why}")
 
 
 @dataclass

@@ -22,10 +22,23 @@ class Cluster:
         env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False", "OMP_NUM_THREADS": "1"}
         self.scheduler = self._start(["scheduler", "--host", "127.0.0.1", "--port", str(self.port),
                                       "--dashboard-address", ":0", "--no-show"], "scheduler", env)
-        self.workers = [self._start(["worker", self.address, "--host", host, "--nthreads", "1", "--nworkers", "1",
-                                     "--no-dashboard", "--memory-limit", "0", "--death-timeout", "60"],
-                                    f"worker{i}", env) for i, host in enumerate(hosts)]
+        self.env = env
+        self.workers: list[subprocess.Popen] = []
+        for host in hosts:
+            self.add(host)
         self.wait_for(len(hosts))
+
+    def add(self, host: str) -> subprocess.Popen:
+        """One more worker (a nanny and its worker process, in a process group of their own) on ``host``."""
+        proc = self._start(["worker", self.address, "--host", host, "--nthreads", "1", "--nworkers", "1",
+                            "--no-dashboard", "--memory-limit", "0", "--death-timeout", "60"],
+                           f"worker{len(self.workers)}", self.env)
+        self.workers.append(proc)
+        return proc
+
+    def kill(self, worker_pid: int) -> None:
+        """SIGKILL the worker process ``worker_pid`` and its nanny (their process group: a machine lost, no restart)."""
+        os.killpg(os.getpgid(worker_pid), signal.SIGKILL)
 
     def _start(self, args: list[str], name: str, env: dict) -> subprocess.Popen:
         log = open(os.path.join(self.log_dir, f"{name}.log"), "w")

@@ -14,11 +14,15 @@ from __future__ import annotations
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from prefect_hyperband.trainers.layout import read_part
+
+#: seconds a rank's collective waits for a peer: a peer's worker lost without a reset (its machine gone) releases
+#: the group's other ranks at this timeout at worst (a SIGKILLed one's closed connection, at once)
+COLLECTIVE_TIMEOUT = 120
 
 #: in a Dask worker's process only: the training matrices of the groups it belongs to, by key
 _matrices: dict[str, Any] = {}
@@ -42,18 +46,33 @@ def rows_on(client: Any, key: str, parts: list[Any]) -> Rows:
     return Rows(key, {worker: tuple(futures) for worker, futures in sorted(by_worker.items())})
 
 
-def train(client: Any, rows: Rows, params: dict[str, Any], rounds: int, booster: Any) -> Any:
+def scatter(client: Any, key: str, X: np.ndarray, y: np.ndarray, group: tuple[str, ...]) -> Rows:
+    """In-memory training rows on ``group``'s workers: ``len(group)`` row partitions, the i-th on the worker that is
+    rank i of the collective (ranks go by worker address, ``sortby="task"``), so every group holds the same
+    partitions in the same ranks and trains the same model. Scattered from here (no key shared with another group:
+    a group that loses a worker loses its own rows only, and the group that replaces it scatters them again)."""
+    workers = sorted(group)
+    rows = -(-len(y) // len(workers))
+    parts = [client.scatter((X[i * rows:(i + 1) * rows], y[i * rows:(i + 1) * rows]), workers=[w], hash=False)
+             for i, w in enumerate(workers)]
+    return Rows(key, {w: (part,) for w, part in zip(workers, parts)})
+
+
+def train(client: Any, rows: Rows, params: dict[str, Any], rounds: int, booster: Any,
+          gather: Callable[[list], list] | None = None) -> Any:
     """``rounds`` more boosting rounds of ``booster`` (None: a new one) over the group's rows: one task per worker
-    holding some, in one collective; the booster every worker holds, from the first."""
+    holding some, in one collective; the booster every worker holds, from the first. ``gather``: how the tasks are
+    waited for (the placement's, which gives up on a group that lost a worker; ``client.gather`` by default)."""
     from distributed.comm import get_address_host
 
     workers = list(rows.by_worker)
     args = client.run_on_scheduler(_tracker, len(workers), get_address_host(client.scheduler.address))
     call = uuid.uuid4().hex[:12]
-    futures = [client.submit(_rank, rows.key, parts, params, args, rounds, booster, workers=[worker],
+    futures = [client.submit(_rank, rows.key, parts, params, {**args, "DMLC_TASK_ID": f"{i:06d}"}, rounds, booster,
+                             workers=[worker],
                              allow_other_workers=False, pure=False, key=f"hyperband-xgboost-{call}-{i}")
                for i, (worker, parts) in enumerate(rows.by_worker.items())]
-    results = client.gather(futures)
+    results = (gather or client.gather)(futures)
     return next(result for result in results if result is not None)
 
 
@@ -84,9 +103,10 @@ def _rank(key: str, parts: tuple[tuple[np.ndarray, np.ndarray], ...], params: di
     collective: the sketch is the group's), then kept. Returns the booster on rank 0, None elsewhere."""
     import xgboost as xgb
     from xgboost import collective
-    from xgboost.dask import CommunicatorContext  # ranks by worker, as xgboost.dask's own
 
-    with CommunicatorContext(**args):
+    # rank i is the i-th worker of ``rows.by_worker`` (its task id, ``train``), not xgboost.dask's worker name order:
+    # the same partitions in the same ranks on every group
+    with collective.CommunicatorContext(**args, dmlc_timeout=COLLECTIVE_TIMEOUT):
         dtrain = _matrices.get(key)
         if dtrain is None:
             X = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]

@@ -122,6 +122,7 @@ class XGBoostTrainer:
         #: this machine's training matrices not in use (``_dtrain_local``), and how many were built
         self._free: list[Any] = []
         self._free_lock = threading.Lock()
+        self._lost = threading.local()  # this thread's trial-rung: worker-seconds lost to groups that lost a worker
         self.matrices_built = 0
         self.workers = workers
         #: with ``workers > 1`` or ``--dask-address``: the cluster, its client and its free groups of workers, each
@@ -146,19 +147,14 @@ class XGBoostTrainer:
 
     # -- distribution -------------------------------------------------------------------------
     def partition(self, client: Any, group: tuple[str, ...]) -> Any:
-        """The training rows on ``group``'s workers, in ``workers`` row partitions, as xgboost.dask's matrix: the same
-        partitions on every group, so the same model on any group."""
-        import dask.array as da
-        from xgboost import dask as dxgb
-
+        """The training rows on ``group``'s workers, in ``workers`` row partitions, each worker's matrix kept between
+        trial-rungs (``trainers.xgboost_ranks``): the same partitions in the same ranks on every group, so the same
+        model on any group. Not ``xgboost.dask.train``: its tasks wait forever on a worker that died (and hold its
+        ``MultiLock`` on the group's workers meanwhile); these are watched by the placement (``gather``)."""
         if self._table is not None:
             return self._read_on(client, group)
-
-        rows = -(-len(self.data.y_train) // self.workers)
-        X = da.from_array(self.data.X_train, chunks=(rows, self.data.X_train.shape[1]))
-        y = da.from_array(self.data.y_train, chunks=rows)
-        X, y = client.persist([X, y], workers=list(group), allow_other_workers=False)
-        return dxgb.DaskQuantileDMatrix(client, X, y)
+        return xgboost_ranks.scatter(client, f"{self._key}:{','.join(group)}", self.data.X_train, self.data.y_train,
+                                     group)
 
     def _read_on(self, client: Any, group: tuple[str, ...]) -> Any:
         """A table's parts read by ``group``'s workers themselves (once per group and job), each encoded by the job's
@@ -199,9 +195,8 @@ class XGBoostTrainer:
         """Shut down what this trainer started; an external cluster is only disconnected."""
         dask, self._dask = self._dask, None
         if dask is not None:
-            if self._table is not None:  # the workers' matrices (an external cluster's workers outlive the job)
-                with contextlib.suppress(Exception):
-                    xgboost_ranks.drop(dask.client, self._key)
+            with contextlib.suppress(Exception):  # the workers' matrices (an external cluster's workers outlive the job)
+                xgboost_ranks.drop(dask.client, self._key)
             dask.close()
         matrix, self._extmem = self._extmem, None
         if matrix is not None:
@@ -272,14 +267,16 @@ class XGBoostTrainer:
         if resource <= start:
             raise ValueError(f"resource {resource} must exceed the checkpoint's {start}")
         booster = xgb.Booster(model_file=checkpoint) if checkpoint else None
+        self._lost.seconds = 0.0  # worker-seconds of attempts on Dask groups that lost a worker (``_train_dask``)
         with self.gpu_pool.lease() as gpus:
             params = {**self.params(config), **({"device": f"cuda:{gpus[0]}"} if gpus else {})}
             booster = self._segments(params, start, resource, booster)
         booster.save_model(out)
         write_sidecar(out, resource, rounds=booster.num_boosted_rounds())
-        seconds = time.perf_counter() - began
+        lost = self._lost.seconds
+        seconds = time.perf_counter() - began - lost / self.workers
         return TrainResult(out, resource, resource - start, seconds, self.workers, model=booster,  # measure's: not loaded again
-                           info={"gpus": float(len(gpus or ()))})
+                           info={"gpus": float(len(gpus or ())), **({"lost_worker_seconds": lost} if lost else {})})
 
     def _segments(self, params: dict[str, Any], start: int, resource: int, booster):
         """The booster trained from ``start`` to ``resource`` units, a segment between milestones at a time."""
@@ -300,16 +297,20 @@ class XGBoostTrainer:
         return booster
 
     def _train_dask(self, params: dict[str, Any], rounds: int, booster):
-        from xgboost import dask as dxgb
-
+        """One segment on a free group of workers (trials on one group never interleave); on another group, from the
+        same booster, when its group loses a worker (``XGBoostOnDask.run``): the same rounds, the same model."""
         dask = self._dask
         if dask is None:
             raise RuntimeError("the Dask cluster of this trainer is closed (the job is stopping)")
-        with dask.worker_groups.take() as (group, dtrain):  # a free group of workers: trials on one group never interleave
-            params = {**params, "nthread": max(1, self.nthread // self.workers), **dask.device(group)}  # GPU workers: cuda
-            if isinstance(dtrain, xgboost_ranks.Rows):  # a table's parts: each worker's matrix kept between calls
-                return xgboost_ranks.train(dask.client, dtrain, params, rounds, booster)
-            return dxgb.train(dask.client, params, dtrain, num_boost_round=rounds, xgb_model=booster)["booster"]
+
+        def on(group: tuple[str, ...], rows: xgboost_ranks.Rows) -> Any:
+            seeded = {**params, "nthread": max(1, self.nthread // self.workers), **dask.device(group)}  # GPU: cuda
+            return xgboost_ranks.train(dask.client, rows, seeded, rounds, booster,
+                                       gather=lambda futures: dask.gather(futures, group))
+
+        trained, lost, _ = dask.run(on)
+        self._lost.seconds = getattr(self._lost, "seconds", 0.0) + lost
+        return trained
 
     # -- evaluation ---------------------------------------------------------------------------
     def booster(self, checkpoint: str):

@@ -95,6 +95,74 @@ def test_with_no_group_left_a_trial_rung_waits_for_workers_then_says_so_in_one_l
             pass
 
 
+def test_in_a_job_no_group_left_past_the_wait_stops_the_job_saved_for_resume_with_one_line(caplog):
+    from prefect_hyperband.trainers import stopping
+
+    client = FakeClient([A, B])
+    groups = dask_groups.WorkerGroups(client, 2)
+    client.workers.remove(B)
+    groups.retire((A, B))
+    token = stopping.StopToken()
+    with stopping.bind(token), pytest.raises(stopping.Stopped, match="fewer than --workers 2"):
+        with groups.take(wait=1.0):
+            pass
+    assert token.requested() and "none came back in 1 s" in token.reason
+    said = [r.getMessage() for r in caplog.records if "waiting up to" in r.getMessage()]
+    assert said == ["the Dask cluster has 1 workers, fewer than --workers 2: waiting up to 1 s for workers to join"]
+
+
+class FakeFuture:
+    def __init__(self, status: str = "pending") -> None:
+        self.status = status
+
+    def done(self) -> bool:
+        return self.status != "pending"
+
+    def cancelled(self) -> bool:
+        return self.status == "cancelled"
+
+    def cancel(self) -> None:
+        self.status = "cancelled"
+
+    def exception(self):
+        return ConnectionResetError("peer closed")
+
+    def result(self):
+        if self.status == "finished":
+            return "done"
+        raise ConnectionResetError("peer closed")
+
+
+def test_gather_gives_up_a_group_whose_worker_left_and_not_a_task_cancelled_by_the_scheduler(monkeypatch):
+    """A task on a dead worker never ends (``client.gather`` waited forever: issue 87); one whose scattered input died
+    with its worker is cancelled by the scheduler before it lists the worker gone: both are ``GroupLost``."""
+    import distributed
+
+    monkeypatch.setattr(distributed, "wait", lambda futures, timeout, return_when: None)
+    client = FakeClient([A, B])
+    client.workers.remove(B)
+    hung = [FakeFuture("finished"), FakeFuture()]
+    with pytest.raises(GroupLost, match=f"{B} of group {A}, {B} left the cluster"):
+        dask_groups.gather(client, hung, (A, B), poll=0.01)
+    assert hung[1].cancelled()  # the other ranks are given up
+    client = FakeClient([A, B])
+    forgotten = [FakeFuture("cancelled")]
+    looks = []
+
+    def identity(n_workers):
+        looks.append(1)
+        if len(looks) == 3:  # the scheduler drops the dead worker a moment after the cancel
+            client.workers.remove(B)
+        return client.scheduler_info()
+
+    monkeypatch.setattr(FakeClient, "scheduler", property(lambda self: types.SimpleNamespace(identity=identity)))
+    with pytest.raises(GroupLost):
+        dask_groups.gather(client, forgotten, (A, B), poll=0.01, grace=5)
+    client.workers.append(B)
+    with pytest.raises(ConnectionResetError):  # the trial's own error, every rank ended: raised as it is
+        dask_groups.gather(client, [FakeFuture("error")], (A, B), poll=0.01, grace=5)
+
+
 def ranks(client: FakeClient, monkeypatch, lose: int) -> tuple[DaskRanks, list]:
     """DaskRanks over a fake client whose first ``lose`` attempts lose a worker of their group."""
     monkeypatch.setattr(dask_groups, "connect", lambda address, workers: client)
