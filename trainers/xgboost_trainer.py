@@ -8,17 +8,18 @@ at ``milestones`` (every rung resource of the job's schedule) and seed each segm
 resuming equals training at once, bit for bit, with one ``xgb.train`` call per rung.
 
 Distribution. ``workers == 1`` trains in-process (a table in parts from disk with ``external_memory``:
-``trainers.external_memory``). ``workers > 1`` trains with allreduce over a Dask cluster (``xgboost.dask``): a LocalCluster of ``workers`` processes started once per job,
-or an existing scheduler at ``dask_address``; the cluster and its groups are the executor's
-(``executors.dask_groups.xgboost_on``, given by the plug-in as ``placement``), the row partitions
-each group holds the trainer's (``partition``). The cluster's workers are split into disjoint
-groups of ``workers`` (W // workers groups on a cluster of W), and the training data is put on
-each group once, when the trainer starts, in ``workers`` row partitions. A trial-rung takes a free
-group, trains on it alone (its data lives there, so ``xgboost.dask`` allreduces among those
-workers only) and gives it back: W // workers trials train at once, never two on one worker (two
-allreduce jobs interleaved on single-threaded workers would deadlock), each with the same data
-layout, hence the same model as one trial at a time. The validation metric is computed here,
-centrally, on the whole validation set (XGBoost's distributed AUC is a per-worker average).
+``trainers.external_memory``). ``workers > 1`` or ``dask_address`` trains with XGBoost's allreduce over a Dask
+cluster: a LocalCluster of ``workers`` processes started once per job, or an existing scheduler at
+``dask_address``; the cluster and its groups are the executor's (``executors.dask_groups.xgboost_on``, given by the
+plug-in as ``placement``), the row partitions each group holds the trainer's (``partition``). The cluster's workers
+are split into disjoint groups of ``workers`` (W // workers groups on a cluster of W), and the training rows are put
+on each group once, in ``workers`` row partitions, each worker's matrix kept between trial-rungs
+(``trainers.xgboost_ranks``). A trial-rung takes a free group, trains on it alone and gives it back: W // workers
+trials train at once, never two on one worker (two allreduce jobs interleaved on single-threaded workers would
+deadlock), each with the same partitions in the same ranks, hence the same model as one trial at a time. A group
+that loses a worker mid-segment is retired and the segment runs again from the same booster on another group
+(``XGBoostOnDask.run``): the same model again. The validation metric is computed here, centrally, on the whole
+validation set (XGBoost's distributed AUC is a per-worker average).
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ class XGBoostTrainer:
         """Shut down what this trainer started; an external cluster is only disconnected."""
         dask, self._dask = self._dask, None
         if dask is not None:
-            with contextlib.suppress(Exception):  # the workers' matrices (an external cluster's workers outlive the job)
+            with contextlib.suppress(Exception):  # the workers' matrices (an external cluster's outlive the job)
                 xgboost_ranks.drop(dask.client, self._key)
             dask.close()
         matrix, self._extmem = self._extmem, None

@@ -89,7 +89,8 @@ def check(tracking_uri: str, untouched: dict, lost: dict, killed: list, workers:
     scores = {(r["trial_id"], r["resource"]): r["score"] for r in rows_of(lost)}
     expected = {(r["trial_id"], r["resource"]): r["score"] for r in rows_of(untouched)}
     assert scores == expected  # the same trial-rungs, the same scores: a retried segment trains the same model
-    assert lost["best"]["trial_id"] == untouched["best"]["trial_id"] and lost["best"]["score"] == untouched["best"]["score"]
+    best, expected_best = lost["best"], untouched["best"]
+    assert best["trial_id"] == expected_best["trial_id"] and best["score"] == expected_best["score"]
     assert lost["summary"]["failed_trials"] == 0
     _, _, children = runs_of(tracking_uri, "killed", lost["parent_run_id"])
     assert len(children) == lost["summary"]["configs"] == untouched["summary"]["configs"]
