@@ -5,7 +5,7 @@ the UI's form shows one field per parameter, each with its description and its c
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 from pydantic import Field, ValidationError
 
@@ -41,10 +41,21 @@ def signature() -> inspect.Signature:
                       json_schema_extra={"position": len(fields) + 1}))]  # after every field
     for name in fields:
         field = TuneParams.model_fields[name]
-        annotation = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+        annotation = _choices(field.annotation)
+        annotation = Annotated[(annotation, *field.metadata)] if field.metadata else annotation
         parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
                                             default=Field(field.default, description=field.description)))
     return inspect.Signature(parameters, return_annotation=dict[str, Any])
+
+
+def _choices(annotation: Any) -> Any:
+    """``Optional[Literal[a, b]]`` as ``Literal[a, b, None]``: one enum, which Prefect's form shows as a drop-down
+    (a union of an enum and null is a type switch and a free text field there); other types as they are."""
+    if get_origin(annotation) is Union:
+        members = [a for a in get_args(annotation) if a is not type(None)]
+        if len(members) == 1 and get_origin(members[0]) is Literal:
+            return Literal[(*get_args(members[0]), None)]
+    return annotation
 
 
 def flat(params: TuneParams) -> dict[str, Any]:
