@@ -170,7 +170,7 @@ async def _aserve(served: object, limit: int, made: list, claims=None) -> None:
     except BaseExceptionGroup as group:  # noqa: F821  (a builtin of Python 3.11)
         _, unexpected = group.split((StopTaskWorker, asyncio.CancelledError, KeyboardInterrupt, TimeoutError))
         if unexpected is not None:
-            raise unexpected
+            raise unexpected from None
     except (StopTaskWorker, asyncio.CancelledError):
         pass
 

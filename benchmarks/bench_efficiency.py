@@ -114,7 +114,7 @@ def replay(rows: list[dict[str, Any]], seed: int, min_r: int, max_r: int, eta: i
                 params = {**row["config"], "trial_id": t, "bracket": row["bracket"]} if first else None
                 tracking.log_result(tracking_uri, runs[t], trained.history,
                                     {"auc": score, "train_seconds": trained.seconds}, resource, params)
-        for t, run_id in runs.items():  # the job closes a run when the trial's fate is decided
+        for run_id in runs.values():  # the job closes a run when the trial's fate is decided
             tracking.set_tags(tracking_uri, run_id, {"hyperband.status": "completed", "hyperband.resource": str(max_r)})
             tracking.end_run(tracking_uri, run_id, "FINISHED")
         return {"train": train_s, "eval": eval_s, "units": units, "scores": scores, "loop": time.perf_counter() - entered}

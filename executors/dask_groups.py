@@ -289,8 +289,8 @@ class WorkerGroups:
                     token = stopping.current()
                     if token is not None:  # the job stops, saved: --resume goes on once workers are back
                         token.request(reason=reason)
-                        raise stopping.Stopped(reason)
-                    raise RuntimeError(reason)
+                        raise stopping.Stopped(reason) from None
+                    raise RuntimeError(reason) from None
         group = item[0]
         try:
             yield item

@@ -86,7 +86,7 @@ class StateWriter:
         # a full disk: the writer stops (what it took from the scheduler is in no record: nothing may follow it) and
         # ``on_full`` stops the job; the resume replays the journal up to the last whole record
         self.on_full, self.full = on_full, None
-        # ``runs`` grows on the MLflow writer's thread as child runs are made (``executors.tracker``): read under its lock
+        # ``runs`` grows on the MLflow writer's thread as child runs are made (``tasks.tracker``): read under its lock
         self.runs_lock = runs_lock or threading.Lock()
         self.generation = generation  # the newest journal on the storage (0: none); ``start`` snapshots past it
         self.rows_saved, self.runs_saved = rows_saved, len(runs)

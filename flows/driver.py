@@ -16,7 +16,6 @@ from prefect_hyperband.common.errors import shown
 from prefect_hyperband.executors.loop import Drive, JobStopped, Loop, Outcome, stop_grace
 from prefect_hyperband.executors.state import StateWriter
 from prefect_hyperband.executors.threads import RealClock, ThreadExecutor
-from prefect_hyperband.executors.tracker import MlflowTracker
 from prefect_hyperband.flows import progress as display
 from prefect_hyperband.flows import runner
 from prefect_hyperband.flows.groups import Groups
@@ -30,6 +29,7 @@ from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, best_of, 
 from prefect_hyperband.tasks import importance_report, report
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import close_trial_runs
+from prefect_hyperband.tasks.tracker import MlflowTracker
 from prefect_hyperband.tasks.trials import promote_rung
 from prefect_hyperband.tasks.writer import Writer
 from prefect_hyperband.trainers import factory, stopping

@@ -109,7 +109,7 @@ def job_lock(job_dir: str | Path, job_id: str, **about: str) -> Iterator[dict[st
         except FileExistsError:
             found = _read(path)  # read once: who holds it, and for how long it has been silent
             if found is not None and _alive(found):
-                raise _busy(job_id, found)
+                raise _busy(job_id, found) from None
             stale = found or stale
             path.unlink(missing_ok=True)  # stale: its process is gone
             continue

@@ -27,7 +27,7 @@ What Prefect leaves to the caller, done here:
   trial-rung's tasks are (``_outside_runs``), named ``<trial> to r=<units>-<key>``; the worker that takes it says which
   machine and process it is in its first log line there.
 - **Parameters.** Prefect passes a background task run's parameters through storage: with ``--storage``, the job's
-  storage (``<storage>/task-parameters``, ``tasks.storage.parameter_storage``; the workers are started with the same
+  storage (``<storage>/task-parameters``, ``flows.task_parameters``; the workers are started with the same
   ``--storage``), else Prefect's task-scheduling storage (a local folder unless
   ``PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK`` names a shared one). A worker that cannot read them deletes the
   task run (Prefect's default): the job says so in one line and runs the trial-rung again.
@@ -52,8 +52,9 @@ from prefect.context import TaskRunContext
 from prefect_hyperband.common.errors import seconds_from_env
 from prefect_hyperband.flows import work_pool, worker_slots, worker_watch
 from prefect_hyperband.flows.api_wait import answering
+from prefect_hyperband.flows.task_parameters import parameter_storage
 from prefect_hyperband.hyperband.trial import TrialRung
-from prefect_hyperband.tasks import prefect_internals, storage
+from prefect_hyperband.tasks import prefect_internals
 from prefect_hyperband.tasks.job import Job, storage_at
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
@@ -140,7 +141,7 @@ def served(root: str | None, **options: Any) -> Any:
     function's name and a hash of its code: the same code under a name that holds the storage's digest."""
     prefect_internals.shared_tls_context()  # the job's and the worker's clients (one a task run) share one TLS context
     settings = {"name": TASK_NAME, "cache_policy": _NoCache(), "log_prints": False, **options}
-    return task(_named(root), result_storage=storage.parameter_storage(root), **settings)
+    return task(_named(root), result_storage=parameter_storage(root), **settings)
 
 
 def key_of(root: str | None) -> str:

@@ -210,7 +210,7 @@ def log_trial_rung(job: Job, run_id: str, out: Outcome, params: dict[str, Any] |
 
 #: runs a tracking server ends at once (each run's two writes stay in order) when a call ends at least
 #: ``CLOSE_AT_ONCE_FROM`` of them: ending 7,000 runs one by one over HTTP took 13 minutes after a 10,000-trial-rung
-#: job's last result (its end closes them in calls of ``executors.tracker.CLOSE_CHUNK``, 100)
+#: job's last result (its end closes them in calls of ``tasks.tracker.CLOSE_CHUNK``, 100)
 CLOSE_THREADS = 8
 #: fewer than this (a rung's close ends a few runs, every few seconds): one at a time. Twenty jobs sharing one
 #: server, each ending every rung's runs eight at once, stalled it for tens of seconds at a time

@@ -9,12 +9,10 @@ there after. On a local or shared path both steps are the identity: the files ar
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import secrets
 import shutil
-import threading
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit
@@ -293,28 +291,3 @@ def check(url: str) -> None:
     except Exception as exc:  # botocore's and gcsfs' errors have no common base: any failure is the user's setup
         said = " ".join(str(exc).split())  # botocore's messages run over several lines
         raise InputError(f"--storage {url}: cannot write there: {type(exc).__name__}: {said[:300]}") from exc
-
-
-def parameter_storage(root: str | None) -> Any:
-    """Where background task runs' parameters travel (Prefect's result storage for ``trial_rung``):
-    ``<root>/task-parameters`` (a local or shared folder, or any fsspec URL); None for Prefect's default. On an
-    object store a ``RemoteFileSystem`` block saved on the Prefect server (``hyperband-parameters-<digest>``, once
-    per process): Prefect takes only a saved block as a background task's result storage."""
-    if not root:
-        return None
-    if is_local(root):
-        return Path(root.removeprefix("file://")).resolve() / "task-parameters"
-    url = join(root, "task-parameters")
-    with _SAVING:
-        if url not in _SAVED:
-            from prefect.filesystems import RemoteFileSystem
-
-            block = RemoteFileSystem(basepath=url)
-            block.save(f"hyperband-parameters-{hashlib.sha256(url.encode()).hexdigest()[:12]}", overwrite=True)
-            _SAVED[url] = block
-        return _SAVED[url]
-
-
-#: the parameter storage blocks this process saved, by URL (``parameter_storage``)
-_SAVED: dict[str, Any] = {}
-_SAVING = threading.Lock()

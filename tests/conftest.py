@@ -24,7 +24,7 @@ from prefect_hyperband.flows.server import batch_server_writes  # noqa: E402
 
 batch_server_writes()  # as the CLI's temporary server
 
-import pytest
+import pytest  # noqa: E402
 
 #: a fast test's bound, in seconds (pytest-timeout): under two spinning processes and without xdist the slowest fast
 #: test takes well under it; one that would hang fails with its stack, naming itself, and the run goes on
@@ -64,7 +64,7 @@ def _log_handlers_follow_the_tests_stderr():
 
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    loggers = [logging.getLogger(), *(l for l in logging.Logger.manager.loggerDict.values() if isinstance(l, logging.Logger))]
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger))]
     for handler in {h for logger in loggers for h in logger.handlers}:
         if isinstance(handler, logging.FileHandler) or not isinstance(handler, logging.StreamHandler):
             continue

@@ -1,7 +1,5 @@
-"""The package's import graph (issue 77): no cycles, no private name taken from another module, MLflow imported in
-one room (``tasks/``), Prefect in its rooms (``flows/``, ``tasks/``, ``app/``; its private names in one module of
-``tasks/``: ``tests/tasks/test_prefect_internals.py``), and an import inside a function only where it defers a heavy
-library, each such place counted."""
+"""What import-linter's contracts cannot say (they hold the layers, cycles and rooms: ``tests/test_lint.py``): no
+private name taken from another module, and an import inside a function only where it defers a heavy library."""
 
 from __future__ import annotations
 
@@ -49,86 +47,12 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _graph() -> dict[str, set[str]]:
-    modules = _modules()
-    edges: dict[str, set[str]] = {m: set() for m in modules}
-    for module, path in modules.items():
-        for target, names in _imports(path):
-            subs = {f"{target}.{n}" for n in names if f"{target}.{n}" in modules}
-            hits = subs | ({target} if target in modules and len(subs) < max(1, len(names)) else set())
-            edges[module] |= hits - {module}
-    return edges
-
-
-def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(edges[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return found
-
-
-def test_the_cycle_finder_finds_a_cycle_and_none_in_a_chain():
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
-
-
-def test_no_import_cycle_in_the_package():
-    found = cycles(_graph())
-    assert not found, f"import cycles: {found}"
-
-
 def test_no_private_name_is_imported_from_another_module():
     taken = [f"{path.relative_to(ROOT)}: {module}.{name}"
              for path in _modules().values() for module, names in _imports(path)
              if module.startswith("prefect_hyperband.") for name in names
              if name.startswith("_") and not name.startswith("__")]
     assert not taken, taken
-
-
-def _importers(library: str) -> set[str]:
-    return {path.relative_to(ROOT).as_posix() for path in _modules().values()
-            if any(m == library or m.startswith(f"{library}.") for m, _ in _imports(path))}
-
-
-def test_mlflow_is_imported_in_its_one_room():
-    outside = {p for p in _importers("mlflow") if not p.startswith("tasks/")}
-    assert not outside, f"MLflow imported outside tasks/: {sorted(outside)}"
-
-
-def test_prefect_is_imported_in_its_rooms_only():
-    """Issue 77: Prefect's flows, subflows and the trial-rungs' task runs in ``flows/``, its tasks in ``tasks/``, the
-    CLI, worker and server processes in ``app/``; the engine (``executors/``: the loop, threads, Dask), the algorithm
-    and the trainers import none of it (before: five executors did)."""
-    outside = {p for p in _importers("prefect") if not p.startswith(("flows/", "tasks/", "app/"))}
-    assert not outside, f"Prefect imported outside its rooms: {sorted(outside)}"
 
 
 #: the libraries an import inside a function may defer, with what importing each alone took here (a fresh
@@ -138,10 +62,6 @@ def test_prefect_is_imported_in_its_rooms_only():
 HEAVY = {"mlflow": 0.96, "torch": 0.91, "xgboost": 0.87, "sklearn": 0.74, "prefect": 0.64, "s3fs": 0.25,
          "distributed": 0.24, "pandas": 0.22, "optuna": 0.20, "sqlalchemy": 0.14, "matplotlib": 0.13,
          "pydantic_settings": 0.11, "dask": 0.10, "psycopg": None}
-#: imports inside functions on 2026-12-05, each deferring a heavy library (issue 77: bound, not pin; the test prints
-#: them by library): the count may shrink, not grow; 198 since issue 84 (``hyperband deploy``'s paused schedules: Prefect's
-#: ``Cron``, beside the deploy's other Prefect imports, which ``hyperband deploy --show`` does without)
-DEFERRED_BOUND = 198
 
 
 def _top_imports(path: Path) -> set[str]:
@@ -194,17 +114,16 @@ def deferred(root: Path = ROOT) -> list[tuple[str, str, set[str]]]:
     return found
 
 
-def test_an_import_inside_a_function_defers_a_heavy_library_and_each_is_counted():
+def test_an_import_inside_a_function_defers_a_heavy_library():
     """Issue 77: an import inside a function only where it defers a heavy library (the CLI's ``--help`` and a bad
     flag's one line come before Prefect, MLflow or a trainer is imported), directly or through a module of ours that
-    imports one at its top; any other import sits at the module's top. Each deferral is counted: at most
-    ``DEFERRED_BOUND``."""
+    imports one at its top; any other import sits at the module's top. The deferrals are printed by library (issue
+    85: no bound on their count)."""
     found = deferred()
     light = [f"{where}: {statement}" for where, statement, libraries in found if not libraries]
     assert not light, f"imports inside functions that defer no heavy library (move them to the top): {light}"
     by_library = Counter(" + ".join(sorted(libraries)) for _, _, libraries in found)
     print(f"{len(found)} imports inside functions:", dict(by_library.most_common()))
-    assert len(found) <= DEFERRED_BOUND, f"{len(found)} imports inside functions, over {DEFERRED_BOUND}"
 
 
 def test_the_deferral_count_tells_a_light_import_from_a_heavy_one(tmp_path):

@@ -110,15 +110,6 @@ def block(threads: dict[str, list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: the path's bounds (issue 77: bound, not pin; a helper renamed or moved changes nothing here). Issue 62 asked for 25
-#: functions and 6 changes of folder, issue 77 for 8 changes (13 at least under its own rooms: docs/how-it-works.md):
-#: not met; these are the counts of 2026-12-05 (115 functions; 29 to 32 changes as the threads' order falls, 35-38
-#: before the state moved to executors/ and the loop read an outcome whole before telling the algorithm), and the
-#: path may only shrink under them
-BOUNDS = {"functions": 115, "changes": 34,
-          "per thread": {"MainThread": 56, "hyperband-trial": 34, "mlflow": 27, "hyperband-group bracket s=": 4}}
-
-
 def ran_path(tmp_path: Path) -> dict[str, list[str]]:
     """The path of a one-trial-rung job run in a process of its own, pointed at this process's Prefect server."""
     from prefect.settings import PREFECT_API_URL
@@ -131,17 +122,19 @@ def ran_path(tmp_path: Path) -> dict[str, list[str]]:
     return path([tuple(c) for c in json.loads(out.read_text())])
 
 
-def test_the_path_of_one_trial_rung_stays_within_its_bounds(tmp_path, tracking_uri):
-    """The functions per thread, in all, and the changes of folder of one trial-rung's path, at most ``BOUNDS``; the
-    list as it ran is printed for the docs (``write_docs`` puts it in docs/how-it-works.md)."""
+def test_the_path_of_one_trial_rung_is_recorded_through_its_layers(tmp_path, tracking_uri):
+    """One trial-rung's path as it ran, per thread (printed for the docs: ``write_docs`` puts it in
+    docs/how-it-works.md): the job's thread decides and loops over it in the engine, its trial thread runs it as
+    Prefect task runs into a trainer, and its result is written to MLflow from the tasks' room. Issue 85 retired the bounds on its counts (a helper more or a
+    module moved is no failure); the docs say the counts of the day."""
     ran = ran_path(tmp_path)
     print(block(ran))
-    functions, changes = sum(len(f) for f in ran.values()), changes_of_folder(ran)
-    print(f"{functions} functions, {changes} changes of folder")
-    assert functions <= BOUNDS["functions"], f"{functions} functions on the path, over {BOUNDS['functions']}"
-    assert changes <= BOUNDS["changes"], f"{changes} changes of folder, over {BOUNDS['changes']}"
-    for thread, listed in ran.items():
-        assert len(listed) <= BOUNDS["per thread"].get(thread, 0), f"[{thread}]: {len(listed)} functions"
+    print(f"{sum(len(f) for f in ran.values())} functions, {changes_of_folder(ran)} changes of folder")
+    listed = [f for fs in ran.values() for f in fs]
+    assert any(f.startswith("executors/loop.py") for f in ran["MainThread"])
+    assert any(f.startswith("trainers/") for f in ran["hyperband-trial"])
+    assert any(f.startswith("flows/") for f in ran["hyperband-trial"])
+    assert any(f.startswith("tasks/record.py") for f in listed)
 
 
 def write_docs(threads: dict[str, list[str]]) -> None:
@@ -159,7 +152,6 @@ def test_the_docs_path_block_parses_into_threads_of_functions():
     listed = [f for fs in docs.values() for f in fs]
     assert functions == len(listed) == len(set(listed)), "the docs' count is not their list's, once each"
     assert changes == changes_of_folder(docs), "the docs' changes of folder are not their list's (write_docs)"
-    assert functions <= BOUNDS["functions"] and changes <= BOUNDS["changes"]
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ def test_two_jobs_started_together_on_a_new_store_both_complete_with_their_own_r
     procs = [subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]  # the same instant: neither store exists yet
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     assert results[0]["job_id"] != results[1]["job_id"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_hyperband.flows import api_wait, task_workers, worker_slots
+from prefect_hyperband.flows import api_wait, task_parameters, task_workers, worker_slots
 from prefect_hyperband.tasks import storage
 
 
@@ -164,12 +164,12 @@ def test_parameters_travel_through_the_jobs_storage_where_one_is_given(tmp_path,
     result storage: the job failed at its first submission), once per process."""
     from prefect.filesystems import RemoteFileSystem
 
-    assert storage.parameter_storage(None) is None  # Prefect's task-scheduling storage
-    assert storage.parameter_storage(str(tmp_path)) == tmp_path.resolve() / "task-parameters"
-    assert storage.parameter_storage(f"file://{tmp_path}") == tmp_path.resolve() / "task-parameters"
-    remote = storage.parameter_storage("s3://bucket/jobs/")
+    assert task_parameters.parameter_storage(None) is None  # Prefect's task-scheduling storage
+    assert task_parameters.parameter_storage(str(tmp_path)) == tmp_path.resolve() / "task-parameters"
+    assert task_parameters.parameter_storage(f"file://{tmp_path}") == tmp_path.resolve() / "task-parameters"
+    remote = task_parameters.parameter_storage("s3://bucket/jobs/")
     assert isinstance(remote, RemoteFileSystem) and remote.basepath == "s3://bucket/jobs/task-parameters"
-    assert remote._block_document_id is not None and storage.parameter_storage("s3://bucket/jobs") is remote
+    assert remote._block_document_id is not None and task_parameters.parameter_storage("s3://bucket/jobs") is remote
     assert task_workers.served("s3://bucket/jobs").result_storage is remote
 
 

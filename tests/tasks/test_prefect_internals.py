@@ -242,9 +242,6 @@ def test_no_module_but_prefect_internals_names_a_private_prefect_name():
 def test_the_internals_read_or_called_are_as_they_were_written_for():
     """What ``temporary_servers``, ``take_up``, ``drain_services``, ``forget_results``, ``detached_task_run``, the
     logger names and ``shared_tls_context`` rely on, as installed."""
-    import logging
-    import logging.config
-
     import prefect.client.orchestration as orchestration
     from prefect._internal.concurrency.services import QueueService
     from prefect.context import FlowRunContext, TaskRunContext

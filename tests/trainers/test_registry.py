@@ -76,7 +76,7 @@ def test_a_user_log_model_hook_gets_the_jobs_tags_when_it_takes_them_else_they_a
 
     plug_in = SimpleNamespace(log_model=user_function.log_model)
     for job_id, hook in (("j1", with_tags), ("j2", without)):
-        champion.log_champion(tracking_uri, run_id, plug_in, lambda: SimpleNamespace(log_model_hook=hook),
+        champion.log_champion(tracking_uri, run_id, plug_in, lambda hook=hook: SimpleNamespace(log_model_hook=hook),
                               "/jobs/j/s0-0001/r9.ckpt", "e", {}, step=9, job_id=job_id)
         tags = {"hyperband.job_id": job_id, "hyperband.resource": "9"}
         assert {k: v for k, v in client.get_logged_model(infos[-1].model_id).tags.items()

@@ -1,13 +1,13 @@
-"""The loop's MLflow tracker (``executors.tracker``): a long close answers as it goes, and says a failure once."""
+"""The loop's MLflow tracker (``tasks.tracker``): a long close answers as it goes, and says a failure once."""
 
 from __future__ import annotations
 
 from concurrent.futures import Future
 from types import SimpleNamespace
 
-from prefect_hyperband.executors import tracker as tracker_module
-from prefect_hyperband.executors.tracker import MlflowTracker
 from prefect_hyperband.hyperband.scheduler import TrialRecord
+from prefect_hyperband.tasks import tracker as tracker_module
+from prefect_hyperband.tasks.tracker import MlflowTracker
 from prefect_hyperband.trainers.stopping import StopToken
 
 

@@ -15,11 +15,11 @@ import time
 from concurrent.futures import Future
 from typing import Callable
 
-from prefect_hyperband.executors.loop import Outcome
 from prefect_hyperband.hyperband.first import is_baseline
 from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.tasks.result import Outcome
 from prefect_hyperband.tasks.service_wait import client_waits
 from prefect_hyperband.tasks.writer import ProcessWriter, ThreadWriter, Writer, make_writer, writer_for
 from prefect_hyperband.trainers.stopping import StopToken
