@@ -120,13 +120,43 @@ def run_floor(tmp: Path, job_dir: str, seed: int, max_r: int, eta: int) -> dict[
         r = efficiency.replay(rows, seed, 1, max_r, eta, tmp / f"floor-{seed}-{len(out)}", nthread=os.cpu_count(),
                               rounds_per_unit=1, tracking_uri=uri, tasks=tasks)
         best = max(r["scores"].values())
-        out[label] = {"best": best, "units": r["units"], "wall": r["loop"], "cpu": common.cpu_seconds() - cpu}
+        out[label] = {"best": best, "units": r["units"], "wall": r["loop"], "cpu": common.cpu_seconds() - cpu,
+                      "trial_rungs": len(rows)}
+    out[EMPTY] = run_empty_tasks(len(rows))
     return out
+
+
+#: Prefect's own floor: a flow run of two empty task runs per trial-rung (train's and evaluate's), one after another
+EMPTY = "floor: Prefect alone, 2 empty task runs per trial-rung"
+
+
+def run_empty_tasks(trial_rungs: int) -> dict[str, Any]:
+    """What Prefect's engine costs a trial-rung's two task runs on this machine, before any code of ours: a flow of
+    ``2 x trial_rungs`` empty tasks (no cache, no result persisted, as train and evaluate), timed inside its run."""
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+
+    @task(name="empty", cache_policy=NO_CACHE, persist_result=False)
+    def empty(i: int) -> int:
+        return i
+
+    @flow(name="bench-empty-tasks")
+    def empties(n: int) -> float:
+        began = time.perf_counter()
+        for i in range(n):
+            empty(i)
+            empty(i)
+        return time.perf_counter() - began
+
+    cpu = common.cpu_seconds()
+    wall = empties(trial_rungs)
+    return {"best": None, "units": 0, "wall": wall, "cpu": common.cpu_seconds() - cpu}
 
 
 def show(results: dict[str, list[dict[str, Any]]], seed: int, label: str, r: dict[str, Any]) -> None:
     results.setdefault(label, []).append({k: v for k, v in r.items() if k != "job_dir"})
-    print(f"   seed {seed} {label}: AUC {r['best']:.4f}, {r['units']} rounds, {r['wall']:.1f} s, cpu {r['cpu']:.1f} s", flush=True)
+    auc = "n/a" if r["best"] is None else f"{r['best']:.4f}"
+    print(f"   seed {seed} {label}: AUC {auc}, {r['units']} rounds, {r['wall']:.1f} s, cpu {r['cpu']:.1f} s", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,8 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-resource", type=int, default=81)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--no-floor", dest="floor", action="store_false", help="skip the floor rows (replays of the c=1 flow)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document (ratios per seed and concurrency, "
+                        "the floor rows, each trial-rung's cost beyond training) and nothing else")
     args = parser.parse_args(argv)
     max_r, eta = args.max_resource, 3
+    stdout = sys.stdout
+    if args.json:  # the progress lines and Prefect's to stderr: stdout is the one document
+        sys.stdout = sys.stderr
     from prefect_hyperband.hyperband import schedule
 
     configs = schedule.plan_summary(1, max_r, eta)["configs"]
@@ -160,15 +195,36 @@ def main(argv: list[str] | None = None) -> int:
                         show(results, seed, label, f)
     base = statistics.mean(r["wall"] for r in results["optuna random+HB"])
     rows = [
-        (label, f"{statistics.mean(r['best'] for r in rs):.4f}", round(statistics.mean(r["units"] for r in rs)),
+        (label, "n/a" if rs[0]["best"] is None else f"{statistics.mean(r['best'] for r in rs):.4f}", round(statistics.mean(r["units"] for r in rs)),
          statistics.mean(r["wall"] for r in rs), statistics.mean(r["wall"] for r in rs) / base,
          statistics.mean(r["cpu"] for r in rs))
         for label, rs in results.items()
     ]
+    document = {"bench": "vs_optuna", "max_resource": max_r, "ratios": ratios(results), "results": results}
+    if args.json:
+        sys.stdout = stdout
+        print(json.dumps(document))
+        return 0
     print()
     print(common.table(rows, ["method", "mean best AUC", "rounds", "mean wall s", "x optuna random+HB", "cpu s"]))
-    print(json.dumps({"bench": "vs_optuna", "max_resource": max_r, "results": results}))
+    print(json.dumps(document))
     return 0
+
+
+def ratios(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per seed (in the order run): each flow's wall over Optuna random+HB's of the same seed; and, where the floor
+    ran, the c=1 flow's cost per trial-rung beyond the plain loop beside Prefect's own (two empty task runs)."""
+    base = [r["wall"] for r in results["optuna random+HB"]]
+    out: dict[str, Any] = {label: [round(r["wall"] / b, 3) for r, b in zip(rs, base)]
+                           for label, rs in results.items() if label.startswith("hyperband")}
+    flows, plain, empty = (results.get(k) for k in ("hyperband, concurrency 1", "floor: plain loop of the c=1 "
+                                                    "trial-rungs", EMPTY))
+    if flows and plain and empty:
+        out["ms per trial-rung beyond training, ours"] = [
+            round(1000 * (f["wall"] - p["wall"]) / max(1, p["trial_rungs"]), 1) for f, p in zip(flows, plain)]
+        out["ms per trial-rung, Prefect's 2 empty task runs"] = [
+            round(1000 * e["wall"] / max(1, p["trial_rungs"]), 1) for e, p in zip(empty, plain)]
+    return out
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ class GroupLost(RuntimeError):
     def __init__(self, group: tuple[str, ...], gone: list[str], cause: BaseException | None) -> None:
         self.group, self.gone = group, gone
         why = f": {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}" if cause else ""
-        super().__init__(f"Dask worker(s) {', '.join(gone)} of group {', '.join(group)} left the cluster{why}")
+        lost = f"Dask worker(s) {', '.join(gone)} of group {', '.join(group)} left the cluster" if gone else (
+            f"the scheduler cancelled a task of group {', '.join(group)} (data a lost worker held)")
+        super().__init__(f"{lost}{why}")
 
 
 def workers_of(client: Any) -> dict[str, Any]:
@@ -111,7 +113,8 @@ def gather(client: Any, futures: list, group: tuple[str, ...], poll: float = WAT
             erred = [f for f in pending if f.done() and f.status != "finished"]
             if erred:
                 gone = _lost(client, group, futures, grace)
-                if gone:
+                if gone or any(f.cancelled() for f in erred):  # cancelled by the scheduler, not us: its data was
+                    # lost with a worker (under load its removal can reach the worker list after the grace)
                     exc = None
                     with contextlib.suppress(BaseException):
                         exc = erred[0].exception()

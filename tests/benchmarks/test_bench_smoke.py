@@ -198,3 +198,18 @@ def test_task_runner_bench_runs_both_ways_and_only_prefects_keeps_results_linked
     assert ours["failed"] == theirs["failed"] == 0
     assert ours["linked"] == 0 and theirs["linked"] >= 6 * 2  # a train and an evaluate result a trial-rung at least
     assert ours["wall"] > 0 and theirs["cpu"] > 0
+
+
+def test_vs_optuna_ratios_are_per_seed_with_the_cost_beyond_training_beside_prefects_floor():
+    import bench_vs_optuna as bench
+
+    results = {"optuna random+HB": [{"wall": 10.0}, {"wall": 20.0}],
+               "hyperband, concurrency 1": [{"wall": 15.0}, {"wall": 22.0}],
+               "hyperband, concurrency 2": [{"wall": 8.0}, {"wall": 18.0}],
+               "floor: plain loop of the c=1 trial-rungs": [{"wall": 5.0, "trial_rungs": 100},
+                                                            {"wall": 12.0, "trial_rungs": 200}],
+               bench.EMPTY: [{"wall": 2.0}, {"wall": 3.0}]}
+    found = bench.ratios(results)
+    assert found["hyperband, concurrency 1"] == [1.5, 1.1] and found["hyperband, concurrency 2"] == [0.8, 0.9]
+    assert found["ms per trial-rung beyond training, ours"] == [100.0, 50.0]
+    assert found["ms per trial-rung, Prefect's 2 empty task runs"] == [20.0, 15.0]
