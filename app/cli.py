@@ -21,6 +21,7 @@ from prefect_hyperband.app.streams import job_terminal
 from prefect_hyperband.app.worker import main as serve_trial_rungs
 from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.flows import process, progress
+from prefect_hyperband.flows.form import one_line
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.process import ServerNotStarted, exit_without_stuck, start_timeout
 from prefect_hyperband.hyperband.schedule import plan_summary, render_plan
@@ -341,15 +342,7 @@ def preflight(params) -> str | None:
 
 def _one_line(exc) -> str:
     """A ``ValidationError`` as one line, each field named by its flag, with the value given."""
-    parts = []
-    for e in exc.errors():
-        loc = [str(x) for x in e.get("loc", ())]
-        field = "--" + loc[0].replace("_", "-") if loc else ""
-        message = e.get("msg", "").replace("Value error, ", "")
-        value = e.get("input")
-        got = f", got {value!r}" if loc and not isinstance(value, (dict, list)) and repr(value) not in message else ""
-        parts.append(f"{field}: {message}{got}" if field else _flags_in(message))
-    return "; ".join(parts)
+    return one_line(exc, name=lambda field: "--" + field.replace("_", "-"), across=_flags_in)
 
 
 def _flags_in(message: str) -> str:

@@ -5,7 +5,7 @@ the UI's form shows one field per parameter, each with its description and its c
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
+from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args, get_origin
 
 from pydantic import Field, ValidationError
 
@@ -75,14 +75,14 @@ def from_flow(values: dict[str, Any]) -> tuple[TuneParams, bool]:
     return TuneParams(**{**(whole or {}), **given}), whole is not None
 
 
-def one_line(exc: ValidationError) -> str:
-    """A ``ValidationError`` as one line, each field by its name with the value given; a check across fields (min
-    over max) as its own message, which names them and the rule."""
+def one_line(exc: ValidationError, name: Callable[[str], str] = str, across: Callable[[str], str] = str) -> str:
+    """A ``ValidationError`` as one line, each field named by ``name`` (the CLI: its flag) with the value given; a
+    check across fields (min over max) as its own message, which names them and the rule (through ``across``)."""
     parts = []
     for error in exc.errors():
         loc = [str(x) for x in error.get("loc", ())]
         message = error.get("msg", "").replace("Value error, ", "")
         value = error.get("input")
         got = f", got {value!r}" if loc and not isinstance(value, (dict, list)) and repr(value) not in message else ""
-        parts.append(f"{loc[0]}: {message}{got}" if loc else message)
+        parts.append(f"{name(loc[0])}: {message}{got}" if loc else across(message))
     return "; ".join(parts)
