@@ -78,6 +78,22 @@ def connect(address: str, workers: int):
     return client
 
 
+def stop_if_unreachable(client: Any, address: str, grace: float = LOST_GRACE) -> None:
+    """After a trial-rung's error: where the client lost its scheduler and did not get it back within ``grace``
+    seconds (Dask's client closes itself once its reconnection fails), the job stops, its state saved, and
+    ``--resume`` continues once the scheduler is back (raises ``stopping.Stopped``); else returns (the error is the
+    trial-rung's own)."""
+    ends = time.monotonic() + grace
+    while client.status != "running":
+        if client.status in ("closed", "closing", "failed") or time.monotonic() > ends:
+            reason = f"the Dask scheduler at {address} is unreachable"
+            token = stopping.current()
+            if token is not None:
+                token.request(reason=reason)
+            raise stopping.Stopped(reason) from None
+        time.sleep(0.2)
+
+
 def cluster_size(address: str, workers: int) -> int:
     """Workers of the cluster at ``address`` (one short connection; ``connect``'s checks): a job's preflight."""
     client = connect(address, workers)
@@ -315,7 +331,7 @@ class XGBoostOnDask:
 
     def __init__(self, trainer: Any, address: str | None) -> None:
         workers = trainer.workers
-        self.cluster = None
+        self.cluster, self.address = None, address
         if address:
             self.client = connect(address, workers)
         else:
@@ -332,7 +348,16 @@ class XGBoostOnDask:
         """``fn(group, data)`` on a free group (its tasks waited for with ``gather``, which raises ``GroupLost``);
         when the group loses a worker it is retired (its other workers regroup with those that join, each new
         group loading its data again) and ``fn`` runs again on another group, ``retries`` times, then the
-        trial-rung fails naming each loss. Returns (what ``fn`` returned, worker-seconds lost, attempts)."""
+        trial-rung fails naming each loss. Returns (what ``fn`` returned, worker-seconds lost, attempts). A
+        scheduler lost for good stops the job (``stop_if_unreachable``) rather than failing its trials."""
+        try:
+            return self._run(fn, retries)
+        except Exception:
+            if self.address:
+                stop_if_unreachable(self.client, self.address)
+            raise
+
+    def _run(self, fn: Callable[[tuple[str, ...], Any], Any], retries: int) -> tuple[Any, float, int]:
         lost, reasons = 0.0, []
         while True:
             with self.worker_groups.take() as (group, data):

@@ -154,22 +154,8 @@ class DaskRanks:
         try:
             return self._run(task, job, previous, deadline)
         except Exception:
-            if not self._unreachable():
-                raise
-            reason = f"the Dask scheduler at {self.address} is unreachable"
-            token = stopping.current()
-            if token is not None:  # the job stops (its state saved); --resume continues once it is back
-                token.request(reason=reason)
-            raise stopping.Stopped(reason) from None
-
-    def _unreachable(self, grace: float = LOST_GRACE) -> bool:
-        """The client lost its scheduler and did not get it back within ``grace`` seconds."""
-        ends = time.monotonic() + grace
-        while self.client.status != "running":
-            if self.client.status in ("closed", "closing", "failed") or time.monotonic() > ends:
-                return True
-            time.sleep(0.2)
-        return False
+            dask_groups.stop_if_unreachable(self.client, self.address)
+            raise
 
     def _run(self, task: Callable[..., Any], job: Mapping[str, Any], previous: Any, deadline: float) -> Ran:
         ends = time.monotonic() + deadline

@@ -35,6 +35,7 @@ What Prefect leaves to the caller, done here:
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import os
@@ -271,10 +272,22 @@ def _on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluatio
     if result is None:  # handed back, crashed or failed: its parameters and claim go too (the run is sent anew)
         _drop_parameters(job, run_id, parameters)
         lost = _AfterOutage if outage and state.type.value in ("FAILED", "CRASHED") else work_pool.TrialRunLost
-        raise lost(f"task run {run_id} ended {state.type.value}: {state.message or 'no result'}")
+        raise lost(f"task run {run_id} ended {state.type.value}: {_why_lost(run_id, state)}")
     store.delete(f"results/{run_id}.json")
     _drop_parameters(job, run_id, parameters)
     return work_pool.outcome_of(result)
+
+
+def _why_lost(run_id: Any, state: Any) -> str:
+    """Why a task run ended without a result: its state's message, or for one handed back (``Crashed``, then ended
+    ``Completed`` by Prefect's engine once our function returned: the server allows it), the ``Crashed`` one's."""
+    from prefect.client.orchestration import get_client
+    if state.type.value == "COMPLETED":
+        with contextlib.suppress(Exception), get_client(sync_client=True) as client:
+            crashed = [s for s in client.read_task_run_states(run_id) if s.type.value == "CRASHED"]
+            if crashed and crashed[-1].message:
+                return crashed[-1].message
+    return state.message or "no result"
 
 
 def _not_taken(client: Any, job: Job, one: TrialRung, run_id: Any, waited: float, end: Callable[[Any], None],

@@ -285,3 +285,26 @@ def test_the_workers_are_asked_for_each_look_not_read_from_the_clients_cache():
         for t in threads:
             t.join()
     assert len(seen) > 100 and set(seen) == {2}
+
+
+def test_xgboost_s_trial_rungs_stop_the_job_when_the_client_lost_its_scheduler_for_good():
+    """Dask's client closes itself once it fails to reconnect: the trial-rung in flight, and the job, stop (saved
+    for --resume), rather than every later trial failing on a closed client (seen in CI on a loaded machine)."""
+    from prefect_hyperband.trainers import stopping
+
+    client = FakeClient([A, B])
+    placement = dask_groups.XGBoostOnDask.__new__(dask_groups.XGBoostOnDask)
+    placement.client, placement.address, placement.cluster = client, "tcp://head:8786", None
+    placement.worker_groups = dask_groups.WorkerGroups(client, 1)
+
+    def training(group, data):
+        client.status = "closed"  # the reconnection failed while it trained
+        raise AttributeError("'NoneType' object has no attribute 'identity'")
+
+    token = stopping.StopToken()
+    with stopping.bind(token), pytest.raises(stopping.Stopped, match="Dask scheduler at tcp://head:8786 is unreachable"):
+        placement.run(training)
+    assert token.requested() and "unreachable" in token.reason
+    client.status = "running"
+    with pytest.raises(ValueError):  # a trial-rung's own error, the scheduler there: the trial's, as before
+        placement.run(lambda group, data: (_ for _ in ()).throw(ValueError("bad config")))

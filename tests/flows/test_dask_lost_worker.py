@@ -81,6 +81,8 @@ def run_twice(tracking_uri: str, tmp_path: Path, hosts: list[str], ended: int, *
         killer.join(30)
     print(f"untouched {untouched['wall']:.1f} s; killed {killed}: {lost['wall']:.1f} s, "
           f"{lost['summary']['lost_worker_seconds']:.1f} worker-s lost")
+    if lost["summary"]["failed_trials"]:  # shown with a failure: what the scheduler saw
+        print("scheduler's log:", *(tmp_path / "scheduler.log").read_text().splitlines()[-40:], sep="\n")
     return untouched, lost, killed
 
 

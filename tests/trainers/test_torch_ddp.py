@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from faulty_torch import Fault, FaultyTorchTrainer, SmallTorchTrainer
-from torch_helpers import max_difference, torch_descendants
+from torch_helpers import max_difference, torch_descendants, torch_processes
 from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG, DEFAULT_SPACE, PARAMS, resolve_config
@@ -112,6 +112,7 @@ def test_a_cold_rank_aborting_after_its_work_keeps_the_result_with_the_rank_name
 
 @pytest.mark.slow  # processes end to end (the fast tier keeps its loop behaviours on fakes)
 def test_killed_rank_fails_only_its_call_fast_and_leaves_no_processes(tmp_path):
+    before = torch_processes(os.getpid())  # what an earlier test of this xdist worker left running
     scratch = tmp_path / "failing"
     scratch.mkdir()
     failing = FaultyTorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=256, scratch_dir=str(scratch))
@@ -127,17 +128,18 @@ def test_killed_rank_fails_only_its_call_fast_and_leaves_no_processes(tmp_path):
     assert not (tmp_path / "crash.pt").exists() and list(scratch.iterdir()) == []
     after = failing.train({}, 1, None, str(tmp_path / "after.pt"))  # the trainer still works
     assert after.resource == 1
-    assert torch_descendants(os.getpid()) == []
+    assert torch_descendants(os.getpid(), besides=before) == []
 
 
 @pytest.mark.slow  # processes end to end (the fast tier keeps its loop behaviours on fakes)
 def test_hanging_rank_is_killed_at_the_trial_timeout(tmp_path):
+    before = torch_processes(os.getpid())
     trainer = FaultyTorchTrainer(DIGITS, workers=2, warm=False, threads_per_rank=1, max_train_rows=256, trial_timeout=8)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="timed out after 8 s"):
         trainer.train({}, 2, None, str(tmp_path / "hang.pt"), fault=Fault(rank=0, how="hang"))
     assert time.monotonic() - started < 8 + 15
-    assert torch_descendants(os.getpid()) == []
+    assert torch_descendants(os.getpid(), besides=before) == []
     trainer.close()
     trainer.close()  # idempotent
 
