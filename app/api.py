@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from prefect_hyperband.app.starting import started
 from prefect_hyperband.flows.params import TuneParams
@@ -26,7 +27,7 @@ class EveryTrialFailed(Exception):
     job's ``job.log``); the job's end is written as any job's (its parent run ``FAILED``), its flow run Failed.
     ``result``: the ``JobResult`` (no best config)."""
 
-    def __init__(self, message: str, result: "JobResult") -> None:
+    def __init__(self, message: str, result: JobResult) -> None:
         super().__init__(message)
         self.result = result
 

@@ -9,8 +9,9 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pydantic import ValidationError, create_model
 

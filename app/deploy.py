@@ -10,10 +10,11 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 

@@ -177,10 +177,10 @@ class _Silent:
 def job_loop(params: Any, out: Path, nthread: int | None = None) -> dict[str, Any]:
     """The job's own loop (``executors.loop.Loop`` over the job's scheduler, same seed) with the trainer called inline:
     no Prefect, no MLflow, no threads. What it adds to the plain loop is the cost of our scheduling code."""
-    from prefect_hyperband.executors.threads import RealClock
-    from prefect_hyperband.flows.prepare import prepare
     from prefect_hyperband.executors.loop import Loop, Outcome
     from prefect_hyperband.executors.schedulers import make_scheduler
+    from prefect_hyperband.executors.threads import RealClock
+    from prefect_hyperband.flows.prepare import prepare
     from prefect_hyperband.hyperband import schedule
     from prefect_hyperband.trainers import data as datasets
     from prefect_hyperband.trainers.base import Evaluation

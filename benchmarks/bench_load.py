@@ -82,7 +82,7 @@ class Servers:
             self.procs.append(subprocess.Popen(argv, cwd=cwd or self.tmp, env={**self.env, **extra}, stdout=log, stderr=log,
                                                stdin=subprocess.DEVNULL, start_new_session=True))
 
-    def __enter__(self) -> "Servers":
+    def __enter__(self) -> Servers:
         try:
             return self._up()
         except BaseException:  # one that did not start: those that did are stopped, not left running
@@ -91,7 +91,7 @@ class Servers:
             self.__exit__()
             raise
 
-    def _up(self) -> "Servers":
+    def _up(self) -> Servers:
         data = Path(tempfile.mkdtemp(prefix="bench-pg-"))
         self.data = data
         if os.geteuid() == 0:
@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(0: MLflow's own, 10, whose pool 20 jobs exhaust)")
     args = parser.parse_args(argv)
     header("bench_load: jobs at once on one Prefect server and one MLflow server on PostgreSQL")
-    print(f"  {'ASHA jobs of %d configs' % args.asha if args.asha else 'Hyperband (1, 27, 3) jobs'}; the MLflow server's "
+    jobs = f"ASHA jobs of {args.asha} configs" if args.asha else "Hyperband (1, 27, 3) jobs"
+    print(f"  {jobs}; the MLflow server's "
           f"MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW: {args.mlflow_max_overflow or 'its default, 10'}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-load-") as scratch, \

@@ -30,8 +30,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
@@ -41,10 +42,10 @@ def plain_loop(min_r: int, max_r: int, eta: int, seed: int, out: Path,
                on_rung: Callable[..., None] | None = None, on_trial_rung: Callable[..., None] | None = None,
                state_files: bool = False) -> dict[str, Any]:
     """Hyperband's brackets in turn with the plain state machine: no Prefect, no MLflow."""
+    from prefect_hyperband.common.files import write_json_atomic
     from prefect_hyperband.hyperband import schedule
     from prefect_hyperband.hyperband.bracket import BracketState
     from prefect_hyperband.hyperband.space import parse
-    from prefect_hyperband.common.files import write_json_atomic
     from prefect_hyperband.trainers.synthetic_trainer import DEFAULT_SPACE, PARAMS, SyntheticTrainer
 
     trainer = SyntheticTrainer(seed=seed, seconds_per_unit=0.0)

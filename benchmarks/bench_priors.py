@@ -54,9 +54,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
@@ -159,9 +160,9 @@ def scheduler(problem: Problem, sampler: str, prior: dict[str, Any] | None, seed
     with ``prior_first`` (``--prior-first``)."""
     from prefect_hyperband.hyperband import priors, schedule
     from prefect_hyperband.hyperband.asha import AshaState
+    from prefect_hyperband.hyperband.first import Firsts
     from prefect_hyperband.hyperband.priorband import PriorBandSampler
     from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
-    from prefect_hyperband.hyperband.first import Firsts
     from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler
     from prefect_hyperband.hyperband.space import parse
 

@@ -38,8 +38,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as common  # noqa: E402
@@ -314,6 +315,7 @@ def main() -> None:
                 if "other" not in parts:
                     continue
                 from bench_priors import reference_values
+
                 from prefect_hyperband.trainers.xgboost_config import DEFAULT_SPACE
 
                 target = top_tenth(reference_values(big, trainer_for(data, metric, seed, half), DEFAULT_SPACE,

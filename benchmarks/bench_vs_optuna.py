@@ -105,6 +105,7 @@ def run_floor(tmp: Path, job_dir: str, seed: int, max_r: int, eta: int) -> dict[
     import os
 
     import bench_efficiency as efficiency
+
     from prefect_hyperband.tasks import mlflow_store
 
     rows = efficiency.read_job(job_dir)

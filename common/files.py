@@ -7,8 +7,9 @@ import fcntl
 import json
 import os
 import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 
 def write_json_atomic(path: str | os.PathLike[str], payload: Mapping[str, Any], indent: int | None = 2) -> None:

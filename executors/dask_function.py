@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import tempfile
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from prefect_hyperband.executors.dask_ranks import DaskRanks, OnDask
 from prefect_hyperband.executors.dask_script import CANCEL_POLL, code_here, pack, shipped, unpack

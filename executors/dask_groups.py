@@ -15,7 +15,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers import stopping

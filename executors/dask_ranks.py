@@ -21,16 +21,17 @@ import os
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
+from prefect_hyperband.common.ports import free_port
 from prefect_hyperband.executors import dask_groups
 from prefect_hyperband.executors.dask_groups import GroupLost
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.launch import contract
-from prefect_hyperband.common.ports import free_port
 
 #: seconds between looks at a stop request and the deadline while the ranks train
 WAIT_POLL = 0.5

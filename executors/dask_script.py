@@ -23,8 +23,9 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from prefect_hyperband.executors.dask_ranks import DaskRanks, OnDask
 from prefect_hyperband.trainers.script import ScriptFailed, exit_failure, kill_group, reported_at, script_env

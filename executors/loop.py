@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import signal
 from collections import Counter
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from prefect_hyperband.common.errors import first_line, no_space, seconds_from_env, unavailable
 from prefect_hyperband.hyperband.criteria import Goal
@@ -141,7 +142,7 @@ class Drive:
     stopped_by: str | None = None
 
     @classmethod
-    def of(cls, rows: list[dict[str, Any]], elapsed: float, lost: float) -> "Drive":
+    def of(cls, rows: list[dict[str, Any]], elapsed: float, lost: float) -> Drive:
         """The loop's rows, the baseline's apart."""
         baseline = [r for r in rows if is_baseline(r["bracket"])]
         return cls([r for r in rows if not is_baseline(r["bracket"])], baseline[-1] if baseline else None, elapsed, lost)

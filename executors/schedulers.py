@@ -6,7 +6,8 @@ handed in as ``warm``)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.asha import AshaState

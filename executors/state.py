@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from prefect_hyperband.common.errors import InputError, full_disk, no_space, on_stderr
 from prefect_hyperband.hyperband.journal import Diverged, Journal, replay

@@ -13,9 +13,9 @@ import contextvars
 import itertools
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from prefect_hyperband.executors.loop import Outcome
 from prefect_hyperband.hyperband.trial import TrialRung

@@ -26,8 +26,9 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from prefect_hyperband.common.files import write_json_atomic
 from prefect_hyperband.trainers.launch import failure_message, terminate
@@ -44,7 +45,7 @@ STOP_GRACE = 5.0
 #: long); the next call relaunches it.
 IDLE_SECONDS = 600.0
 
-_live: "weakref.WeakSet[TorchPool]" = weakref.WeakSet()
+_live: weakref.WeakSet[TorchPool] = weakref.WeakSet()
 
 
 class TorchPool:

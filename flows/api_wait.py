@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from prefect_hyperband.common.errors import first_line, unavailable
 from prefect_hyperband.tasks.service_wait import client_waits

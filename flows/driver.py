@@ -8,7 +8,8 @@ import dataclasses
 import functools
 import time
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from prefect import get_run_logger
 

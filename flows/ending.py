@@ -10,6 +10,7 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.states import Cancelled, Failed, State
 
+from prefect_hyperband.common.errors import first_line, shown
 from prefect_hyperband.executors.loop import Drive, JobStopped
 from prefect_hyperband.flows import objectives, parents
 from prefect_hyperband.flows.lost import end_orphan_runs
@@ -24,10 +25,17 @@ from prefect_hyperband.tasks.champion import Registered
 from prefect_hyperband.tasks.front_report import log_front
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import (
-    FULL, cut_short, ends_the_job, finish_job_run, keep_best_checkpoint, outage, reason, register_champion, retrying,
+    FULL,
+    cut_short,
+    ends_the_job,
+    finish_job_run,
+    keep_best_checkpoint,
+    outage,
+    reason,
+    register_champion,
+    retrying,
 )
 from prefect_hyperband.trainers import registry
-from prefect_hyperband.common.errors import first_line, shown
 
 
 def finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs: dict[str, str], max_trials: int,

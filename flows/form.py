@@ -5,7 +5,8 @@ the UI's form shows one field per parameter, each with its description and its c
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args, get_origin
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 from pydantic import Field, ValidationError
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from prefect import flow
 
@@ -79,7 +80,7 @@ class Groups:
         if group is None:
             return in_the_jobs_run(trial_rung)
         if not group.ready.wait(START_TIMEOUT):
-            self._failed(group, "its subflow run did not start within %g s" % START_TIMEOUT)
+            self._failed(group, f"its subflow run did not start within {START_TIMEOUT:g} s")
         return (None if group.context is None else group.context.copy()), lambda: self._release(group)
 
     def in_bracket(self, bracket: int, fn: Callable[[], T]) -> T:

@@ -9,9 +9,10 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from prefect_hyperband.common.errors import InputError
 

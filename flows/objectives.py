@@ -7,7 +7,8 @@ objectives (``COSTS``); a user's trainer or script reports any metrics, each nam
 from __future__ import annotations
 
 import re
-from typing import Literal, Optional, Sequence
+from collections.abc import Sequence
+from typing import Literal, Optional
 
 from prefect_hyperband.hyperband.promotion import Direction
 

@@ -244,7 +244,7 @@ class TuneParams(BaseModel):
         return value or None
 
     @model_validator(mode="after")
-    def _resources(self) -> "TuneParams":
+    def _resources(self) -> TuneParams:
         if self.min_resource > self.max_resource:
             raise ValueError(f"min_resource must be <= max_resource, got {self.min_resource} > {self.max_resource}")
         if self.resume and not self.job_id:

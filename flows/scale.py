@@ -17,8 +17,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Failed, State
 
 from prefect_hyperband.flows import form
-from prefect_hyperband.flows.prepare import new_job_id, prepare
 from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.prepare import new_job_id, prepare
 from prefect_hyperband.flows.tune import tune
 from prefect_hyperband.hyperband import speedup
 from prefect_hyperband.tasks import mlflow_store, service_wait, tracking

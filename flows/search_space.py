@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.flows import objectives
 from prefect_hyperband.flows.params import TuneParams
-from prefect_hyperband.hyperband import priors, space as spaces
+from prefect_hyperband.hyperband import priors
+from prefect_hyperband.hyperband import space as spaces
 from prefect_hyperband.hyperband.promotion import Direction
 from prefect_hyperband.trainers import data as datasets
-from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.factory import model_space
 
 

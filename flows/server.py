@@ -28,8 +28,9 @@ Python API's, the test suite's, the benchmarks') run it; Prefect is pinned, and 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, Callable
+from typing import Any
 
 from prefect_hyperband.tasks.prefect_internals import sqlite_begin_immediate
 

@@ -27,10 +27,9 @@ What Prefect leaves to the caller, done here:
   trial-rung's tasks are (``_outside_runs``), named ``<trial> to r=<units>-<key>``; the worker that takes it says which
   machine and process it is in its first log line there.
 - **Parameters.** Prefect passes a background task run's parameters through storage: with ``--storage``, the job's
-  storage (``<storage>/task-parameters``, ``flows.task_parameters``; the workers are started with the same
-  ``--storage``), else Prefect's task-scheduling storage (a local folder unless
-  ``PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK`` names a shared one). A worker that cannot read them deletes the
-  task run (Prefect's default): the job says so in one line and runs the trial-rung again.
+  storage (``<storage>/task-parameters``, ``flows.task_parameters``; the workers are started with the same ``--storage``),
+  else Prefect's task-scheduling storage (a local folder, or ``PREFECT_TASKS_SCHEDULING_DEFAULT_STORAGE_BLOCK``'s). A
+  worker that cannot read them deletes the task run (Prefect's default): the job says so and runs the trial-rung again.
 """
 
 from __future__ import annotations
@@ -42,8 +41,9 @@ import os
 import threading
 import time
 import types
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any, Callable
+from typing import Any
 from uuid import UUID
 
 from prefect import get_run_logger, task

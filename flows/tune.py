@@ -30,7 +30,6 @@ from prefect_hyperband.tasks.record import start_job_run
 from prefect_hyperband.tasks.writer import Writer, make_writer, writer_for
 from prefect_hyperband.trainers import factory, registry, stopping
 
-
 #: job ids whose flow run began in this process while ``app.starting.started`` starts it (it retries a job only while
 #: Prefect could not start it, and takes the id out again once its start returned or failed)
 bodies_begun: set[str] = set()

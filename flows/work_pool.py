@@ -30,8 +30,9 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, replace
-from typing import Any, Iterator
+from typing import Any
 
 from prefect import flow
 from prefect.context import FlowRunContext

@@ -31,13 +31,25 @@ Choices the paper leaves open (documented here, tested in ``tests/hyperband/test
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
-from prefect_hyperband.hyperband.promotion import (Directions, Score, as_direction, as_score, failed, promote, several,
-                                                   sign, sort_key)
-from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
-from prefect_hyperband.hyperband.trial import Trial, TrialRung, rung_scores, trial_id as make_trial_id
+from prefect_hyperband.hyperband.promotion import (
+    Directions,
+    Score,
+    as_direction,
+    as_score,
+    failed,
+    promote,
+    several,
+    sign,
+    sort_key,
+)
+from prefect_hyperband.hyperband.schedule import Bracket
+from prefect_hyperband.hyperband.schedule import brackets as schedule_brackets
+from prefect_hyperband.hyperband.trial import Trial, TrialRung, rung_scores
+from prefect_hyperband.hyperband.trial import trial_id as make_trial_id
 
 
 @dataclass
@@ -94,7 +106,7 @@ class AshaState:
         eta: int,
         direction: Directions = "max",
         brackets: Iterable[int] | None = None,
-    ) -> "AshaState":
+    ) -> AshaState:
         """An empty run over ``brackets`` (default: every bracket s = s_max..0 of the schedule)."""
         plan = schedule_brackets(min_resource, max_resource, eta)
         chosen = tuple(b.s for b in plan) if brackets is None else tuple(brackets)
@@ -272,7 +284,7 @@ class AshaState:
         }
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any]) -> "AshaState":
+    def from_json(cls, raw: Mapping[str, Any]) -> AshaState:
         return cls(
             raw["min_resource"],
             raw["max_resource"],

@@ -7,15 +7,17 @@ top ⌊n_i/η⌋ to the next rung.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, failed, promote
 from prefect_hyperband.hyperband.schedule import Bracket, Rung
 from prefect_hyperband.hyperband.space import Space
-from prefect_hyperband.hyperband.trial import Trial, rung_scores, trial_id as make_trial_id
+from prefect_hyperband.hyperband.trial import Trial, rung_scores
+from prefect_hyperband.hyperband.trial import trial_id as make_trial_id
 
 
 @dataclass
@@ -37,7 +39,7 @@ class BracketState:
     def start(
         cls, bracket: Bracket, eta: int, space: Space, seed: int, direction: Directions,
         ask: Callable[[], dict[str, Any]] | None = None,
-    ) -> "BracketState":
+    ) -> BracketState:
         """The bracket's n configs: from ``ask`` (a model-based sampler) or from a generator seeded by
         (seed, s), so the same seed gives the same configs whatever order brackets run in."""
         rng = np.random.default_rng([seed, bracket.s])
@@ -113,7 +115,7 @@ class BracketState:
         }
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> "BracketState":
+    def from_json(cls, raw: dict[str, Any]) -> BracketState:
         rungs = tuple(Rung(**r) for r in raw["rungs"])
         if "results" not in raw:  # saved before a trial was one type in both modes (3a92ac2)
             raw = _from_trial_scores(raw, rungs)

@@ -13,8 +13,9 @@ improving, a cost (worker-seconds) and a wall-clock budget.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from prefect_hyperband.hyperband.first import BASELINE_TRIAL
 from prefect_hyperband.hyperband.promotion import Directions, Score, failed, first, sign

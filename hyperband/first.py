@@ -22,8 +22,9 @@ the schedule's own): a resume hands it out again only when it was in flight.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from prefect_hyperband.hyperband.promotion import Score, as_score, failed
 from prefect_hyperband.hyperband.trial import Decision, Status, TrialRecord, TrialRung
@@ -85,7 +86,7 @@ class Firsts:
     trials: list[FirstTrial] = field(default_factory=list)
 
     @classmethod
-    def of(cls, baseline: Mapping[str, Any] | None, prior: Mapping[str, Any] | None, max_resource: int) -> "Firsts":
+    def of(cls, baseline: Mapping[str, Any] | None, prior: Mapping[str, Any] | None, max_resource: int) -> Firsts:
         """A new job's: the default config when it has a baseline, the priors' mode with ``--prior-first``."""
         return cls([FirstTrial(t, dict(c), max_resource) for t, c in ((BASELINE_TRIAL, baseline), (PRIOR_TRIAL, prior))
                     if c is not None])
@@ -127,7 +128,7 @@ class Firsts:
         return {KEYS[t.trial_id]: t.to_json() for t in self.trials}
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any], requeue: bool = True) -> "Firsts":
+    def from_json(cls, raw: Mapping[str, Any], requeue: bool = True) -> Firsts:
         """As saved beside the schedule's own; ``requeue``: a trial-rung in flight is handed out again."""
         trials = [FirstTrial(t, dict(m["config"]), m["max_resource"], m["status"], as_score(m["score"]),
                              m.get("checkpoint"), m["error"])

@@ -6,8 +6,8 @@ Pure numbers over ``TrialRecord``s (several objectives: each score a tuple, one 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from prefect_hyperband.hyperband import pareto
 from prefect_hyperband.hyperband.scheduler import TrialRecord

@@ -11,8 +11,9 @@ from __future__ import annotations
 import importlib
 import math
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from prefect_hyperband.hyperband.promotion import Directions, Score, failed
 from prefect_hyperband.hyperband.sampler import distribution, fits

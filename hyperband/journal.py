@@ -9,9 +9,10 @@ record, not a rewrite of everything the job has learnt.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from prefect_hyperband.hyperband.promotion import Score, as_score
 from prefect_hyperband.hyperband.scheduler import Scheduler

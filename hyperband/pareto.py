@@ -22,7 +22,8 @@ Everything here speaks ids and numbers: a score is a tuple of floats, one per ob
 from __future__ import annotations
 
 import math
-from typing import Hashable, Literal, Mapping, Sequence, TypeVar
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Literal, TypeVar
 
 Direction = Literal["max", "min"]
 Directions = tuple[Direction, ...]

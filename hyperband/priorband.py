@@ -20,7 +20,8 @@ With several objectives the first one ranks (the incumbent, the top ⌊n/η⌋).
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -123,7 +124,7 @@ class PriorBandSampler:
         }
 
     @classmethod
-    def from_json(cls, space: Space, raw: Mapping[str, Any]) -> "PriorBandSampler":
+    def from_json(cls, space: Space, raw: Mapping[str, Any]) -> PriorBandSampler:
         sampler = cls(space, raw["seed"], as_direction(raw["direction"]), raw["min_resource"], raw["max_resource"],
                       raw["eta"])
         sampler.rng.bit_generator.state = copy.deepcopy(dict(raw["rng"]))

@@ -9,7 +9,8 @@ plain direction, exactly as before.
 from __future__ import annotations
 
 import math
-from typing import Hashable, Literal, Mapping, Sequence, TypeVar, Union
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Literal, TypeVar, Union
 
 from prefect_hyperband.hyperband import pareto
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, several, sign
 from prefect_hyperband.hyperband import priors
+from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, as_score, several, sign
 from prefect_hyperband.hyperband.space import Param, Space
 
 
@@ -44,7 +45,7 @@ class RandomSampler:
         return {"kind": "random", "seed": self.seed, "rng": plain(self.rng.bit_generator.state)}
 
     @classmethod
-    def from_json(cls, space: Space, raw: Mapping[str, Any]) -> "RandomSampler":
+    def from_json(cls, space: Space, raw: Mapping[str, Any]) -> RandomSampler:
         sampler = cls(space, raw["seed"])
         sampler.rng.bit_generator.state = copy.deepcopy(dict(raw["rng"]))
         return sampler
@@ -123,7 +124,7 @@ class TPESampler:
         }
 
     @classmethod
-    def from_json(cls, space: Space, raw: Mapping[str, Any]) -> "TPESampler":
+    def from_json(cls, space: Space, raw: Mapping[str, Any]) -> TPESampler:
         sampler = cls(space, raw["seed"], as_direction(raw["direction"]), raw["min_observations"])
         sampler.rng.bit_generator.state = copy.deepcopy(dict(raw["rng"]))
         sampler.observations = {

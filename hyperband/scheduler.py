@@ -19,16 +19,18 @@ resumes: jobs that were in flight when the state was saved are offered again fir
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import InitVar, dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Protocol
 
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.bracket import BracketState
+from prefect_hyperband.hyperband.first import Firsts
 from prefect_hyperband.hyperband.priorband import first_rung
 from prefect_hyperband.hyperband.promotion import Directions, Score, as_direction, best_key, best_rung, failed
-from prefect_hyperband.hyperband.schedule import Bracket, brackets as schedule_brackets
+from prefect_hyperband.hyperband.schedule import Bracket
+from prefect_hyperband.hyperband.schedule import brackets as schedule_brackets
 from prefect_hyperband.hyperband.space import Space
-from prefect_hyperband.hyperband.first import Firsts
 from prefect_hyperband.hyperband.trial import Decision, TrialRecord, TrialRung
 
 
@@ -225,7 +227,7 @@ class HyperbandScheduler(Schedule):
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], space: Space, sampler: Sampler | None,
-                  requeue: bool = True) -> "HyperbandScheduler":
+                  requeue: bool = True) -> HyperbandScheduler:
         """As saved; ``requeue``: its trial-rungs in flight are offered again (else they stay out: a journal's results
         for them follow, ``journal.replay``)."""
         states = {int(s): BracketState.from_json(st) for s, st in raw["brackets"].items()}

@@ -9,8 +9,9 @@ the job's best-so-far first reached a target. Plain Python: no Prefect, MLflow o
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from prefect_hyperband.hyperband.first import is_baseline
 

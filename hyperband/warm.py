@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.promotion import Directions, Score, best_key, failed
@@ -114,7 +115,7 @@ class WarmSampler:
 
     @classmethod
     def start(cls, inner: Any, results: Iterable[Result], first: list[dict[str, Any]], max_resource: int,
-              parents: list[str], kind: str, observe: bool) -> "WarmSampler":
+              parents: list[str], kind: str, observe: bool) -> WarmSampler:
         """A new job's: the parents' ``results`` told to ``inner`` (``observe``: same data and space), their
         configs trained to R remembered."""
         results = list(results)
@@ -155,7 +156,7 @@ class WarmSampler:
                 "parents": self.parents, "warm_kind": self.kind, "redrawn": self.redrawn}
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, Any], inner: Any) -> "WarmSampler":
+    def from_json(cls, raw: Mapping[str, Any], inner: Any) -> WarmSampler:
         sampler = cls(inner, list(raw["first"]), raw["trained"], list(raw["parents"]), raw["warm_kind"])
         sampler.redrawn = int(raw.get("redrawn", 0))
         return sampler

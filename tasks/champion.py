@@ -13,14 +13,15 @@ line says which, and why.
 from __future__ import annotations
 
 import contextlib
-import re
 import inspect
 import logging
 import math
+import re
 import sys
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 from prefect_hyperband.tasks.flavours import log_flavoured
 from prefect_hyperband.tasks.mlflow_store import client

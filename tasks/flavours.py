@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import importlib
 import tempfile
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from prefect_hyperband.trainers.base import Flavoured
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from prefect_hyperband.hyperband import space as spaces
 from prefect_hyperband.hyperband.importance import Importance, importance

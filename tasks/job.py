@@ -75,7 +75,7 @@ class Job:
         """The metric's name in MLflow: ``val_<metric>`` for the built-ins, the user's own name for theirs."""
         return self.metric if registry.get(self.settings.model).metric is None else f"val_{self.metric}"
 
-    def with_parent(self, run_id: str) -> "Job":
+    def with_parent(self, run_id: str) -> Job:
         return replace(self, parent_run_id=run_id)
 
     def checkpoint_path(self, trial_id: str, resource: int) -> str:
@@ -99,7 +99,7 @@ class Job:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, value: dict[str, Any]) -> "Job":
+    def from_json(cls, value: dict[str, Any]) -> Job:
         value = dict(value)
         s = dict(value["settings"])
         s["data"] = DataSpec(**{**s["data"], "drop": _tuple(s["data"].get("drop"))})

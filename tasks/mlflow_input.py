@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from prefect_hyperband.tasks.mlflow_store import client
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.tasks.mlflow_store import client
 
 SQLITE = "sqlite:///"
 

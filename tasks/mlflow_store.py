@@ -11,8 +11,9 @@ import os
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 from urllib.parse import quote
-from typing import Any, Callable, Iterator, TypeVar
 
 from prefect_hyperband.common.errors import InputError, first_line
 from prefect_hyperband.common.files import file_lock

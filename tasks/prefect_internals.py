@@ -52,7 +52,8 @@ import ssl
 import subprocess
 import threading
 import types
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import websockets.exceptions
 

@@ -19,7 +19,8 @@ import heapq
 import json
 import re
 import threading
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 from uuid import UUID
 
 from prefect import get_run_logger, task

@@ -9,8 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Iterator
-
+from collections.abc import Iterator
 
 #: MLflow's own ceiling on ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` (``_MLFLOW_HTTP_REQUEST_MAX_RETRIES_LIMIT``)
 MAX_CLIENT_RETRIES = 10

@@ -13,8 +13,9 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import fsspec

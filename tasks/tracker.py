@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Callable
 
 from prefect_hyperband.hyperband.first import is_baseline
 from prefect_hyperband.hyperband.scheduler import TrialRecord
@@ -23,7 +23,6 @@ from prefect_hyperband.tasks.result import Outcome
 from prefect_hyperband.tasks.service_wait import client_waits
 from prefect_hyperband.tasks.writer import ProcessWriter, ThreadWriter, Writer, make_writer, writer_for
 from prefect_hyperband.trainers.stopping import StopToken
-
 
 #: trial runs ended per call of the writer (``MlflowTracker.close``)
 CLOSE_CHUNK = 100

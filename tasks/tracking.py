@@ -12,8 +12,9 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from prefect_hyperband.tasks.mlflow_store import client, one_writer
 

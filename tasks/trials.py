@@ -10,10 +10,10 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from prefect_hyperband.common.errors import full_disk, no_space
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers import registry, stopping
 from prefect_hyperband.trainers.base import Evaluation, Trainer, TrainResult, checkpoint_damage, size_of
-from prefect_hyperband.common.errors import full_disk, no_space
 
 
 @task(name="train", task_run_name="train {trial_id} to r={resource}", cache_policy=NO_CACHE,

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from ports import free_port  # tests/ports.py
 

@@ -5,7 +5,7 @@ nothing from ``prefect.testing``."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 
@@ -16,8 +16,8 @@ def harness(startup_timeout: int = 180) -> Iterator[None]:
 
     from prefect.testing.utilities import prefect_test_harness
 
-    from prefect_hyperband.tasks.prefect_internals import starting_our_app
     from prefect_hyperband.flows.server import with_our_app
+    from prefect_hyperband.tasks.prefect_internals import starting_our_app
 
     with contextlib.ExitStack() as started:
         for attempt in range(3):

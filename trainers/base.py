@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Protocol
+from typing import Any, Protocol
 
 from prefect_hyperband.common.files import write_json_atomic
 

@@ -12,18 +12,18 @@ from __future__ import annotations
 import csv
 import gzip
 import math
-from importlib import resources
 from dataclasses import dataclass, field
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
+from prefect_hyperband.common.errors import InputError, first_line
 from prefect_hyperband.trainers import tables
 from prefect_hyperband.trainers.layout import DEFAULT_METRIC, MAX_CLASSES, layout, read_part
-from prefect_hyperband.common.errors import InputError, first_line
 
 #: the bundled UCI bank-marketing file, package data of ``prefect_hyperband.data`` (see its PROVENANCE.md)
 BANK_MARKETING = ("bank-marketing", "bank-additional-full.csv.gz")

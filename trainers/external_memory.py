@@ -16,8 +16,9 @@ import shutil
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import psutil

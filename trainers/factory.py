@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.base import Trainer

@@ -24,14 +24,15 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
+from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.common.files import write_json_atomic
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import Placed, Placement, TrainResult
-from prefect_hyperband.common.files import write_json_atomic
-from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.gpus import GpuPool
 
 #: callables handed to ``prefect_hyperband.tune`` in this process that have no importable name

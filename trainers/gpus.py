@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import threading
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from prefect_hyperband.common.errors import InputError
 

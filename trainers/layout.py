@@ -10,8 +10,9 @@ feature. Features are numbers as they are, then each categorical one-hot over it
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa

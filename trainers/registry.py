@@ -15,9 +15,10 @@ import importlib
 import importlib.util
 import pkgutil
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers import plugins
@@ -44,12 +45,12 @@ class Model:
 
     name: str
     #: the trainer for a job's settings (imports the heavy libraries here, not at registration)
-    build: Callable[["TrainerSettings"], "Trainer"]
+    build: Callable[[TrainerSettings], Trainer]
     description: str = ""
     #: (default search space, accepted parameter names or None for any, default config: the summary's baseline)
     space: Callable[[], tuple[dict[str, dict[str, Any]], frozenset[str] | None, dict[str, Any]]] = _no_space
     #: the job's metric from its data and ``--metric``; None: the user's own metric, named as they report it
-    metric: Callable[["DataSpec", str | None], str] | None = None
+    metric: Callable[[DataSpec, str | None], str] | None = None
     checkpoint_suffix: str = ".json"
     #: the TuneParams field that names the user's code (``trainer``, ``script``); None for a built-in
     user_code: str | None = None

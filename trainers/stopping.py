@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 
 class Stopped(Exception):

@@ -22,15 +22,16 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
+from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.common.files import write_json_atomic
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import TrainResult, write_sidecar
-from prefect_hyperband.common.files import write_json_atomic
-from prefect_hyperband.common.errors import InputError
 
 DEFAULT_SPACE: dict[str, dict[str, Any]] = {
     "x": {"type": "float", "low": 0.0, "high": 1.0},

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from prefect_hyperband.trainers.data import metric_direction
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers.data import metric_direction
 
 #: Trains digits (CNN, 2 workers, linear lr scaling) to >= 0.95 validation accuracy in well under 9 epochs.
 DEFAULT_CONFIG: dict[str, Any] = {

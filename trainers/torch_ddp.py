@@ -26,22 +26,43 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
-from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_sidecar
 from prefect_hyperband.common.files import write_json_atomic
-from prefect_hyperband.trainers.data import (DataSpec, Dataset, example_rows, layout_of, load, metric_direction, score,
-                                             table_of)
+from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_sidecar
+from prefect_hyperband.trainers.data import (
+    Dataset,
+    DataSpec,
+    example_rows,
+    layout_of,
+    load,
+    metric_direction,
+    score,
+    table_of,
+)
 from prefect_hyperband.trainers.exits import failed_ranks, why_kept
 from prefect_hyperband.trainers.gpus import GpuPool, env_for
 from prefect_hyperband.trainers.launch import failure_message, terminate, torch_launcher
-from prefect_hyperband.trainers.torch_checkpoint import (checkpoint_epochs, load_model, predict, read_checkpoint,
-                                                         timed_predict)
-from prefect_hyperband.trainers.torch_config import as_float, as_int, require, check_metric, effective_lr, resolve_config
+from prefect_hyperband.trainers.torch_checkpoint import (
+    checkpoint_epochs,
+    load_model,
+    predict,
+    read_checkpoint,
+    timed_predict,
+)
+from prefect_hyperband.trainers.torch_config import (
+    as_float,
+    as_int,
+    check_metric,
+    effective_lr,
+    require,
+    resolve_config,
+)
 from prefect_hyperband.trainers.torch_rows import table_meta
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,8 @@ equivalence of world size k x batch b/k with world size 1 x batch b.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch

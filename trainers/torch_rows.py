@@ -13,7 +13,8 @@ and the validation metric (every share's predictions gathered to rank 0, ``gathe
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch

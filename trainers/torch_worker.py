@@ -24,9 +24,10 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,21 +35,21 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from prefect_hyperband.trainers import torch_rows
-from prefect_hyperband.trainers.torch_rows import Arrays
 from prefect_hyperband.common.files import write_json_atomic
-from prefect_hyperband.trainers.torch_requests import next_request, read_job
+from prefect_hyperband.trainers import torch_rows
 from prefect_hyperband.trainers.torch_device import device_for, join, set_deterministic
-from prefect_hyperband.trainers.torch_rng import rng_state, seed_rank, set_rng_state
 from prefect_hyperband.trainers.torch_models import (
     build_model,
-    learning_rate,
-    safe_score,
     fit_standardisation,
     fit_target,
+    learning_rate,
     loss_function,
     predictions,
+    safe_score,
 )
+from prefect_hyperband.trainers.torch_requests import next_request, read_job
+from prefect_hyperband.trainers.torch_rng import rng_state, seed_rank, set_rng_state
+from prefect_hyperband.trainers.torch_rows import Arrays
 
 CHECKPOINT_FORMAT = 1
 #: The standardisation buffers never change: no buffer broadcast before every forward

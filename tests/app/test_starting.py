@@ -78,10 +78,10 @@ def test_the_readiness_probe_asks_the_api_once_without_the_clients_retries(answe
     import http.server
     import threading
 
+    from ports import free_port
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from prefect_hyperband.app import starting
-    from ports import free_port
 
     asked: list[str] = []
 

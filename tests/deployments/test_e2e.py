@@ -34,7 +34,7 @@ RUN_TIMEOUT = 360
 pytestmark = pytest.mark.slow
 
 
-from stack import Stack, running, _exe, _free_port, _http, _wait_http, _wait_log, server_env  # noqa: E402  (tests/deployments)
+from stack import Stack, _exe, _free_port, _http, _wait_http, _wait_log, running, server_env  # noqa: E402  (tests/deployments)
 
 
 @pytest.fixture

@@ -170,9 +170,9 @@ def test_hyperband_deploy_rejects_an_unknown_deployment_in_one_line(capsys, monk
 
 
 def test_hyperband_deploy_needs_a_server(capsys, monkeypatch):
-    from prefect_hyperband.app import cli
-
     from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from prefect_hyperband.app import cli
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     with temporary_settings(restore_defaults={PREFECT_API_URL}):  # (the session's harness, if this worker started it)

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from stack import BIN, FlakyProxy, Stack, _exe, _free_port, _wait_http  # noqa: E402  (tests/deployments)
+
 from prefect_hyperband.executors.state import saved_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]

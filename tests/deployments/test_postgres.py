@@ -24,10 +24,9 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from stack import Stack, _exe, _free_port, _http, _wait_http, _wait_log, running, server_env  # noqa: E402  (tests/deployments)
 
 from prefect_hyperband.executors.state import saved_rows
-
-from stack import Stack, running, _exe, _free_port, _http, _wait_http, _wait_log, server_env  # noqa: E402  (tests/deployments)
 
 pytestmark = pytest.mark.slow
 EXPERIMENT = "pg-hyperband"

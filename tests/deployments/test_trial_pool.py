@@ -17,8 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from stack import Stack, running, _exe, _free_port, _http, _wait_http, _wait_log, server_env  # noqa: E402  (tests/deployments)
+from stack import Stack, _exe, _free_port, _http, _wait_http, _wait_log, running, server_env  # noqa: E402  (tests/deployments)
 
 pytestmark = pytest.mark.slow
 

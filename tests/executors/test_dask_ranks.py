@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from dask_cluster import cluster  # tests/dask_cluster.py
+
+from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.executors.dask_ranks import torch_on
 from prefect_hyperband.trainers.data import DataSpec
-from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG
 from prefect_hyperband.trainers.torch_ddp import TorchTrainer
 

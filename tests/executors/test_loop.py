@@ -11,11 +11,11 @@ from concurrent.futures import Future
 import pytest
 
 from prefect_hyperband.executors.loop import ORCHESTRATION_RETRIES, POLL, JobStopped, Loop, Outcome
+from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.first import BASELINE_BRACKET, BASELINE_TRIAL, Firsts
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler
-from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler
 from prefect_hyperband.hyperband.space import parse
 from prefect_hyperband.hyperband.trial import TrialRung

@@ -285,9 +285,9 @@ def test_a_resumed_asha_job_takes_the_time_budget_it_is_resumed_with():
 def test_a_new_warm_start_jobs_sampler_is_made_warm_by_what_the_job_hands_in():
     """``executors.schedulers`` reads no parent itself (``flows.parents.sampler_for`` is handed in): a new warm job
     without it is a programming error, said; with it, the cold sampler (its own seed) goes through it."""
-    from prefect_hyperband.executors.schedulers import make_sampler
-
     import dataclasses
+
+    from prefect_hyperband.executors.schedulers import make_sampler
 
     @dataclasses.dataclass(frozen=True)
     class Job:  # the fields of tasks.job.Job that a sampler is made from

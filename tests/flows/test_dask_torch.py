@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from dask_cluster import cluster  # tests/dask_cluster.py
 from mlflow_runs import runs_of  # tests/flows
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from prefect_hyperband.flows import lock
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.flows import lock
 
 
 def _write(job_dir, host: str, pid: int, age: float = 0.0, **about) -> None:

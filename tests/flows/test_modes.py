@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from mlflow_runs import runs_of  # noqa: E402  (tests/flows)
 
-from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.executors.state import saved_rows
+from prefect_hyperband.flows.params import TuneParams
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from mlflow_runs import runs_of  # tests/flows
 
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.hyperband import front, pareto
 from prefect_hyperband.hyperband.promotion import promote
-
-from mlflow_runs import runs_of  # tests/flows
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -10,10 +10,10 @@ def test_a_torch_job_with_gpus_takes_the_gpu_sized_default_space_and_a_resume_el
     """``--gpus 0`` (placement is checked on this CPU machine: the ids a trial is given): batches of 128-1024 and widths
     of 64-512; ``--device cpu`` the CPU-sized default. The job's record keeps the space it began with, so a resume on a
     machine without a GPU samples the same configs (before: a resume took the space of the machine it ran on)."""
+    from prefect_hyperband.executors.state import save_job_record
     from prefect_hyperband.flows import parents
     from prefect_hyperband.flows.prepare import prepare, resume_params
     from prefect_hyperband.flows.search_space import job_space
-    from prefect_hyperband.executors.state import save_job_record
     from prefect_hyperband.trainers import registry
 
     common = dict(model="torch", data="digits", max_resource=3, job_dir=str(tmp_path))

@@ -89,8 +89,8 @@ def test_bank_marketing_1_27_3_end_to_end(tracking_uri, tmp_path):
 def test_two_dask_workers_and_failed_trials_do_not_lose_the_job(tracking_uri, tmp_path):
     """--workers 2 over a LocalCluster; a config XGBoost rejects is refused before any training (its own check, on
     four rows), and a trial that fails in training (a worker's error) fails that trial only."""
-    from prefect_hyperband.flows.tune import tune
     from prefect_hyperband.common.errors import InputError
+    from prefect_hyperband.flows.tune import tune
 
     space = tmp_path / "space.yaml"
     space.write_text("max_depth: {type: categorical, choices: [-1, 3]}\neta: {type: float, low: 0.05, high: 0.3}\n")

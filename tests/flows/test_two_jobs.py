@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.executors.state import saved_rows
+from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.trainers import factory, stopping
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

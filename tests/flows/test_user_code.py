@@ -49,8 +49,9 @@ def test_the_sklearn_example_from_the_cli_trains_exactly_69_epochs(tracking_uri,
 
     # the same job from Python on a Dask cluster of two "hosts": each trial-rung on a free worker, the file's code
     # and the checkpoint directory carried through Dask; the same numbers as in the job's own threads
-    import prefect_hyperband as hb
     from dask_cluster import cluster  # tests/dask_cluster.py
+
+    import prefect_hyperband as hb
 
     with cluster(["127.0.0.1", "127.0.0.2"], str(tmp_path)) as c:
         again = hb.tune(EXAMPLE, space=SPACE, metric="val_loss", direction="minimize", max_resource=9, eta=3, seed=4,
@@ -103,8 +104,9 @@ def test_a_failing_user_trainer_fails_its_trials_only(tracking_uri, tmp_path):
 def test_a_trainer_that_fails_on_every_config_fails_the_flow_run_and_the_parent_run(tracking_uri, tmp_path):
     """Nothing tuned: the job's end is written (summary, every trial's run FAILED), then the parent run ends FAILED,
     the flow run Failed (as the Prefect UI shows it) and ``hb.tune`` raises with the first trial's error."""
-    import prefect_hyperband as hb
     from prefect import get_client
+
+    import prefect_hyperband as hb
 
     def train(trial: hb.Trial) -> dict[str, float]:
         raise ValueError("bad config handling")

@@ -59,6 +59,7 @@ def test_the_ddp_example_with_two_workers_trains_exactly_11_epochs_at_world_size
     # the same job on a Dask cluster of two "hosts": each rank a process on a worker of a group, the checkpoint
     # directory and rank 0's reports carried through Dask, the numbers of torch's launcher here
     from dask_cluster import cluster  # tests/dask_cluster.py
+
     from prefect_hyperband.executors.dask_script import script_on
     from prefect_hyperband.trainers.script import ScriptFailed, ScriptTrainer
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from prefect_hyperband.flows import work_pool as trial_flow
-from prefect_hyperband.flows.prepare import prepare
 from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.prepare import prepare
 from prefect_hyperband.tasks.job import Job
 
 

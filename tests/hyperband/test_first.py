@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from prefect_hyperband.hyperband.first import BASELINE_BRACKET, BASELINE_TRIAL, FirstTrial, Firsts
+from prefect_hyperband.hyperband.first import BASELINE_BRACKET, BASELINE_TRIAL, Firsts, FirstTrial
 from prefect_hyperband.hyperband.scheduler import HyperbandScheduler
 from prefect_hyperband.hyperband.space import parse
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from prefect_hyperband.hyperband import priors
+from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.priorband import PriorBandSampler, first_rung
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler
-from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.space import SpaceError, parse
 
 SPACE = parse({

@@ -9,9 +9,9 @@ import pytest
 
 from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.asha import AshaState
+from prefect_hyperband.hyperband.first import PRIOR_BRACKET, PRIOR_TRIAL, Firsts
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler
-from prefect_hyperband.hyperband.first import PRIOR_BRACKET, PRIOR_TRIAL, Firsts
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, Decision, HyperbandScheduler, TrialRecord, best_of
 from prefect_hyperband.hyperband.space import parse
 from prefect_hyperband.hyperband.trial import TrialRung, ended

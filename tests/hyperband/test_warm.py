@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from prefect_hyperband.hyperband import warm
+from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.priorband import PriorBandSampler
 from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler
-from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.space import parse
 
 SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}, "n": {"type": "int", "low": 1, "high": 10},

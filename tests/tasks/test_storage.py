@@ -4,12 +4,11 @@ that a second machine's mirror reads back byte for byte."""
 from __future__ import annotations
 
 import pytest
+from ports import free_port  # tests/ports.py
 
+from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.executors.state import job_store
 from prefect_hyperband.tasks.storage import Storage, check
-from prefect_hyperband.common.errors import InputError
-
-from ports import free_port  # tests/ports.py
 
 
 def test_a_folder_is_used_in_place(tmp_path):

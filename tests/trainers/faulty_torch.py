@@ -8,9 +8,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from prefect_hyperband.trainers.torch_ddp import TorchTrainer
 

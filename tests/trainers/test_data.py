@@ -5,8 +5,8 @@ import gzip
 import numpy as np
 import pytest
 
-from prefect_hyperband.trainers.data import DataSpec, check_metric, load, read_csv
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers.data import DataSpec, check_metric, load, read_csv
 
 
 def test_bundled_bank_marketing_drops_duration_and_splits_stratified():

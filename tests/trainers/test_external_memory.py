@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prefect_hyperband.trainers import data, external_memory, tables
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers import data, external_memory, tables
 from prefect_hyperband.trainers.layout import read_batches, read_part
 from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
 import math
+import sys
 
 import pytest
 

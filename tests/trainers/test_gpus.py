@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from prefect_hyperband.trainers import gpus
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers import gpus
 
 
 def test_gpus_parse_and_the_choice_of_device():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_hyperband.trainers import registry
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers import registry
 
 
 def test_the_built_ins_and_user_code_are_registry_entries():
@@ -23,8 +23,8 @@ def test_the_built_ins_and_user_code_are_registry_entries():
 
 def test_a_new_model_is_one_registration_and_runs_through_the_job(tmp_path, monkeypatch):
     """A model registered from outside (as an entry point would) is a choice of TuneParams' checks and builds its trainer."""
-    from prefect_hyperband.flows.prepare import prepare
     from prefect_hyperband.flows.params import TuneParams
+    from prefect_hyperband.flows.prepare import prepare
     from prefect_hyperband.trainers import factory
     from prefect_hyperband.trainers.synthetic_trainer import SyntheticTrainer
 

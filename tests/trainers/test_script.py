@@ -218,6 +218,7 @@ def test_fsdp_and_ddp_scripts_aborting_at_exit_keep_every_result_and_an_abort_be
     the trial-rung's result, the rank named; a promoted FSDP trial resumes from the DCP checkpoint such a run left;
     rank 0 aborting before its last report fails the trial with the script's last lines."""
     from abort_scripts import DDP_SCRIPT, FSDP_SCRIPT  # tests/abort_scripts.py
+
     from prefect_hyperband.trainers.script import ScriptFailed, ScriptTrainer
 
     (tmp_path / "fsdp.py").write_text(FSDP_SCRIPT)

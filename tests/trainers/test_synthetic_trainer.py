@@ -9,10 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from prefect_hyperband.trainers.base import checkpoint_resource
 from prefect_hyperband.common.errors import InputError
-from prefect_hyperband.trainers.synthetic_trainer import DEFAULT_CONFIG, DEFAULT_SPACE, OPTIMA, PARAMS, SyntheticTrainer, decay, final_loss
 from prefect_hyperband.hyperband.space import parse
+from prefect_hyperband.trainers.base import checkpoint_resource
+from prefect_hyperband.trainers.synthetic_trainer import (
+    DEFAULT_CONFIG,
+    DEFAULT_SPACE,
+    OPTIMA,
+    PARAMS,
+    SyntheticTrainer,
+    decay,
+    final_loss,
+)
 
 CONFIG = {"x": 0.3, "y": 0.7}
 

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from prefect_hyperband.trainers import data, tables
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers import data, tables
 
 
 def _frame(rows: int = 300, seed: int = 0) -> pd.DataFrame:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
 from dask_cluster import cluster  # tests/dask_cluster.py
 
 pytestmark = pytest.mark.slow

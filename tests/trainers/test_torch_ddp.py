@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from faulty_torch import Fault, FaultyTorchTrainer, SmallTorchTrainer
 from torch_helpers import max_difference, torch_descendants, torch_processes
-from prefect_hyperband.trainers.data import DataSpec
+
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers.data import DataSpec
+from prefect_hyperband.trainers.launch import processes_with
 from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG, DEFAULT_SPACE, PARAMS, resolve_config
 from prefect_hyperband.trainers.torch_ddp import TorchTrainer, load_model, predict
-from prefect_hyperband.trainers.launch import processes_with
 
 DIGITS = DataSpec("digits")
 #: plain SGD steps that two replicas can reproduce exactly: no dropout, no lr scaling or warm-up

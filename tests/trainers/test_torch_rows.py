@@ -70,8 +70,8 @@ def test_two_ranks_train_on_their_shares_and_agree_with_every_row_scored_in_one_
 @pytest.mark.slow  # real scheduler and worker processes
 def test_on_dask_each_worker_reads_its_share_once_for_the_whole_job(tmp_path):
     from dask.distributed import Client
-
     from dask_cluster import cluster  # tests/dask_cluster.py
+
     from prefect_hyperband.executors.dask_ranks import torch_on
     from prefect_hyperband.trainers.torch_ddp import TorchTrainer
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from faulty_torch import Fault, FaultyTorchTrainer, SmallTorchTrainer
 from torch_helpers import max_difference, torch_descendants
+
+from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.executors.torch_pool import warm_pools
 from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.data import DataSpec
-from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.factory import TrainerSettings
 from prefect_hyperband.trainers.launch import processes_with
 from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG

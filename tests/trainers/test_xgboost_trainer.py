@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.trainers.xgboost_config import DEFAULT_CONFIG, segments
 from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
 
