@@ -78,7 +78,7 @@ def replay(rows: list[dict[str, Any]], seed: int, min_r: int, max_r: int, eta: i
     from prefect_hyperband.hyperband import schedule
     from prefect_hyperband.tasks import tracking
     from prefect_hyperband.trainers import data as datasets
-    from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+    from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
     datasets._load_cached.cache_clear()  # the loop pays for loading the data, as the job does
     began = time.perf_counter()
@@ -185,7 +185,7 @@ def job_loop(params: Any, out: Path, nthread: int | None = None) -> dict[str, An
     from prefect_hyperband.trainers import data as datasets
     from prefect_hyperband.trainers.base import Evaluation
     from prefect_hyperband.trainers.stopping import StopToken
-    from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+    from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
     job = prepare(params)  # untimed: its checks (the tracking store's, too) are the job's, not the loop's
     datasets._load_cached.cache_clear()  # it loads the data, as the job does

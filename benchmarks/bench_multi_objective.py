@@ -61,8 +61,8 @@ def run_nsga2(seed: int, max_r: int, budget: float, tmp: Path) -> dict[str, Any]
 
     from prefect_hyperband.hyperband import pareto
     from prefect_hyperband.trainers import data as datasets
-    from prefect_hyperband.trainers.xgboost_config import DEFAULT_SPACE
-    from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+    from prefect_hyperband.trainers.xgboost.config import DEFAULT_SPACE
+    from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trainer = XGBoostTrainer(datasets.DataSpec(seed=seed), workers=1, seed=seed, nthread=1)

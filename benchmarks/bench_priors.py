@@ -103,8 +103,8 @@ XGBOOST: dict[str, dict[str, Any]] = {
 
 def xgboost(name: str = "xgboost", max_resource: int = 27, reference: int = 30) -> Problem:
     from prefect_hyperband.trainers import data as datasets
-    from prefect_hyperband.trainers.xgboost_config import DEFAULT_SPACE
-    from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+    from prefect_hyperband.trainers.xgboost.config import DEFAULT_SPACE
+    from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
     known = XGBOOST[name]
     data, metric, direction = known["data"], known["metric"], known["direction"]

@@ -1,7 +1,7 @@
 """Quality per cost: best validation AUC for the units trained, this project's jobs versus Optuna and random search.
 
 XGBoost on bank-marketing, one resource unit = 10 boosting rounds, search space
-``trainers.xgboost_config.DEFAULT_SPACE``, R = 27 units (r = 1, η = 3). For every seed
+``trainers.xgboost.config.DEFAULT_SPACE``, R = 27 units (r = 1, η = 3). For every seed
 (the seed also fixes the stratified train/validation split, so every method of a seed sees
 the same split):
 
@@ -60,7 +60,7 @@ class Problem:
         import xgboost as xgb
 
         from prefect_hyperband.trainers import data as datasets
-        from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+        from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
         self.rounds_per_unit = rounds_per_unit
         self.trainer = XGBoostTrainer(datasets.DataSpec(seed=seed), workers=1, seed=seed, rounds_per_unit=rounds_per_unit,
@@ -96,7 +96,7 @@ def suggest(trial, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def run_optuna(problem: Problem, sampler_name: str, max_r: int, eta: int, budget: int, seed: int) -> dict[str, Any]:
     import optuna
 
-    from prefect_hyperband.trainers.xgboost_config import DEFAULT_SPACE
+    from prefect_hyperband.trainers.xgboost.config import DEFAULT_SPACE
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=seed) if sampler_name == "tpe" else optuna.samplers.RandomSampler(seed=seed)
@@ -132,7 +132,7 @@ def run_random(problem: Problem, max_r: int, budget: int, seed: int) -> dict[str
     import numpy as np
 
     from prefect_hyperband.hyperband.space import parse
-    from prefect_hyperband.trainers.xgboost_config import DEFAULT_SPACE
+    from prefect_hyperband.trainers.xgboost.config import DEFAULT_SPACE
 
     space = parse(DEFAULT_SPACE)
     rng = np.random.default_rng([seed, 12345])

@@ -2,7 +2,7 @@
 
 A table of ``--rows`` x ``--features`` (generated, float32, a binary label; Parquet parts in a temporary folder) is
 trained for ``--epochs`` epochs by the built-in torch trainer (one rank, a cold launch: ``TorchTrainer.train``), and
-the same model (``torch_models.build_model`` of the same architecture), batch, optimiser (SGD with the config's
+the same model (``trainers.torch.models.build_model`` of the same architecture), batch, optimiser (SGD with the config's
 momentum and weight decay) and thread count are trained in this process by a plain loop over the training rows
 already on the device (``randperm``, index, forward, backward, step). Per batch size it prints one line, and with
 ``--json`` one JSON document: ``ours_s_per_epoch`` (the trainer's training passes, measured by its rank), ``plain_s_per_epoch``
@@ -44,7 +44,7 @@ def ours(spec, config: dict, epochs: int, threads: int, scratch: Path, gpus: tup
          **knobs) -> tuple[float, float, dict]:
     """The trainer's seconds per training pass and per epoch with its validation (its rank's own timings), and its
     call's ``info``; ``gpus`` (0,): on GPU 0, (): on the CPU."""
-    from prefect_hyperband.trainers.torch_ddp import TorchTrainer
+    from prefect_hyperband.trainers.torch.ddp import TorchTrainer
 
     trainer = TorchTrainer(spec, workers=1, warm=False, threads_per_rank=threads, scratch_dir=str(scratch), gpus=gpus,
                            **knobs)
@@ -58,7 +58,7 @@ def plain(spec, config: dict, epochs: int, threads: int, device: str = "cpu") ->
     import torch
 
     from prefect_hyperband.trainers.data import load
-    from prefect_hyperband.trainers.torch_models import build_model, fit_standardisation
+    from prefect_hyperband.trainers.torch.models import build_model, fit_standardisation
 
     torch.set_num_threads(threads)
     ds = load(spec)
@@ -89,7 +89,7 @@ def compare(spec, batch: int, epochs: int, threads: int, scratch: Path, repeats:
             gpus: tuple[int, ...] | None = ()) -> dict:
     """Ours against the plain loop at ``batch``, alternated ``repeats`` times, the best of each (a busy machine's
     noise falls on both)."""
-    from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG
+    from prefect_hyperband.trainers.torch.config import DEFAULT_CONFIG
 
     config, device = {**DEFAULT_CONFIG, "batch_size": batch}, "cuda:0" if gpus else "cpu"
     plains, passes, epochs_with_validation = [], [], []
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from prefect_hyperband.trainers.data import DataSpec
-    from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG
+    from prefect_hyperband.trainers.torch.config import DEFAULT_CONFIG
 
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-torch-epoch-") as tmp:

@@ -69,7 +69,7 @@ def half_of_bank_marketing(folder: str) -> str:
 
 def trainer_for(data: str, metric: str, seed: int, half: str):
     from prefect_hyperband.trainers import data as datasets
-    from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+    from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
     spec = (datasets.DataSpec(data=half, target="y", seed=seed) if data == "bank-marketing-half"
             else datasets.DataSpec(data=data, seed=seed))
@@ -91,7 +91,7 @@ def job(trainer: Any, max_resource: int, seed: int, direction: str, warm: Callab
     from prefect_hyperband.hyperband.scheduler import HyperbandScheduler
     from prefect_hyperband.hyperband.space import parse
     from prefect_hyperband.hyperband.warm import config_key
-    from prefect_hyperband.trainers.xgboost_config import DEFAULT_SPACE
+    from prefect_hyperband.trainers.xgboost.config import DEFAULT_SPACE
 
     space = parse(DEFAULT_SPACE)
     sampler = TPESampler(space, seed, direction)
@@ -203,7 +203,7 @@ def hints_of(results: list[Any], direction: str, k: int = 3) -> list[dict[str, A
     ``--rush``, RUSH's hints, whose scores in the new job set the hurdles)."""
     from prefect_hyperband.hyperband.space import parse
     from prefect_hyperband.hyperband.warm import best_configs, clip
-    from prefect_hyperband.trainers.xgboost_config import DEFAULT_SPACE
+    from prefect_hyperband.trainers.xgboost.config import DEFAULT_SPACE
 
     return [clip(parse(DEFAULT_SPACE), c) for c in best_configs([r[:3] for r in results], direction, k)]
 
@@ -316,7 +316,7 @@ def main() -> None:
                     continue
                 from bench_priors import reference_values
 
-                from prefect_hyperband.trainers.xgboost_config import DEFAULT_SPACE
+                from prefect_hyperband.trainers.xgboost.config import DEFAULT_SPACE
 
                 target = top_tenth(reference_values(big, trainer_for(data, metric, seed, half), DEFAULT_SPACE,
                                                     args.reference, seed), way)

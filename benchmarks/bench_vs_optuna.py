@@ -50,7 +50,7 @@ def run_optuna(problem: quality.Problem, sampler_name: str, max_r: int, eta: int
     import optuna
     import xgboost as xgb
 
-    from prefect_hyperband.trainers.xgboost_config import DEFAULT_SPACE
+    from prefect_hyperband.trainers.xgboost.config import DEFAULT_SPACE
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=seed) if sampler_name == "tpe" else optuna.samplers.RandomSampler(seed=seed)

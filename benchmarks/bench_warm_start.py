@@ -46,7 +46,7 @@ def bench_ddp(trials: int, out: Path) -> dict[str, float]:
     """Per-trial wall and start cost of one-epoch DDP trials, cold and warm."""
     from prefect_hyperband.executors.torch_pool import warm_pools
     from prefect_hyperband.trainers.data import DataSpec
-    from prefect_hyperband.trainers.torch_ddp import TorchTrainer
+    from prefect_hyperband.trainers.torch.ddp import TorchTrainer
 
     spec = DataSpec("digits")
     rows: dict[str, list[float]] = {k: [] for k in ("cold_wall", "cold_start", "cold_ranks", "warm_wall", "warm_start", "warm_ranks")}
@@ -82,8 +82,8 @@ def bench_xgboost(trials: int, out: Path) -> dict[str, float]:
     """Per-trial wall and start cost of one-unit XGBoost-on-Dask trials, cold and warm."""
     from prefect_hyperband.executors.dask_groups import xgboost_on
     from prefect_hyperband.trainers.data import DataSpec, load
-    from prefect_hyperband.trainers.xgboost_config import DEFAULT_CONFIG
-    from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+    from prefect_hyperband.trainers.xgboost.config import DEFAULT_CONFIG
+    from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
     spec = DataSpec("bank-marketing")
     load(spec)  # parse the CSV once, outside every timing

@@ -77,7 +77,7 @@ def bf16(ctx: dict) -> dict:
 def resume(ctx: dict) -> dict:
     import torch
 
-    from prefect_hyperband.trainers.torch_ddp import TorchTrainer
+    from prefect_hyperband.trainers.torch.ddp import TorchTrainer
 
     trainer = TorchTrainer(ctx["spec"], warm=False, threads_per_rank=ctx["threads"], scratch_dir=str(ctx["tmp"]),
                            gpus=ctx["gpus"], deterministic=True)
@@ -94,7 +94,7 @@ def resume(ctx: dict) -> dict:
 def two_trials(ctx: dict) -> dict | None:
     if len(ctx["gpus_all"]) < 2:
         return None
-    from prefect_hyperband.trainers.torch_ddp import TorchTrainer
+    from prefect_hyperband.trainers.torch.ddp import TorchTrainer
 
     trainer = TorchTrainer(ctx["spec"], warm=False, threads_per_rank=ctx["threads"], scratch_dir=str(ctx["tmp"]),
                            gpus=ctx["gpus_all"][:2], concurrent_trials=2)
@@ -119,7 +119,7 @@ def xgboost_cuda(ctx: dict) -> dict | None:
         return None
     import numpy as np
 
-    from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+    from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
     out: dict[str, Any] = {"version": xgboost.__version__}
     for name, ids in (("cpu", ()), ("cuda", (0,) if ctx["gpus"] else None)):
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from prefect_hyperband.trainers import gpus
     from prefect_hyperband.trainers.data import DataSpec
-    from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG
+    from prefect_hyperband.trainers.torch.config import DEFAULT_CONFIG
 
     every = gpus.visible()
     report: dict[str, Any] = {"argv": sys.argv[1:], "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "checks": {}}

@@ -10,7 +10,7 @@ Warm: the Dask workers stay up between trial-rungs with torch imported, and each
 its workers' memory (scattered once, as Dask worker data), so a trial-rung pays a rendezvous, not a process start.
 Checkpoints travel through Dask: the previous checkpoint's bytes go to every rank (each restores its own RNG
 state from it), rank 0's new checkpoint comes back, so the job and the workers share no folder. Every rank runs
-``torch_worker.train_job``, the code of the local ranks: the same numbers wherever a trial trains.
+``trainers.torch.worker.train_job``, the code of the local ranks: the same numbers wherever a trial trains.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def rank_task(job: Mapping[str, Any], env: Mapping[str, str], data: Mapping[str,
     Rank 0 returns the new checkpoint's bytes and the result (history, timings); the others None."""
     import torch.distributed as dist
 
-    from prefect_hyperband.trainers import torch_worker
+    from prefect_hyperband.trainers.torch import worker as torch_worker
 
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     with tempfile.TemporaryDirectory(prefix="hyperband-rank-") as tmp:

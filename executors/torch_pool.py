@@ -1,8 +1,8 @@
 """Warm worker pools for ``TorchTrainer``: launch the ranks once per job, not once per trial-rung.
 
-A ``TorchPool`` is one ``python -m torch.distributed.run ... -m trainers.torch_worker --serve DIR``
+A ``TorchPool`` is one ``python -m torch.distributed.run ... -m trainers.torch.worker --serve DIR``
 launch: its ``workers`` ranks import torch, join the gloo/NCCL process group and load the training
-split once, then train one request after another (``trainers.torch_worker.serve``). The trainer
+split once, then train one request after another (``trainers.torch.worker.serve``). The trainer
 talks to it through files in DIR: it writes ``request-<n>.json`` (the same job dict a cold launch
 gets), rank 0 broadcasts it, and writes ``result-<n>.json`` when the checkpoint is saved.
 
@@ -32,7 +32,7 @@ from typing import Any
 
 from prefect_hyperband.common.files import write_json_atomic
 from prefect_hyperband.trainers.launch import failure_message, terminate
-from prefect_hyperband.trainers.torch_requests import request_path
+from prefect_hyperband.trainers.torch.requests import request_path
 
 #: The trainer polls for the result file (and the launcher's exit) this often, in seconds: fast for
 #: the first BACKOFF_AFTER seconds (short trials), then slower so a waiting thread does not spin.

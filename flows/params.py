@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from prefect_hyperband.flows import objectives
 from prefect_hyperband.hyperband.warm import MAX_PARENTS
 from prefect_hyperband.trainers import registry
-from prefect_hyperband.trainers.xgboost_config import ROUNDS_PER_UNIT
+from prefect_hyperband.trainers.xgboost.config import ROUNDS_PER_UNIT
 
 #: A field's own facts beside its type and description, in ``json_schema_extra`` (the one place they are written):
 #: ``metavar``, what ``--help`` calls its value (PATH, URL, SECONDS...; ``app.cli``); ``on_resume: may change``,

@@ -9,8 +9,8 @@ from dask_cluster import cluster  # tests/dask_cluster.py
 from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.executors.dask_ranks import torch_on
 from prefect_hyperband.trainers.data import DataSpec
-from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG
-from prefect_hyperband.trainers.torch_ddp import TorchTrainer
+from prefect_hyperband.trainers.torch.config import DEFAULT_CONFIG
+from prefect_hyperband.trainers.torch.ddp import TorchTrainer
 
 DIGITS = DataSpec("digits")
 #: one worker on 127.0.0.1, two on 127.0.0.2, one on 127.0.0.3: groups of two, packed by host, span two hosts each

@@ -41,7 +41,7 @@ def test_a_four_worker_cluster_trains_two_2_worker_trials_at_once_with_the_same_
 
 def test_a_table_in_parts_trains_on_two_groups_each_reading_it_once_and_keeping_its_matrices(tracking_uri, tmp_path):
     """A Parquet folder on a 4-worker cluster, trials of 2 workers: each group's workers read the parts once per
-    job and build their matrices at its first trial-rung (``trainers.xgboost_ranks``), every trial-rung after that
+    job and build their matrices at its first trial-rung (``trainers.xgboost.ranks``), every trial-rung after that
     trains on them; the job's models do not depend on how many groups train at once."""
     import logging
 
@@ -51,7 +51,7 @@ def test_a_table_in_parts_trains_on_two_groups_each_reading_it_once_and_keeping_
 
     from prefect_hyperband.flows.params import TuneParams
     from prefect_hyperband.flows.tune import tune
-    from prefect_hyperband.trainers import xgboost_ranks
+    from prefect_hyperband.trainers.xgboost import ranks as xgboost_ranks
 
     rng = np.random.default_rng(0)
     (tmp_path / "t").mkdir()
@@ -65,7 +65,7 @@ def test_a_table_in_parts_trains_on_two_groups_each_reading_it_once_and_keeping_
         common = dict(model="xgboost", data=str(tmp_path / "t"), target="label", max_resource=9, eta=3, workers=2,
                       seed=1, rounds_per_unit=2, dask_address=cluster.scheduler_address, baseline=False,
                       register_model=False, job_dir=str(tmp_path / "jobs"))
-        said = logging.getLogger("prefect_hyperband.trainers.xgboost_trainer")
+        said = logging.getLogger("prefect_hyperband.trainers.xgboost.trainer")
         records: list[logging.LogRecord] = []
         catch = logging.Handler(logging.INFO)
         catch.emit = records.append

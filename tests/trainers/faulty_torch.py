@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from prefect_hyperband.trainers.torch_ddp import TorchTrainer
+from prefect_hyperband.trainers.torch.ddp import TorchTrainer
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def _fail(how: str, rank: int, epoch: int) -> None:
 
 
 def _main() -> None:
-    from prefect_hyperband.trainers import torch_worker
+    from prefect_hyperband.trainers.torch import worker as torch_worker
 
     train_job, train_epoch = torch_worker.train_job, torch_worker.Run.train_epoch
 

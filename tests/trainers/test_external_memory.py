@@ -9,7 +9,7 @@ import pytest
 from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers import data, external_memory, tables
 from prefect_hyperband.trainers.layout import read_batches, read_part
-from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
 
 def _table(folder, rows: int = 3000, parts: int = 3, seed: int = 0) -> str:

@@ -146,7 +146,7 @@ def test_the_torch_trainer_gives_each_warm_pool_its_own_gpus_and_the_ranks_their
     pytest.importorskip("torch")
     from prefect_hyperband.executors.torch_pool import warm_pools
     from prefect_hyperband.trainers.data import DataSpec
-    from prefect_hyperband.trainers.torch_ddp import TorchTrainer
+    from prefect_hyperband.trainers.torch.ddp import TorchTrainer
 
     trainer = TorchTrainer(DataSpec("digits"), workers=2, gpus=(0, 1, 2, 3), pools=warm_pools, deterministic=True)
     assert trainer.pool_size == 2 and [trainer.gpu_group(n) for n in (0, 1)] == [(0, 1), (2, 3)]
@@ -162,7 +162,7 @@ def test_the_torch_trainer_gives_each_warm_pool_its_own_gpus_and_the_ranks_their
 def test_a_deterministic_torch_trial_on_the_cpu_says_so_and_holds_no_gpu(tmp_path):
     pytest.importorskip("torch")
     from prefect_hyperband.trainers.data import DataSpec
-    from prefect_hyperband.trainers.torch_ddp import TorchTrainer
+    from prefect_hyperband.trainers.torch.ddp import TorchTrainer
 
     trainer = TorchTrainer(DataSpec("digits"), warm=False, threads_per_rank=1, gpus=(), deterministic=True)
     info = trainer.train({}, 1, None, str(tmp_path / "r1.pt")).info

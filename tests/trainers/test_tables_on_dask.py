@@ -27,8 +27,9 @@ def test_two_groups_read_the_parts_themselves_and_encode_and_split_them_as_one_m
     columns (every category of every part), so the same booster on either group; the validation rows the first group
     keeps are those the local trainer splits off; the job's process reads no row (its trainer's data never loaded)."""
     from prefect_hyperband.executors.dask_groups import xgboost_on
-    from prefect_hyperband.trainers import data, xgboost_ranks
-    from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+    from prefect_hyperband.trainers import data
+    from prefect_hyperband.trainers.xgboost import ranks as xgboost_ranks
+    from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
     _table(tmp_path / "t")
     spec = data.DataSpec(data=str(tmp_path / "t"), target="label", seed=3)

@@ -20,8 +20,8 @@ from torch_helpers import max_difference, torch_descendants, torch_processes
 from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.trainers.launch import processes_with
-from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG, DEFAULT_SPACE, PARAMS, resolve_config
-from prefect_hyperband.trainers.torch_ddp import TorchTrainer, load_model, predict
+from prefect_hyperband.trainers.torch.config import DEFAULT_CONFIG, DEFAULT_SPACE, PARAMS, resolve_config
+from prefect_hyperband.trainers.torch.ddp import TorchTrainer, load_model, predict
 
 DIGITS = DataSpec("digits")
 #: plain SGD steps that two replicas can reproduce exactly: no dropout, no lr scaling or warm-up

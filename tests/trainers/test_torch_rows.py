@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from prefect_hyperband.trainers import data, tables, torch_rows
-from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG
+from prefect_hyperband.trainers import data, tables
+from prefect_hyperband.trainers.torch import rows as torch_rows
+from prefect_hyperband.trainers.torch.config import DEFAULT_CONFIG
 
 
 def _table(folder, parts: int = 3, rows: int = 400):
@@ -49,7 +50,7 @@ def test_the_ranks_shares_are_the_whole_tables_split_and_a_share_is_read_once(tm
 
 @pytest.mark.slow  # real DDP ranks
 def test_two_ranks_train_on_their_shares_and_agree_with_every_row_scored_in_one_place(tmp_path):
-    from prefect_hyperband.trainers.torch_ddp import TorchTrainer, predict
+    from prefect_hyperband.trainers.torch.ddp import TorchTrainer, predict
 
     spec = _table(tmp_path / "t")
     trainer = TorchTrainer(spec, workers=2, warm=False, threads_per_rank=1)
@@ -73,7 +74,7 @@ def test_on_dask_each_worker_reads_its_share_once_for_the_whole_job(tmp_path):
     from dask_cluster import cluster  # tests/dask_cluster.py
 
     from prefect_hyperband.executors.dask_ranks import torch_on
-    from prefect_hyperband.trainers.torch_ddp import TorchTrainer
+    from prefect_hyperband.trainers.torch.ddp import TorchTrainer
 
     spec = _table(tmp_path / "t")
     with cluster(["127.0.0.1", "127.0.0.2"], str(tmp_path)) as c:

@@ -22,8 +22,8 @@ from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.data import DataSpec
 from prefect_hyperband.trainers.factory import TrainerSettings
 from prefect_hyperband.trainers.launch import processes_with
-from prefect_hyperband.trainers.torch_config import DEFAULT_CONFIG
-from prefect_hyperband.trainers.torch_ddp import TorchTrainer
+from prefect_hyperband.trainers.torch.config import DEFAULT_CONFIG
+from prefect_hyperband.trainers.torch.ddp import TorchTrainer
 
 DIGITS = DataSpec("digits")
 ROWS = 512  # a short epoch: these tests are about processes and numbers, not accuracy

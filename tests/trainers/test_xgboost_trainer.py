@@ -5,8 +5,8 @@ import pytest
 
 from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers.data import DataSpec
-from prefect_hyperband.trainers.xgboost_config import DEFAULT_CONFIG, segments
-from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+from prefect_hyperband.trainers.xgboost.config import DEFAULT_CONFIG, segments
+from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
 CONFIG = {"eta": 0.1, "max_depth": 5, "colsample_bytree": 0.7, "colsample_bylevel": 0.8, "alpha": 0.1, "min_child_weight": 2.0}
 MILESTONES = (1, 3, 9, 27)

@@ -15,7 +15,7 @@ from prefect_hyperband.trainers.registry import Model
 
 
 def build(settings: Any):
-    from prefect_hyperband.trainers.torch_ddp import TorchTrainer
+    from prefect_hyperband.trainers.torch.ddp import TorchTrainer
 
     kwargs: dict[str, Any] = dict(settings.extra)
     if settings.threads:  # the job's share of cores per trial, split between its ranks
@@ -34,13 +34,13 @@ def build(settings: Any):
 
 
 def space():
-    from prefect_hyperband.trainers import torch_config as m
+    from prefect_hyperband.trainers.torch import config as m
 
     return m.DEFAULT_SPACE, m.PARAMS, m.DEFAULT_CONFIG
 
 
 def gpu_space() -> dict[str, dict[str, Any]]:
-    from prefect_hyperband.trainers import torch_config as m
+    from prefect_hyperband.trainers.torch import config as m
 
     return m.GPU_SPACE
 
@@ -62,19 +62,19 @@ def log_model(trainer: Any, checkpoint: str):
 
 
 def _model_code(tmp: str) -> str:
-    """``prefect_hyperband.trainers.torch_models`` alone, as a package a model's loader can import without us installed."""
-    from prefect_hyperband.trainers import torch_models
+    """``prefect_hyperband.trainers.torch.models`` alone, as a package a model's loader can import without us installed."""
+    from prefect_hyperband.trainers.torch import models
 
     package = os.path.join(tmp, "prefect_hyperband")
-    os.makedirs(os.path.join(package, "trainers"))
-    for init in ("__init__.py", os.path.join("trainers", "__init__.py")):
+    os.makedirs(os.path.join(package, "trainers", "torch"))
+    for init in ("__init__.py", os.path.join("trainers", "__init__.py"), os.path.join("trainers", "torch", "__init__.py")):
         open(os.path.join(package, init), "w").close()
-    shutil.copy(torch_models.__file__, os.path.join(package, "trainers", "torch_models.py"))
+    shutil.copy(models.__file__, os.path.join(package, "trainers", "torch", "models.py"))
     return package
 
 
 def check_config(config: dict[str, Any]) -> None:
-    from prefect_hyperband.trainers.torch_config import resolve_config
+    from prefect_hyperband.trainers.torch.config import resolve_config
 
     resolve_config(config)
 

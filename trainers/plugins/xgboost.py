@@ -8,14 +8,14 @@ import numpy as np
 
 from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.executors.dask_groups import xgboost_on
-from prefect_hyperband.trainers import xgboost_config
 from prefect_hyperband.trainers.base import Flavoured
 from prefect_hyperband.trainers.gpus import of_settings
 from prefect_hyperband.trainers.registry import Model
+from prefect_hyperband.trainers.xgboost import config as xgboost_config
 
 
 def build(settings: Any):
-    from prefect_hyperband.trainers.xgboost_trainer import XGBoostTrainer
+    from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
     placement = None
     if settings.workers > 1 or settings.dask_address:  # allreduce on a Dask cluster's groups: the executor's placement

@@ -1,6 +1,6 @@
 """One rank of a torch trial, started by ``torch.distributed.run``.
 
-Cold (``-m trainers.torch_worker --job JOB``): the job file (written by ``TorchTrainer.train``)
+Cold (``-m trainers.torch.worker --job JOB``): the job file (written by ``TorchTrainer.train``)
 says what to train, and ``data.npz`` beside it holds the split (so no rank imports
 pandas/scikit-learn or re-splits); rank 0 writes the new checkpoint to ``job["out"]`` and a
 ``result.json`` (history, timings) into the job's folder, then every rank exits.
@@ -36,9 +36,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 from prefect_hyperband.common.files import write_json_atomic
-from prefect_hyperband.trainers import torch_rows
-from prefect_hyperband.trainers.torch_device import device_for, join, set_deterministic
-from prefect_hyperband.trainers.torch_models import (
+from prefect_hyperband.trainers.torch import rows as torch_rows
+from prefect_hyperband.trainers.torch.device import device_for, join, set_deterministic
+from prefect_hyperband.trainers.torch.models import (
     build_model,
     fit_standardisation,
     fit_target,
@@ -47,9 +47,9 @@ from prefect_hyperband.trainers.torch_models import (
     predictions,
     safe_score,
 )
-from prefect_hyperband.trainers.torch_requests import next_request, read_job
-from prefect_hyperband.trainers.torch_rng import rng_state, seed_rank, set_rng_state
-from prefect_hyperband.trainers.torch_rows import Arrays
+from prefect_hyperband.trainers.torch.requests import next_request, read_job
+from prefect_hyperband.trainers.torch.rng import rng_state, seed_rank, set_rng_state
+from prefect_hyperband.trainers.torch.rows import Arrays
 
 CHECKPOINT_FORMAT = 1
 #: The standardisation buffers never change: no buffer broadcast before every forward

@@ -94,7 +94,7 @@ def read_share(meta: Mapping[str, Any], rank: int, world: int) -> tuple[np.ndarr
 
 def fit_together(X: np.ndarray, y: np.ndarray, task: str, device: torch.device
                  ) -> tuple[torch.Tensor, torch.Tensor, float, float]:
-    """``torch_models.fit_standardisation`` and ``fit_target`` over every rank's share: per-feature mean and std,
+    """``models.fit_standardisation`` and ``fit_target`` over every rank's share: per-feature mean and std,
     the target's mean and std (regression), from sums all-reduced in float64."""
     X64 = X.astype(np.float64)
     y64 = y.astype(np.float64) if task == "regression" else np.zeros(1)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from prefect_hyperband.trainers.base import checkpoint_resource
-from prefect_hyperband.trainers.torch_models import Predictor, build_model
+from prefect_hyperband.trainers.torch.models import Predictor, build_model
 
 
 def read_checkpoint(checkpoint: str) -> dict[str, Any]:

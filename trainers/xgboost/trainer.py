@@ -14,7 +14,7 @@ cluster: a LocalCluster of ``workers`` processes started once per job, or an exi
 plug-in as ``placement``), the row partitions each group holds the trainer's (``partition``). The cluster's workers
 are split into disjoint groups of ``workers`` (W // workers groups on a cluster of W), and the training rows are put
 on each group once, in ``workers`` row partitions, each worker's matrix kept between trial-rungs
-(``trainers.xgboost_ranks``). A trial-rung takes a free group, trains on it alone and gives it back: W // workers
+(``trainers.xgboost.ranks``). A trial-rung takes a free group, trains on it alone and gives it back: W // workers
 trials train at once, never two on one worker (two allreduce jobs interleaved on single-threaded workers would
 deadlock), each with the same partitions in the same ranks, hence the same model as one trial at a time. A group
 that loses a worker mid-segment is retired and the segment runs again from the same booster on another group
@@ -38,7 +38,7 @@ import numpy as np
 
 from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.trainers import external_memory as extmem
-from prefect_hyperband.trainers import stopping, xgboost_ranks
+from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_sidecar
 from prefect_hyperband.trainers.data import (
     Dataset,
@@ -52,7 +52,8 @@ from prefect_hyperband.trainers.data import (
 )
 from prefect_hyperband.trainers.gpus import GpuPool
 from prefect_hyperband.trainers.layout import read_part
-from prefect_hyperband.trainers.xgboost_config import PARAMS, ROUNDS_PER_UNIT, segments
+from prefect_hyperband.trainers.xgboost import ranks as xgboost_ranks
+from prefect_hyperband.trainers.xgboost.config import PARAMS, ROUNDS_PER_UNIT, segments
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class XGBoostTrainer:
     # -- distribution -------------------------------------------------------------------------
     def partition(self, client: Any, group: tuple[str, ...]) -> Any:
         """The training rows on ``group``'s workers, in ``workers`` row partitions, each worker's matrix kept between
-        trial-rungs (``trainers.xgboost_ranks``): the same partitions in the same ranks on every group, so the same
+        trial-rungs (``trainers.xgboost.ranks``): the same partitions in the same ranks on every group, so the same
         model on any group. Not ``xgboost.dask.train``: its tasks wait forever on a worker that died (and hold its
         ``MultiLock`` on the group's workers meanwhile); these are watched by the placement (``gather``)."""
         if self._table is not None:
@@ -160,7 +161,7 @@ class XGBoostTrainer:
 
     def _read_on(self, client: Any, group: tuple[str, ...]) -> Any:
         """A table's parts read by ``group``'s workers themselves (once per group and job), each encoded by the job's
-        layout and split by its rows' keys, kept there for the group's matrices (``trainers.xgboost_ranks``); the
+        layout and split by its rows' keys, kept there for the group's matrices (``trainers.xgboost.ranks``); the
         first group also keeps the validation rows, scored where they are."""
         import dask
         import dask.array as da

@@ -3,7 +3,7 @@
 One resource unit is one epoch. Each ``train`` call starts ``python -m torch.distributed.run``
 as a subprocess in its own session (torch's elastic agent installs signal handlers, which only
 work in a main thread, and ``train`` runs in Prefect's worker threads). The ranks run
-``trainers.torch_worker``; rank 0 writes the checkpoint and a result file the call reads back.
+``trainers.torch.worker``; rank 0 writes the checkpoint and a result file the call reads back.
 
 Port choice: on one machine the launcher gets ``--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0``;
 port 0 makes the rendezvous TCP store bind a port the kernel picks while it listens, and the
@@ -48,14 +48,14 @@ from prefect_hyperband.trainers.data import (
 from prefect_hyperband.trainers.exits import failed_ranks, why_kept
 from prefect_hyperband.trainers.gpus import GpuPool, env_for
 from prefect_hyperband.trainers.launch import failure_message, terminate, torch_launcher
-from prefect_hyperband.trainers.torch_checkpoint import (
+from prefect_hyperband.trainers.torch.checkpoint import (
     checkpoint_epochs,
     load_model,
     predict,
     read_checkpoint,
     timed_predict,
 )
-from prefect_hyperband.trainers.torch_config import (
+from prefect_hyperband.trainers.torch.config import (
     as_float,
     as_int,
     check_metric,
@@ -63,9 +63,9 @@ from prefect_hyperband.trainers.torch_config import (
     require,
     resolve_config,
 )
-from prefect_hyperband.trainers.torch_rows import table_meta
+from prefect_hyperband.trainers.torch.rows import table_meta
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the folder holding the package (the ranks import it from there)
 
 # ---------------------------------------------------------------------------- the trainer
 
@@ -85,7 +85,7 @@ class TorchTrainer(Placed):
     """
 
     #: the module each rank runs (``python -m``); a subclass may wrap it
-    worker_module = "prefect_hyperband.trainers.torch_worker"
+    worker_module = "prefect_hyperband.trainers.torch.worker"
 
     model = "torch"
 

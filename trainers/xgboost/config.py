@@ -1,6 +1,6 @@
 """The XGBoost model's hyperparameters: the default space and configuration, the booster parameters a space may
 name, the rounds in one unit of resource, and the segments a trial-rung's rounds are trained in (the trainer's
-bit-for-bit resume: ``trainers.xgboost_trainer``)."""
+bit-for-bit resume: ``trainers.xgboost.trainer``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The warm pool's files: the trainer writes ``request-<n>.json`` (``executors.torch_pool``), rank 0 reads it
-(``trainers.torch_worker.serve``): one name for both sides, and rank 0's polling."""
+(``trainers.torch.worker.serve``): one name for both sides, and rank 0's polling."""
 
 from __future__ import annotations
 
