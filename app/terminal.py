@@ -11,10 +11,11 @@ from typing import Any
 from prefect_hyperband.common.errors import InputError, no_space
 from prefect_hyperband.flows.groups import FLOW_NAME as GROUP_FLOW
 from prefect_hyperband.flows.progress import LiveDisplay
-from prefect_hyperband.tasks import mlflow_store, prefect_internals
-from prefect_hyperband.tasks.flavours import load_mlflow
+from prefect_hyperband.tasks import prefect_internals
 from prefect_hyperband.tasks.record import CUT_SHORT
 from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
+from prefect_hyperband.tracking import store as mlflow_store
+from prefect_hyperband.tracking.flavours import load_mlflow
 
 
 def live_display():

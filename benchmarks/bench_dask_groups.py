@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"a {args.cluster}-worker Dask cluster")
     from distributed import LocalCluster
 
-    from prefect_hyperband.tasks import mlflow_store
+    from prefect_hyperband.tracking import store as mlflow_store
 
     rows = []
     with common.workdir("dask-groups") as tmp, common.prefect_server(), LocalCluster(

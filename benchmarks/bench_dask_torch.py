@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     common.header(f"bench_dask_torch: torch digits (1, {R}, 3), world size 2: one machine vs Dask vs a work pool")
     from distributed import LocalCluster
 
-    from prefect_hyperband.tasks import mlflow_store
+    from prefect_hyperband.tracking import store as mlflow_store
 
     common_fields = dict(model="torch", data="digits", min_resource=1, max_resource=R, eta=3, seed=0, workers=2,
                          register_model=False, baseline=False)

@@ -76,7 +76,7 @@ def replay(rows: list[dict[str, Any]], seed: int, min_r: int, max_r: int, eta: i
     task runs (called with values, inside a flow run), as in the job. With both, what is left of the job is its
     own code: the driver, the state file, the promote tasks, the progress artifact."""
     from prefect_hyperband.hyperband import schedule
-    from prefect_hyperband.tasks import tracking
+    from prefect_hyperband.tracking import runs as tracking
     from prefect_hyperband.trainers import data as datasets
     from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with common.workdir("efficiency") as tmp:
         with common.prefect_server():
-            from prefect_hyperband.tasks import mlflow_store
+            from prefect_hyperband.tracking import store as mlflow_store
 
             uri = f"sqlite:///{tmp}/mlflow.db"
             mlflow_store.check_reachable(uri)

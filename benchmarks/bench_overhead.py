@@ -9,7 +9,7 @@ JSON checkpoint), so nearly all time measured is orchestration. Measured in one 
 * ``loop + state files``: the same, also writing the bracket state JSON after every trial-rung
   (what the flow does for ``--resume``).
 * ``loop + MLflow``: the same, plus the flow's MLflow calls made directly through
-  ``tasks.tracking`` (parent run, one child run per trial, per-unit history and metrics at
+  ``tracking.runs`` (parent run, one child run per trial, per-unit history and metrics at
   every trial-rung, status tags and run end, summary) to a fresh sqlite store.
 * ``tune flow, concurrency c``: the real ``flows.tune.tune`` flow (Prefect tasks and subflows on
   a temporary Prefect server, MLflow to a fresh sqlite store; baseline and registration off).
@@ -81,8 +81,9 @@ def plain_loop(min_r: int, max_r: int, eta: int, seed: int, out: Path,
 
 
 def loop_with_mlflow(min_r: int, max_r: int, eta: int, seed: int, out: Path, uri: str) -> dict[str, Any]:
-    """The plain loop plus the MLflow calls the flow makes, straight through ``tasks.tracking``."""
-    from prefect_hyperband.tasks import mlflow_store, tracking
+    """The plain loop plus the MLflow calls the flow makes, straight through ``tracking.runs``."""
+    from prefect_hyperband.tracking import runs as tracking
+    from prefect_hyperband.tracking import store as mlflow_store
 
     mlflow_store.check_reachable(uri)
     parent = tracking.start_parent(uri, "bench-overhead", "loop", {"min_resource": min_r, "max_resource": max_r, "eta": eta}, {})
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     with common.workdir("overhead") as tmp:
 
         def timed(label: str, fn: Callable[[Path], dict[str, Any]]) -> None:
-            from prefect_hyperband.tasks import mlflow_store
+            from prefect_hyperband.tracking import store as mlflow_store
 
             walls, result = [], {}
             for i in range(args.repeats):
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         timed("loop + state + MLflow", lambda out: loop_with_mlflow(min_r, max_r, eta, seed, out, f"sqlite:///{out}.db"))
 
         with common.prefect_server():
-            from prefect_hyperband.tasks import mlflow_store
+            from prefect_hyperband.tracking import store as mlflow_store
 
             # warm-up: imports, first flow run registration; not timed
             warm = tmp / "warmup"

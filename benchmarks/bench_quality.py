@@ -147,7 +147,7 @@ def run_random(problem: Problem, max_r: int, budget: int, seed: int) -> dict[str
 
 
 def run_flow(tmp: Path, mode: str, sampler: str, seed: int, max_r: int, eta: int) -> dict[str, Any]:
-    from prefect_hyperband.tasks import mlflow_store
+    from prefect_hyperband.tracking import store as mlflow_store
 
     uri = f"sqlite:///{tmp}/mlflow-{mode}-{sampler}-{seed}.db"
     mlflow_store.check_reachable(uri)

@@ -34,7 +34,7 @@ import _common as common  # noqa: E402
 
 
 def run(tmp: Path, label: str, **fields: Any) -> dict[str, Any]:
-    from prefect_hyperband.tasks import mlflow_store
+    from prefect_hyperband.tracking import store as mlflow_store
 
     uri = f"sqlite:///{tmp}/{label}.db"
     mlflow_store.check_reachable(uri)

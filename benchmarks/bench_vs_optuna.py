@@ -87,7 +87,7 @@ def run_optuna(problem: quality.Problem, sampler_name: str, max_r: int, eta: int
 
 
 def run_flow(tmp: Path, seed: int, max_r: int, eta: int, concurrency: int) -> dict[str, Any]:
-    from prefect_hyperband.tasks import mlflow_store
+    from prefect_hyperband.tracking import store as mlflow_store
 
     uri = f"sqlite:///{tmp}/mlflow-{seed}-{concurrency}.db"
     mlflow_store.check_reachable(uri)
@@ -106,7 +106,7 @@ def run_floor(tmp: Path, job_dir: str, seed: int, max_r: int, eta: int) -> dict[
 
     import bench_efficiency as efficiency
 
-    from prefect_hyperband.tasks import mlflow_store
+    from prefect_hyperband.tracking import store as mlflow_store
 
     rows = efficiency.read_job(job_dir)
     out: dict[str, dict[str, Any]] = {}

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from prefect_hyperband.common.errors import first_line, unavailable
-from prefect_hyperband.tasks.service_wait import client_waits
+from prefect_hyperband.tracking.service_wait import client_waits
 
 #: seconds between tries of a Prefect API that does not answer, and the least a trial-rung waits for it
 API_RETRY_SECONDS = 1.0

@@ -20,8 +20,7 @@ from prefect_hyperband.hyperband.accounting import RungResult, Summary, summaris
 from prefect_hyperband.hyperband.importance import MIN_RESULTS, Importance
 from prefect_hyperband.hyperband.promotion import Score, first
 from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
-from prefect_hyperband.tasks import importance_report, mlflow_store, report, tracking
-from prefect_hyperband.tasks.champion import Registered
+from prefect_hyperband.tasks import importance_report, report
 from prefect_hyperband.tasks.front_report import log_front
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import (
@@ -35,6 +34,9 @@ from prefect_hyperband.tasks.record import (
     register_champion,
     retrying,
 )
+from prefect_hyperband.tracking import runs as tracking
+from prefect_hyperband.tracking import store as mlflow_store
+from prefect_hyperband.tracking.champion import Registered
 from prefect_hyperband.trainers import registry
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefect_hyperband.common.errors import unavailable
-from prefect_hyperband.tasks import tracking
+from prefect_hyperband.tracking import runs as tracking
 
 #: the states a lost process leaves its runs in
 _OPEN = ["PENDING", "RUNNING", "SCHEDULED", "CANCELLING", "PAUSED"]

@@ -3,7 +3,7 @@ and read (``hyperband.warm`` holds what each kind of warm start does with them).
 
 A job's record (``job.json``) keeps the facts a later job compares (``facts``): the model (and the user's code),
 the metric and its direction, the space, what one unit of resource means, and the digest of the data's content
-whatever its split (``tasks.datasets.content_digest``). A parent with all of them equal is ``identical``; any
+whatever its split (``tracking.datasets.content_digest``). A parent with all of them equal is ``identical``; any
 other is ``transfer``, and the note says what differs.
 """
 
@@ -29,7 +29,7 @@ def facts(job: Job, params: Any) -> dict[str, Any]:
     model = registry.get(job.settings.model)
     digest = lineage = None
     if model.reads_data and not model.user_code:
-        from prefect_hyperband.tasks.datasets import content_digest
+        from prefect_hyperband.tracking.datasets import content_digest
 
         try:
             digest = content_digest(job.settings.data)

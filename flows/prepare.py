@@ -21,10 +21,10 @@ from prefect_hyperband.flows.say import in_run
 from prefect_hyperband.flows.search_space import job_objectives, job_space
 from prefect_hyperband.flows.worker_slots import slot_count, storage_name
 from prefect_hyperband.hyperband import schedule
-from prefect_hyperband.tasks import mlflow_input
 from prefect_hyperband.tasks import storage as storages
 from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.mlflow_store import check_reachable, tracking_uri
+from prefect_hyperband.tracking import inputs as mlflow_input
+from prefect_hyperband.tracking.store import check_reachable, tracking_uri
 from prefect_hyperband.trainers import data as datasets
 from prefect_hyperband.trainers import gpus, registry
 from prefect_hyperband.trainers.factory import TrainerSettings

@@ -21,9 +21,11 @@ from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.prepare import new_job_id, prepare
 from prefect_hyperband.flows.tune import tune
 from prefect_hyperband.hyperband import speedup
-from prefect_hyperband.tasks import mlflow_store, service_wait, tracking
 from prefect_hyperband.tasks.record import ends_the_job, outage, reason, retrying
 from prefect_hyperband.tasks.storage import Storage
+from prefect_hyperband.tracking import runs as tracking
+from prefect_hyperband.tracking import service_wait
+from prefect_hyperband.tracking import store as mlflow_store
 from prefect_hyperband.trainers import factory
 
 

@@ -24,10 +24,12 @@ from prefect_hyperband.flows.say import in_run
 from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.criteria import Criteria
 from prefect_hyperband.hyperband.first import is_baseline
-from prefect_hyperband.tasks import report, service_wait, tracking
+from prefect_hyperband.tasks import report
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import start_job_run
 from prefect_hyperband.tasks.writer import Writer, make_writer, writer_for
+from prefect_hyperband.tracking import runs as tracking
+from prefect_hyperband.tracking import service_wait
 from prefect_hyperband.trainers import factory, registry, stopping
 
 #: job ids whose flow run began in this process while ``app.starting.started`` starts it (it retries a job only while

@@ -11,10 +11,10 @@ from prefect.states import State
 from prefect_hyperband.hyperband import front
 from prefect_hyperband.hyperband.promotion import failed
 from prefect_hyperband.hyperband.scheduler import TrialRecord
-from prefect_hyperband.tasks import tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import END, retrying, write_end
 from prefect_hyperband.tasks.report import figure
+from prefect_hyperband.tracking import runs as tracking
 
 
 @task(name="log pareto front", **END)

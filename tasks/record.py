@@ -16,9 +16,10 @@ from prefect.states import Failed, State
 
 from prefect_hyperband.common.errors import causes, first_line, no_space, unavailable
 from prefect_hyperband.hyperband.scheduler import TrialRecord
-from prefect_hyperband.tasks import champion, datasets, service_wait, tracking
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.result import Outcome
+from prefect_hyperband.tracking import champion, datasets, service_wait
+from prefect_hyperband.tracking import runs as tracking
 from prefect_hyperband.trainers import factory, registry
 
 T = TypeVar("T")

@@ -28,8 +28,8 @@ from prefect.cache_policies import NO_CACHE
 
 from prefect_hyperband.hyperband.accounting import RungResult, Summary, table
 from prefect_hyperband.hyperband.promotion import best_key, failed
-from prefect_hyperband.tasks import tracking
-from prefect_hyperband.tasks.mlflow_store import client
+from prefect_hyperband.tracking import runs as tracking
+from prefect_hyperband.tracking.store import client
 
 PROGRESS_KEY = "hyperband-progress"
 LEADERBOARD_KEY = "hyperband-leaderboard"

@@ -20,8 +20,8 @@ from prefect_hyperband.hyperband.scheduler import TrialRecord
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.result import Outcome
-from prefect_hyperband.tasks.service_wait import client_waits
 from prefect_hyperband.tasks.writer import ProcessWriter, ThreadWriter, Writer, make_writer, writer_for
+from prefect_hyperband.tracking.service_wait import client_waits
 from prefect_hyperband.trainers.stopping import StopToken
 
 #: trial runs ended per call of the writer (``MlflowTracker.close``)

@@ -30,7 +30,7 @@ from typing import Any, BinaryIO, Union
 
 from prefect_hyperband.tasks.record import close_trial_runs, log_trial_rung, start_trial_run, trial_params
 from prefect_hyperband.tasks.result import Outcome
-from prefect_hyperband.tasks.service_wait import bound_client_waits
+from prefect_hyperband.tracking.service_wait import bound_client_waits
 
 _HEADER = struct.Struct("!I")
 #: the writer process: Ctrl-C and SIGTERM ignored from its first line, not only once its imports (about a second of

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("app", "flows", "tasks", "executors", "trainers", "hyperband", "deployments", "data", "common")
+FOLDERS = ("app", "flows", "tasks", "tracking", "executors", "trainers", "hyperband", "deployments", "data", "common")
 
 def _modules(root: Path = ROOT) -> dict[str, Path]:
     found = {}

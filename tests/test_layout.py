@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the package's folders of code (import-linter's contracts in pyproject.toml hold which may import which)
-FOLDERS = ("common", "hyperband", "trainers", "tasks", "executors", "flows", "app")
+FOLDERS = ("common", "hyperband", "trainers", "tracking", "tasks", "executors", "flows", "app")
 
 
 #: calls whose result, kept at a module's top, is state of the process (shared by every job it runs)

@@ -29,7 +29,7 @@ import prefect_hyperband.executors
 ROOT = Path(__file__).resolve().parents[1]
 #: where the package's folders are (the repository, installed editable; ``site-packages/prefect_hyperband`` from a wheel)
 PACKAGE = str(Path(prefect_hyperband.executors.__file__).resolve().parent.parent) + "/"
-FOLDERS = ("app/", "flows/", "executors/", "tasks/", "trainers/", "hyperband/", "deployments/", "data/", "common/")
+FOLDERS = ("app/", "flows/", "executors/", "tasks/", "tracking/", "trainers/", "hyperband/", "deployments/", "data/", "common/")
 DOCS = ROOT / "docs" / "how-it-works.md"
 BLOCK = re.compile(r"```text path\n(.*?)```", re.S)
 SUMMARY = re.compile(r"\*\*(\d+) functions, (\d+) changes of folder\*\*")

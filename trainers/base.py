@@ -25,7 +25,7 @@ class Evaluation:
 
 @dataclass(frozen=True)
 class Flavoured:
-    """A built-in model as MLflow logs it in one of its flavours (``tasks.flavours`` logs it: MLflow is imported there
+    """A built-in model as MLflow logs it in one of its flavours (``tracking.flavours`` logs it: MLflow is imported there
     alone): the flavour's module name (``mlflow.<flavour>``), the model object, an input example with the model's
     output on it (the signature), the pip requirements, and ``code`` (given a folder, the package it writes there for
     the model's ``code_paths``)."""

@@ -70,7 +70,7 @@ class Model:
     #: log ``checkpoint`` as an MLflow model in its flavour, inside the best trial's active run; returns the
     #: ``ModelInfo`` (then registered with alias ``champion``) or None when there is nothing to register. One that
     #: takes ``tags`` passes them to the flavour's ``log_model(tags=...)``: the logged model is born with the job's
-    #: tags, so a retry after a cut finds it (``tasks.champion``); others are tagged just after
+    #: tags, so a retry after a cut finds it (``tracking.champion``); others are tagged just after
     log_model: Callable[..., Any] | None = None
     #: where it sorts in lists and help (built-ins first)
     order: int = 100

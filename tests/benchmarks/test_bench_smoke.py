@@ -137,7 +137,7 @@ def test_replay_makes_the_jobs_mlflow_writes(tmp_path):
     """The floor's replay with a tracking store: a child run per trial, its params once, a metric per trial-rung."""
     from mlflow import MlflowClient
 
-    from prefect_hyperband.tasks import mlflow_store
+    from prefect_hyperband.tracking import store as mlflow_store
 
     config = {"eta": 0.3, "max_depth": 3}
     rows = [{"trial_id": "t0", "bracket": 1, "rung": 0, "resource": 1, "config": config},

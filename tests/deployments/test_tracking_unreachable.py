@@ -84,7 +84,8 @@ def test_the_end_tasks_retry_inside_not_as_task_retries():
 def test_a_transient_tracking_error_is_retried(prefect_harness, tracking_uri, monkeypatch):
     from prefect import flow
 
-    from prefect_hyperband.tasks import record, tracking
+    from prefect_hyperband.tasks import record
+    from prefect_hyperband.tracking import runs as tracking
 
     calls = []
     real = tracking.start_parent
@@ -145,7 +146,8 @@ def test_a_write_that_waited_out_mlflows_own_retries_is_not_tried_again(monkeypa
     last try (four of them would make a write wait four times --service-wait). A quick blip is tried again."""
     from types import SimpleNamespace
 
-    from prefect_hyperband.tasks import record, service_wait
+    from prefect_hyperband.tasks import record
+    from prefect_hyperband.tracking import service_wait
 
     now = [0.0]
     clock = SimpleNamespace(monotonic=lambda: now[0], sleep=lambda seconds: now.__setitem__(0, now[0] + seconds))

@@ -198,7 +198,8 @@ def test_mlflow_not_answering_at_the_start_stops_the_job_in_one_line(tracking_ur
     traceback, nothing trained; the same command later runs the job."""
     from mlflow.exceptions import MlflowException
 
-    from prefect_hyperband.tasks import record, tracking
+    from prefect_hyperband.tasks import record
+    from prefect_hyperband.tracking import runs as tracking
 
     calls = []
 
@@ -248,7 +249,9 @@ def test_mlflow_gone_or_full_after_the_last_result_stops_the_job_in_one_line_and
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from prefect_hyperband.tasks import record, service_wait, tracking
+    from prefect_hyperband.tasks import record
+    from prefect_hyperband.tracking import runs as tracking
+    from prefect_hyperband.tracking import service_wait
 
     calls = []
 

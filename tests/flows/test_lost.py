@@ -86,7 +86,7 @@ def test_a_flow_run_the_api_does_not_know_is_one_warning_and_the_job_goes_on():
 def test_child_runs_of_trials_the_job_never_trained_end_killed(tracking_uri):
     from types import SimpleNamespace
 
-    from prefect_hyperband.tasks import tracking
+    from prefect_hyperband.tracking import runs as tracking
 
     parent = tracking.start_parent(tracking_uri, "lost", "job", {}, {})
     kept = tracking.create_child(tracking_uri, parent, "t1", {"hyperband.trial_id": "t1"})

@@ -16,7 +16,7 @@ import pytest
 from prefect_hyperband.tasks import prefect_internals as patches
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ("app", "flows", "tasks", "executors", "trainers", "hyperband", "deployments", "examples", "common")
+PACKAGE = ("app", "flows", "tasks", "tracking", "executors", "trainers", "hyperband", "deployments", "examples", "common")
 
 
 def test_the_installed_libraries_are_the_versions_the_patches_were_written_for():

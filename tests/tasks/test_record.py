@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from prefect_hyperband.hyperband.scheduler import TrialRecord
-from prefect_hyperband.tasks import record, tracking
+from prefect_hyperband.tasks import record
+from prefect_hyperband.tracking import runs as tracking
 
 
 def _trials(n: int) -> list[TrialRecord]:
@@ -121,7 +122,7 @@ def _champion_found_again(uri: str, monkeypatch) -> None:
     import numpy as np
     import xgboost as xgb
 
-    from prefect_hyperband.tasks import champion
+    from prefect_hyperband.tracking import champion
 
     c = tracking.client(uri)
     run_id = c.create_run(c.create_experiment("e")).info.run_id
@@ -184,7 +185,7 @@ def test_a_plug_in_that_takes_tags_logs_its_model_born_tagged_so_a_cut_just_afte
     import numpy as np
     import xgboost as xgb
 
-    from prefect_hyperband.tasks import champion
+    from prefect_hyperband.tracking import champion
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     c = tracking.client(uri)

@@ -55,7 +55,7 @@ def test_a_user_log_model_hook_gets_the_jobs_tags_when_it_takes_them_else_they_a
     import numpy as np
     from sklearn.linear_model import LogisticRegression
 
-    from prefect_hyperband.tasks import champion
+    from prefect_hyperband.tracking import champion
     from prefect_hyperband.trainers.plugins import user_function
 
     client = mlflow.MlflowClient(tracking_uri)  # a fresh store of the test's own (conftest)

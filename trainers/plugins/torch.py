@@ -50,7 +50,7 @@ def metric(spec: Any, given: str | None) -> str:
 
 
 def log_model(trainer: Any, checkpoint: str):
-    """The module, for MLflow's PyTorch flavour (``tasks.flavours``); its class ships as code, so loading needs no
+    """The module, for MLflow's PyTorch flavour (``tracking.flavours``); its class ships as code, so loading needs no
     install of ours."""
     import torch
 

@@ -28,7 +28,7 @@ def log_model(trainer: Any, checkpoint: str, tags: dict[str, str] | None = None)
 
     A hook that takes ``tags`` gets the job's, to pass to its flavour's ``log_model(tags=...)``: the model is born
     with them, and a retry after MLflow went away finds it. One that does not is called without them; the
-    champion's writer (``tasks.champion``) sets them just after (MLflow gone in between leaves an untagged model,
+    champion's writer (``tracking.champion``) sets them just after (MLflow gone in between leaves an untagged model,
     and the retry logs a second one)."""
     hook = getattr(trainer, "log_model_hook", None)
     if hook is None:

@@ -46,7 +46,7 @@ def metric(spec: Any, given: str | None) -> str:
 
 
 def log_model(trainer: Any, checkpoint: str):
-    """The booster, for MLflow's XGBoost flavour (``tasks.flavours``), with an input example and its predictions."""
+    """The booster, for MLflow's XGBoost flavour (``tracking.flavours``), with an input example and its predictions."""
     import pandas as pd
     import xgboost as xgb
 

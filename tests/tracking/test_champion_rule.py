@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from prefect_hyperband.tasks import champion
-from prefect_hyperband.tasks.champion import CHALLENGER, CHAMPION, Standing, decide, incomparable, standing_of
+from prefect_hyperband.tracking import champion
+from prefect_hyperband.tracking.champion import CHALLENGER, CHAMPION, Standing, decide, incomparable, standing_of
 
 AUC = Standing(0.80, "val_auc", "max", "d1")
 
@@ -72,7 +72,7 @@ def test_a_new_versions_standing_is_the_jobs_metric_first_on_the_validation_dige
 def _store(tmp_path, monkeypatch):
     import mlflow
 
-    from prefect_hyperband.tasks import tracking
+    from prefect_hyperband.tracking import runs as tracking
 
     monkeypatch.chdir(tmp_path)  # the models' artifacts
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

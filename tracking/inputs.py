@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from prefect_hyperband.common.errors import InputError
-from prefect_hyperband.tasks.mlflow_store import client
+from prefect_hyperband.tracking.store import client
 
 SQLITE = "sqlite:///"
 

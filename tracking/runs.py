@@ -1,5 +1,5 @@
 """MLflow I/O with ``MlflowClient`` and explicit run ids (the fluent active run is thread-local); the store and its
-client: ``tasks.mlflow_store``.
+client: ``tracking.store``.
 
 Layout: one parent run per job; one nested child run per trial (tag ``mlflow.parentRunId``),
 its hyperparameters as params and ``val_<metric>`` at step = cumulative resource.
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from prefect_hyperband.tasks.mlflow_store import client, one_writer
+from prefect_hyperband.tracking.store import client, one_writer
 
 #: MLflow's experiment kinds (its UI opens ``custom_model_development`` in the Model training view)
 KIND, MODEL_DEVELOPMENT = "mlflow.experimentKind", "custom_model_development"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect_hyperband.tasks import tracking
+from prefect_hyperband.tracking import runs as tracking
 
 
 def test_a_new_experiment_is_model_development_with_the_jobs_primary_metric(tmp_path):

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prefect_hyperband.tasks.flavours import log_flavoured
-from prefect_hyperband.tasks.mlflow_store import client
+from prefect_hyperband.tracking.flavours import log_flavoured
+from prefect_hyperband.tracking.store import client
 from prefect_hyperband.trainers.base import Flavoured
 
 #: the registered model's alias for the best version (``decide``)

@@ -6,7 +6,7 @@ import os
 
 
 def test_mlflow_client_retries_are_bounded_by_service_wait_unless_the_user_set_them(monkeypatch):
-    from prefect_hyperband.tasks import service_wait
+    from prefect_hyperband.tracking import service_wait
 
     for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", service_wait._RETRIES_SET):
         monkeypatch.setenv(name, "0")  # recorded, so that what the job sets below is undone after the test

@@ -1,6 +1,6 @@
 """The MLflow tracking store: its URI, a client of it with a SQLite store created, migrated and tuned once (per
 store, across threads and processes), its writers taking turns, and a tracking server's reachability checked before
-any training. The runs and what is logged to them: ``tasks.tracking``."""
+any training. The runs and what is logged to them: ``tracking.runs``."""
 
 from __future__ import annotations
 
