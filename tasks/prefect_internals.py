@@ -1,8 +1,9 @@
 """Every private Prefect name this package uses, in one module: the internals it replaces (patches) and those it
 reads or calls, each with why no public API serves and the versions it was checked on (``WRITTEN_FOR``: the oldest
 and the newest of pyproject.toml's range). ``tests/tasks/test_prefect_internals.py`` has a test per name that fails
-when an installed version is not one of those or the internal changed, and fails when code outside this module
-names one of them, imports ``prefect._internal`` or ``prefect.testing``, or patches a library.
+when an internal no longer takes what this module passes or does what it relies on (on whatever Prefect the range
+installs), and fails when code outside this module names one of them, imports ``prefect._internal`` or
+``prefect.testing``, or patches a library.
 
 Replaced (patches):
 
@@ -58,7 +59,7 @@ from typing import Any
 import websockets.exceptions
 
 #: the versions these patches were written and tested for (the suite passed on each: the oldest the package declares
-#: and the newest released)
+#: and the newest released); a record for whoever reads this module again, not a pin
 WRITTEN_FOR = {"prefect": ("3.8.8", "3.9.1")}
 
 _MISSING = object()

@@ -100,16 +100,13 @@ def test_the_contributors_page_lists_every_piece_of_module_level_state_with_its_
     assert not listed - found, f"docs/contributing.md lists state the code no longer has: {sorted(listed - found)}"
 
 
-def test_the_readme_is_a_front_page_and_ci_runs_its_test_command_as_written():
-    """At most 160 lines, no suite timings (they are docs/contributing.md's and CHANGELOG.md's); two commands, one
-    that installs and runs the default job, one that installs and runs the tests. Their wording is the README's own:
-    CI runs the test command as the README writes it (the same line in ``.ci/run``), and the default job runs end to
-    end from the wheel (``tests/test_package.py``)."""
+def test_the_readmes_two_commands_are_what_ci_runs():
+    """Two commands, one that installs and runs the default job, one that installs and runs the tests; CI runs the
+    test command as the README writes it (the same line in ``.ci/run``), and the default job runs end to end from the
+    wheel (``tests/test_package.py``)."""
     import re
 
     text = (ROOT / "README.md").read_text()
-    assert len(text.splitlines()) <= 160
-    assert not re.search(r"\d+ (fast )?tests in \d+ min", text)
     block = re.search(r"## Two commands.*?```bash\n(.*?)```", text, re.S).group(1)
     commands = [line for line in block.splitlines() if line and not line.startswith("#")]
     assert len(commands) == 2 and commands[0].endswith("hyperband tune") and "pytest" in commands[1], commands

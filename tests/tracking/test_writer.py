@@ -1,0 +1,61 @@
+"""Which writer a job gets (``tracking.writer.writer_for``): a process only where results can come tens a second."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefect_hyperband.tracking.writer import ThreadWriter, make_writer, writer_for
+
+
+@pytest.mark.parametrize("concurrency, mode, max_trials, budget, kind", [
+    (2, "hyperband", None, None, "thread"),
+    (4, "asha", 300, None, "thread"),
+    (16, "hyperband", None, None, "process"),
+    (4, "asha", 500, None, "process"),
+    (4, "asha", None, 600.0, "process"),
+    (4, "hyperband", 5000, None, "thread"),  # max_trials is ASHA's
+])
+def test_a_process_writes_where_results_come_fast(monkeypatch, concurrency, mode, max_trials, budget, kind):
+    monkeypatch.delenv("HYPERBAND_MLFLOW_WRITER", raising=False)
+    assert writer_for(concurrency, mode, max_trials, budget) == kind
+
+
+@pytest.mark.parametrize("forced", ["process", "thread"])
+def test_the_environment_decides_for_every_job(monkeypatch, forced):
+    monkeypatch.setenv("HYPERBAND_MLFLOW_WRITER", forced)
+    assert writer_for(2, "hyperband", None, None) == forced
+    assert writer_for(256, "asha", 10_000, None) == forced
+
+
+def test_a_thread_writer_answers_in_order():
+    writer = make_writer("thread")
+    assert isinstance(writer, ThreadWriter)
+    assert writer.submit("ping").result(timeout=10) == __import__("os").getpid()  # this process: no child
+    writer.shutdown()
+
+
+def test_the_clis_writer_started_ahead_is_the_jobs_and_keeps_the_service_wait(monkeypatch):
+    """``start_ahead`` (the CLI, before Prefect's temporary server): the job's ``make_writer("process")`` takes that
+    process, which began with ``--service-wait``'s bound on MLflow's retries in its environment; a thread job's
+    CLI starts nothing."""
+    import os
+
+    from prefect_hyperband.tracking import writer as module
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.setattr(module, "_ahead", [])
+    module.start_ahead("thread", 30.0)
+    assert module._ahead == []
+    module.start_ahead("process", 30.0)
+    ahead = module._ahead[0]
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the bound was the child's only
+    taken = make_writer("process")
+    try:
+        assert taken is ahead and module._ahead == []
+        pid = taken.submit("ping").result(timeout=60)
+        assert pid == taken.proc.pid != os.getpid()
+        environ = dict(line.split("=", 1) for line in open(f"/proc/{pid}/environ").read().split("\0") if "=" in line)
+        assert int(environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]) >= 2  # 30 s of MLflow's backoff: more than one retry
+    finally:
+        taken.shutdown()
+    assert taken.proc.returncode == 0
