@@ -241,7 +241,7 @@ def _job(tune, params, args: argparse.Namespace, launched, out) -> int:
     if live is not None:
         progress.attach(live)
     if not params.resume:  # its writer's imports beside the server's start (a resume's parameters are the saved ones)
-        from prefect_hyperband.tasks.writer import start_ahead
+        from prefect_hyperband.tracking.writer import start_ahead
 
         start_ahead(_writer_ahead(params), params.service_wait)
     try:
@@ -263,7 +263,7 @@ def _job(tune, params, args: argparse.Namespace, launched, out) -> int:
 def _writer_ahead(params) -> str:
     """The kind of MLflow writer the job will choose (``writer_for``), decided before its flow: with the slots it will
     resolve (given, or from the cores), except on a work pool or a Dask cluster, whose size the flow asks for."""
-    from prefect_hyperband.tasks.writer import writer_for
+    from prefect_hyperband.tracking.writer import writer_for
 
     remote = params.trial_pool or params.dask_address
     slots = (params.concurrency or 1) if remote else params.trial_concurrency()

@@ -134,7 +134,7 @@ def _claims(root: str | None):
     if not root:
         return None
 
-    from prefect_hyperband.tasks.job import storage_at
+    from prefect_hyperband.executors.job import storage_at
 
     return storage_at(root, tempfile.gettempdir())
 

@@ -1,7 +1,7 @@
 """Ending the trials' MLflow runs against a tracking server: one at a time (the baseline) vs ``CLOSE_THREADS`` at once.
 
 A job's end (and ASHA's ``finish``, which stops every trial still waiting in a rung) ends thousands of child runs:
-each a tags write and an end write (``tasks.record.close_trial_runs``). Against an ``mlflow server`` on loopback
+each a tags write and an end write (``tasks.records.close_trial_runs``). Against an ``mlflow server`` on loopback
 (its store SQLite or ``--backend-store-uri postgresql://...``, its default 4 workers or ``--workers``), this creates
 ``--runs`` runs under one parent twice and ends each set, once with one thread and once with ``CLOSE_THREADS``,
 and prints the seconds and the ratio. Run from the repository root::
@@ -32,9 +32,9 @@ def main() -> None:
     from mlflow import MlflowClient
 
     from prefect_hyperband.hyperband.scheduler import TrialRecord
-    from prefect_hyperband.tasks import record
+    from prefect_hyperband.tracking import records
 
-    common.header(f"ending {args.runs} trial runs against an mlflow server: 1 thread vs {record.CLOSE_THREADS}")
+    common.header(f"ending {args.runs} trial runs against an mlflow server: 1 thread vs {records.CLOSE_THREADS}")
     with tempfile.TemporaryDirectory(prefix="bench-close-") as tmp:
         port = common.free_port()
         store = args.backend_store_uri or f"sqlite:///{tmp}/mlflow.db"
@@ -48,17 +48,17 @@ def main() -> None:
             client = MlflowClient(url)
             experiment = client.create_experiment(f"close-runs-{time.time_ns()}")
             warm = {f"w{i}": client.create_run(experiment).info.run_id for i in range(40)}  # every server worker up
-            record.close_trial_runs(SimpleNamespace(tracking_uri=url),
+            records.close_trial_runs(SimpleNamespace(tracking_uri=url),
                                     [TrialRecord(t, 0, {}, "stopped", 0, 1, {1: 0.5}) for t in warm], warm)
             rows = []
-            for threads in (1, record.CLOSE_THREADS):
+            for threads in (1, records.CLOSE_THREADS):
                 parent = client.create_run(experiment).info.run_id
                 runs = {f"s0-{i:04d}": client.create_run(experiment, tags={"mlflow.parentRunId": parent}).info.run_id
                         for i in range(args.runs)}
                 trials = [TrialRecord(t, 0, {}, "stopped", 0, 1, {1: 0.5}) for t in runs]
-                record.CLOSE_THREADS = threads
+                records.CLOSE_THREADS = threads
                 began = time.perf_counter()
-                record.close_trial_runs(SimpleNamespace(tracking_uri=url), trials, runs)
+                records.close_trial_runs(SimpleNamespace(tracking_uri=url), trials, runs)
                 rows.append([threads, args.runs, time.perf_counter() - began])
             ended = [r for r in client.search_runs([experiment], max_results=5000) if r.info.status == "FINISHED"]
             assert len(ended) == 2 * args.runs + len(warm), len(ended)

@@ -24,12 +24,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from prefect_hyperband.common.errors import first_line, no_space, seconds_from_env, unavailable
+from prefect_hyperband.executors.result import Outcome  # (re-exported: the loop's protocol speaks it)
 from prefect_hyperband.hyperband.criteria import Goal
 from prefect_hyperband.hyperband.first import is_baseline
 from prefect_hyperband.hyperband.journal import Journal
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler
 from prefect_hyperband.hyperband.trial import TrialRung, ended
-from prefect_hyperband.tasks.result import Outcome  # (re-exported: the loop's protocol speaks it)
 from prefect_hyperband.trainers.base import TrainResult
 
 #: a trial-rung whose orchestration (not its trainer) failed is run again this many times

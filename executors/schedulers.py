@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.hyperband import priors
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.first import Firsts
@@ -17,7 +18,6 @@ from prefect_hyperband.hyperband.sampler import RandomSampler, TPESampler
 from prefect_hyperband.hyperband.scheduler import AshaScheduler, HyperbandScheduler, Sampler, Scheduler
 from prefect_hyperband.hyperband.space import Space, parse
 from prefect_hyperband.hyperband.warm import WarmSampler, draw_seed
-from prefect_hyperband.tasks.job import Job
 
 #: a new job's sampler made warm from its parents' results (``flows.parents.sampler_for``)
 Warm = Callable[[Job, Sampler], Sampler]

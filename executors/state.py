@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_hyperband.common.errors import InputError, full_disk, no_space, on_stderr
+from prefect_hyperband.executors.job import Job
+from prefect_hyperband.executors.storage import PREVIOUS, Storage, is_local, join
 from prefect_hyperband.hyperband.journal import Diverged, Journal, replay
-from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.storage import PREVIOUS, Storage, is_local, join
 
 if TYPE_CHECKING:  # (an annotation only)
     from prefect_hyperband.hyperband.scheduler import Scheduler
@@ -87,7 +87,7 @@ class StateWriter:
         # a full disk: the writer stops (what it took from the scheduler is in no record: nothing may follow it) and
         # ``on_full`` stops the job; the resume replays the journal up to the last whole record
         self.on_full, self.full = on_full, None
-        # ``runs`` grows on the MLflow writer's thread as child runs are made (``tasks.tracker``): read under its lock
+        # ``runs`` grows on the MLflow writer's thread as child runs are made (``tracking.tracker``): read under its lock
         self.runs_lock = runs_lock or threading.Lock()
         self.generation = generation  # the newest journal on the storage (0: none); ``start`` snapshots past it
         self.rows_saved, self.runs_saved = rows_saved, len(runs)

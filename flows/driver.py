@@ -14,6 +14,7 @@ from typing import Any
 from prefect import get_run_logger
 
 from prefect_hyperband.common.errors import shown
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.executors.loop import Drive, JobStopped, Loop, Outcome, stop_grace
 from prefect_hyperband.executors.state import StateWriter
 from prefect_hyperband.executors.threads import RealClock, ThreadExecutor
@@ -28,11 +29,10 @@ from prefect_hyperband.hyperband.journal import Journal
 from prefect_hyperband.hyperband.promotion import best_key, failed, first, sort_key
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, best_of, trial_bests
 from prefect_hyperband.tasks import importance_report, report
-from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import close_trial_runs
-from prefect_hyperband.tasks.tracker import MlflowTracker
 from prefect_hyperband.tasks.trials import promote_rung
-from prefect_hyperband.tasks.writer import Writer
+from prefect_hyperband.tracking.records import close_trial_runs
+from prefect_hyperband.tracking.tracker import MlflowTracker
+from prefect_hyperband.tracking.writer import Writer
 from prefect_hyperband.trainers import factory, stopping
 
 #: seconds between progress-artifact updates: one API write per interval, not per result
@@ -46,7 +46,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every pass
     that settled results (a journal record; ``executors.state.StateWriter``). ``runs``: trial id -> child run, kept up
     to date here (saved ones, and those a killed run of the job created); ``saved``: the state it resumes;
-    ``writer``: the trials' MLflow writer (``tasks.writer``), shut down here; ``criteria``: when the job ends before
+    ``writer``: the trials' MLflow writer (``tracking.writer``), shut down here; ``criteria``: when the job ends before
     its schedule does (``hyperband.criteria``; ``clock``: the job's seconds across resumes, for a time budget);
     ``importance``: under ASHA, the method of the importances published while results arrive (``none``: none).
 

@@ -11,6 +11,7 @@ from prefect import get_run_logger
 from prefect.states import Cancelled, Failed, State
 
 from prefect_hyperband.common.errors import first_line, shown
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.executors.loop import Drive, JobStopped
 from prefect_hyperband.flows import objectives, parents
 from prefect_hyperband.flows.lost import end_orphan_runs
@@ -22,7 +23,6 @@ from prefect_hyperband.hyperband.promotion import Score, first
 from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
 from prefect_hyperband.tasks import importance_report, report
 from prefect_hyperband.tasks.front_report import log_front
-from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import (
     FULL,
     cut_short,

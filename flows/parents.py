@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from prefect_hyperband.common.errors import InputError
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.hyperband import schedule, warm
 from prefect_hyperband.hyperband.promotion import as_direction, best_key, failed
 from prefect_hyperband.hyperband.promotion import first as first_value
 from prefect_hyperband.hyperband.space import parse
-from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers import registry
 from prefect_hyperband.trainers.tables import lineage_of
 

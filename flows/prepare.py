@@ -12,6 +12,8 @@ from typing import Any
 
 from prefect_hyperband.common.errors import InputError
 from prefect_hyperband.executors import dask_groups
+from prefect_hyperband.executors import storage as storages
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.executors.loop import stop_grace
 from prefect_hyperband.executors.state import check_resumable, job_store, load_job_record
 from prefect_hyperband.flows import parents
@@ -21,8 +23,6 @@ from prefect_hyperband.flows.say import in_run
 from prefect_hyperband.flows.search_space import job_objectives, job_space
 from prefect_hyperband.flows.worker_slots import slot_count, storage_name
 from prefect_hyperband.hyperband import schedule
-from prefect_hyperband.tasks import storage as storages
-from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tracking import inputs as mlflow_input
 from prefect_hyperband.tracking.store import check_reachable, tracking_uri
 from prefect_hyperband.trainers import data as datasets

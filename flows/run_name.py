@@ -11,8 +11,8 @@ from importlib import resources
 from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.flows.params import TuneParams
-from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.trainers import registry
 
 

@@ -15,9 +15,9 @@ from dataclasses import replace
 from prefect import tags
 from prefect.utilities.annotations import quote
 
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.executors.loop import Outcome
 from prefect_hyperband.hyperband.trial import TrialRung
-from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.prefect_internals import forget_results
 from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
 from prefect_hyperband.trainers import factory

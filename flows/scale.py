@@ -16,16 +16,17 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Failed, State
 
+from prefect_hyperband.executors.storage import Storage
 from prefect_hyperband.flows import form
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.prepare import new_job_id, prepare
 from prefect_hyperband.flows.tune import tune
 from prefect_hyperband.hyperband import speedup
-from prefect_hyperband.tasks.record import ends_the_job, outage, reason, retrying
-from prefect_hyperband.tasks.storage import Storage
+from prefect_hyperband.tasks.record import ends_the_job, outage, reason
 from prefect_hyperband.tracking import runs as tracking
 from prefect_hyperband.tracking import service_wait
 from prefect_hyperband.tracking import store as mlflow_store
+from prefect_hyperband.tracking.records import retrying
 from prefect_hyperband.trainers import factory
 
 

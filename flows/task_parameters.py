@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from prefect_hyperband.tasks.storage import is_local, join
+from prefect_hyperband.executors.storage import is_local, join
 
 
 def parameter_storage(root: str | None) -> Any:

@@ -51,12 +51,12 @@ from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 
 from prefect_hyperband.common.errors import seconds_from_env
+from prefect_hyperband.executors.job import Job, storage_at
 from prefect_hyperband.flows import work_pool, worker_slots, worker_watch
 from prefect_hyperband.flows.api_wait import answering
 from prefect_hyperband.flows.task_parameters import parameter_storage
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks import prefect_internals
-from prefect_hyperband.tasks.job import Job, storage_at
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
 from prefect_hyperband.trainers.base import TrainResult

@@ -11,6 +11,7 @@ from prefect.states import Cancelled, Failed, State
 from pydantic import ValidationError
 
 from prefect_hyperband.common.errors import first_line, unavailable
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.executors.schedulers import make_scheduler
 from prefect_hyperband.executors.state import load_state, save_job_record
 from prefect_hyperband.flows import ending, form, parents, run_name
@@ -25,11 +26,10 @@ from prefect_hyperband.hyperband import schedule
 from prefect_hyperband.hyperband.criteria import Criteria
 from prefect_hyperband.hyperband.first import is_baseline
 from prefect_hyperband.tasks import report
-from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.record import start_job_run
-from prefect_hyperband.tasks.writer import Writer, make_writer, writer_for
 from prefect_hyperband.tracking import runs as tracking
 from prefect_hyperband.tracking import service_wait
+from prefect_hyperband.tracking.writer import Writer, make_writer, writer_for
 from prefect_hyperband.trainers import factory, registry, stopping
 
 #: job ids whose flow run began in this process while ``app.starting.started`` starts it (it retries a job only while

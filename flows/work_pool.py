@@ -38,8 +38,8 @@ from prefect import flow
 from prefect.context import FlowRunContext
 
 from prefect_hyperband.common.errors import InputError, seconds_from_env
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.hyperband.scheduler import TrialRung
-from prefect_hyperband.tasks.job import Job
 from prefect_hyperband.tasks.trials import Evaluation
 from prefect_hyperband.trainers import factory, stopping
 from prefect_hyperband.trainers.base import TrainResult

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prefect_hyperband.tasks.storage import is_local
+from prefect_hyperband.executors.storage import is_local
 
 #: how ``who_serves`` begins when some worker serves the job's code
 SERVED = "workers serve this code"

@@ -8,13 +8,14 @@ from typing import Any
 from prefect import task
 from prefect.states import State
 
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.hyperband import front
 from prefect_hyperband.hyperband.promotion import failed
 from prefect_hyperband.hyperband.scheduler import TrialRecord
-from prefect_hyperband.tasks.job import Job
-from prefect_hyperband.tasks.record import END, retrying, write_end
+from prefect_hyperband.tasks.record import END, write_end
 from prefect_hyperband.tasks.report import figure
 from prefect_hyperband.tracking import runs as tracking
+from prefect_hyperband.tracking.records import retrying
 
 
 @task(name="log pareto front", **END)

@@ -17,9 +17,10 @@ from typing import Any
 from prefect_hyperband.hyperband import space as spaces
 from prefect_hyperband.hyperband.importance import Importance, importance
 from prefect_hyperband.hyperband.importance import preload as importance_preload
-from prefect_hyperband.tasks.record import ends_the_job, retrying
+from prefect_hyperband.tasks.record import ends_the_job
 from prefect_hyperband.tasks.report import figure, warn_failure
 from prefect_hyperband.tracking import runs as tracking
+from prefect_hyperband.tracking.records import retrying
 
 IMPORTANCE_KEY = "hyperband-importance"
 #: ASHA: seconds between the importances computed while results arrive (``Live``)

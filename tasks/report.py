@@ -356,7 +356,8 @@ def report_results(
     except Exception as exc:
         warn_failure("summary artifact", exc)
     if tracking_uri and run_id:
-        from prefect_hyperband.tasks.record import ends_the_job, retrying
+        from prefect_hyperband.tasks.record import ends_the_job
+        from prefect_hyperband.tracking.records import retrying
 
         try:  # the tracking server may blip: the one retry policy of MLflow writes
             if board:

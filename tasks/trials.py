@@ -11,7 +11,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from prefect_hyperband.common.errors import full_disk, no_space
-from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.trainers import registry, stopping
 from prefect_hyperband.trainers.base import Evaluation, Trainer, TrainResult, checkpoint_damage, size_of
 

@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _mlflow_writer_in_a_thread(request, monkeypatch):
-    """Fast tests write their trials' runs from a thread (``tasks.writer.ThreadWriter``): a writer process per
+    """Fast tests write their trials' runs from a thread (``tracking.writer.ThreadWriter``): a writer process per
     in-process job costs seconds of imports each. Slow tests, whose jobs are real processes, keep the default
     writer (``writer_for``: a thread for a small job); ``test_trial_rung_metrics_are_written_by_the_mlflow_writer...`` checks
     the process in the fast tier."""
@@ -133,7 +133,7 @@ def s3(tmp_path_factory):
 
     from moto.server import ThreadedMotoServer
 
-    from prefect_hyperband.tasks.storage import filesystem
+    from prefect_hyperband.executors.storage import filesystem
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()

@@ -125,7 +125,7 @@ def ran_path(tmp_path: Path) -> dict[str, list[str]]:
 def test_the_path_of_one_trial_rung_is_recorded_through_its_layers(tmp_path, tracking_uri):
     """One trial-rung's path as it ran, per thread (printed for the docs: ``write_docs`` puts it in
     docs/how-it-works.md): the job's thread decides and loops over it in the engine, its trial thread runs it as
-    Prefect task runs into a trainer, and its result is written to MLflow from the tasks' room. Issue 85 retired the bounds on its counts (a helper more or a
+    Prefect task runs into a trainer, and its result is written to MLflow from its room (tracking/). Issue 85 retired the bounds on its counts (a helper more or a
     module moved is no failure); the docs say the counts of the day."""
     ran = ran_path(tmp_path)
     print(block(ran))
@@ -134,7 +134,7 @@ def test_the_path_of_one_trial_rung_is_recorded_through_its_layers(tmp_path, tra
     assert any(f.startswith("executors/loop.py") for f in ran["MainThread"])
     assert any(f.startswith("trainers/") for f in ran["hyperband-trial"])
     assert any(f.startswith("flows/") for f in ran["hyperband-trial"])
-    assert any(f.startswith("tasks/record.py") for f in listed)
+    assert any(f.startswith("tracking/records.py") for f in listed)
 
 
 def write_docs(threads: dict[str, list[str]]) -> None:

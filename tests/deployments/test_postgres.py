@@ -34,7 +34,7 @@ POOL = "hyperband-process"
 #: the jobs that run as deployment runs through the pool's worker, each a run of its own bundled deployment (each
 #: has ``concurrency_limit: 1``), with the job's parameters given at the run
 DEPLOYED = {"load-7": "xgboost-bank-marketing", "load-8": "torch-digits"}
-#: the job's own line for each kind of outage it waits out (``app.starting``, ``tasks.tracker``, ``app.terminal``,
+#: the job's own line for each kind of outage it waits out (``app.starting``, ``tracking.tracker``, ``app.terminal``,
 #: ``flows.groups``): said once per outage, two outages here
 OUTAGE_LINES = {"start": "the Prefect API cannot start the job's flow run", "mlflow-wait": "has not answered for",
                 "mlflow-back": "answers again after", "events-dropped": "the Prefect API's event stream dropped",

@@ -58,7 +58,7 @@ def test_unreachable_tracking_server_from_the_installed_command(tmp_path):
 
 
 def _job(uri: str):
-    from prefect_hyperband.tasks.job import Job
+    from prefect_hyperband.executors.job import Job
     from prefect_hyperband.trainers.data import DataSpec
     from prefect_hyperband.trainers.factory import TrainerSettings
 
@@ -115,7 +115,7 @@ def test_a_transient_tracking_error_is_retried(prefect_harness, tracking_uri, mo
 
 def test_per_trial_writes_are_retried(monkeypatch):
     """Trial runs are written from the driver's threads without a task run per write; a blip is retried."""
-    from prefect_hyperband.tasks import record
+    from prefect_hyperband.tracking import records
 
     calls = []
 
@@ -125,7 +125,7 @@ def test_per_trial_writes_are_retried(monkeypatch):
             raise ConnectionError("tracking server blipped")
         return x * 2
 
-    assert record.retrying(flaky, 21, delays=(0, 0, 0)) == 42 and len(calls) == 3
+    assert records.retrying(flaky, 21, delays=(0, 0, 0)) == 42 and len(calls) == 3
 
     def down():
         calls.append(None)
@@ -133,7 +133,7 @@ def test_per_trial_writes_are_retried(monkeypatch):
 
     calls.clear()
     try:
-        record.retrying(down, delays=(0, 0))
+        records.retrying(down, delays=(0, 0))
     except ConnectionError:
         pass
     else:
@@ -146,12 +146,11 @@ def test_a_write_that_waited_out_mlflows_own_retries_is_not_tried_again(monkeypa
     last try (four of them would make a write wait four times --service-wait). A quick blip is tried again."""
     from types import SimpleNamespace
 
-    from prefect_hyperband.tasks import record
-    from prefect_hyperband.tracking import service_wait
+    from prefect_hyperband.tracking import records, service_wait
 
     now = [0.0]
     clock = SimpleNamespace(monotonic=lambda: now[0], sleep=lambda seconds: now.__setitem__(0, now[0] + seconds))
-    monkeypatch.setattr(record, "time", clock)
+    monkeypatch.setattr(records, "time", clock)
     monkeypatch.setattr(service_wait, "client_waits", lambda: 364.0)
     calls = []
 
@@ -161,7 +160,7 @@ def test_a_write_that_waited_out_mlflows_own_retries_is_not_tried_again(monkeypa
         raise ConnectionError("Max retries exceeded (too many 503 error responses)")
 
     try:
-        record.retrying(gone)
+        records.retrying(gone)
     except ConnectionError:
         pass
     else:
@@ -176,7 +175,7 @@ def test_a_write_that_waited_out_mlflows_own_retries_is_not_tried_again(monkeypa
         raise ConnectionError("database is locked")
 
     try:
-        record.retrying(blip)
+        records.retrying(blip)
     except ConnectionError:
         pass
     assert calls == [0.0, 1.0, 6.0, 21.0]  # DELAYS 1, 5, 15 s apart

@@ -437,7 +437,7 @@ def test_a_write_that_waits_is_said_once_and_its_answer_once():
     writes go through again; the writes themselves are not touched."""
     from concurrent.futures import Future
 
-    from prefect_hyperband.tasks.tracker import _Waiting
+    from prefect_hyperband.tracking.tracker import _Waiting
 
     said, clock = [], _Clock()
     waiting = _Waiting("http://mlflow:5000", said.append, clock=clock, watching=False)
@@ -461,7 +461,7 @@ def test_the_backlog_of_an_outage_that_ended_is_not_said_again():
     followed by 'has not answered' at once). A new outage after the answer is said again."""
     from concurrent.futures import Future
 
-    from prefect_hyperband.tasks.tracker import _Waiting
+    from prefect_hyperband.tracking.tracker import _Waiting
 
     said, clock = [], _Clock()
     waiting = _Waiting("http://mlflow:5000", said.append, clock=clock, watching=False)

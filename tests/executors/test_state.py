@@ -13,12 +13,12 @@ import pytest
 
 from prefect_hyperband.executors import state as state_mod
 from prefect_hyperband.executors.state import StateWriter, journal_key, load_state, saved_rows
+from prefect_hyperband.executors.storage import Storage
 from prefect_hyperband.hyperband.asha import AshaState
 from prefect_hyperband.hyperband.journal import Journal
 from prefect_hyperband.hyperband.sampler import RandomSampler
 from prefect_hyperband.hyperband.scheduler import AshaScheduler
 from prefect_hyperband.hyperband.space import parse
-from prefect_hyperband.tasks.storage import Storage
 
 SPACE = parse({"x": {"type": "float", "low": 0.0, "high": 1.0}})
 
@@ -290,7 +290,7 @@ def test_a_new_warm_start_jobs_sampler_is_made_warm_by_what_the_job_hands_in():
     from prefect_hyperband.executors.schedulers import make_sampler
 
     @dataclasses.dataclass(frozen=True)
-    class Job:  # the fields of tasks.job.Job that a sampler is made from
+    class Job:  # the fields of executors.job.Job that a sampler is made from
         space: dict
         sampler: str = "random"
         warm: dict | None = None

@@ -198,7 +198,7 @@ def test_mlflow_not_answering_at_the_start_stops_the_job_in_one_line(tracking_ur
     traceback, nothing trained; the same command later runs the job."""
     from mlflow.exceptions import MlflowException
 
-    from prefect_hyperband.tasks import record
+    from prefect_hyperband.tracking import records
     from prefect_hyperband.tracking import runs as tracking
 
     calls = []
@@ -211,7 +211,7 @@ def test_mlflow_not_answering_at_the_start_stops_the_job_in_one_line(tracking_ur
 
     start_parent = tracking.start_parent
     monkeypatch.setattr(tracking, "start_parent", down)
-    monkeypatch.setattr(record.retrying, "__kwdefaults__", {"delays": (0.0, 0.0, 0.0), "within": None})  # no waits
+    monkeypatch.setattr(records.retrying, "__kwdefaults__", {"delays": (0.0, 0.0, 0.0), "within": None})  # no waits
     jobs = tmp_path / "jobs"
     code, _, err = run(capsys, *SMALL, "--job-dir", str(jobs), "--job-id", "mlflow-down", "--service-wait", "30")
     assert code == 75, err
@@ -249,9 +249,8 @@ def test_mlflow_gone_or_full_after_the_last_result_stops_the_job_in_one_line_and
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from prefect_hyperband.tasks import record
+    from prefect_hyperband.tracking import records, service_wait
     from prefect_hyperband.tracking import runs as tracking
-    from prefect_hyperband.tracking import service_wait
 
     calls = []
 
@@ -262,7 +261,7 @@ def test_mlflow_gone_or_full_after_the_last_result_stops_the_job_in_one_line_and
     jobs = tmp_path / "jobs"
     with monkeypatch.context() as gone:
         gone.setattr(tracking, "log_text", down)  # the summary's write, at the job's end only
-        gone.setattr(record.retrying, "__kwdefaults__", {"delays": (0.0, 0.0, 0.0), "within": None})  # no waits
+        gone.setattr(records.retrying, "__kwdefaults__", {"delays": (0.0, 0.0, 0.0), "within": None})  # no waits
         if error is GONE:
             gone.setattr(service_wait, "client_waits", lambda: 1e-9)  # as if its client had waited out its bound
         code, _, err = run(capsys, *SMALL, "--job-dir", str(jobs), "--job-id", "end-down", "--service-wait", "30")

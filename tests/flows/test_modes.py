@@ -274,7 +274,7 @@ def test_trial_rung_metrics_are_written_by_the_mlflow_writer_before_the_result_e
 
     from prefect_hyperband.executors.state import StateWriter
     from prefect_hyperband.flows.tune import tune
-    from prefect_hyperband.tasks import writer
+    from prefect_hyperband.tracking import writer
 
     client = MlflowClient(tracking_uri)
     checked: set[tuple[str, int]] = set()

@@ -92,7 +92,7 @@ def test_a_stopped_job_exits_cleanly_and_resumes_to_the_uninterrupted_result(sig
     family = [job.pid] + [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
     assert len(family) >= 2  # the job and its temporary Prefect server (and its MLflow writer)
     if signum == signal.SIGINT:
-        assert sum("prefect_hyperband.tasks.writer" in " ".join(psutil.Process(p).cmdline()) for p in family) == 1
+        assert sum("prefect_hyperband.tracking.writer" in " ".join(psutil.Process(p).cmdline()) for p in family) == 1
     signalled = time.monotonic()
     if signum == signal.SIGINT:
         os.killpg(job.pid, signum)  # a terminal's Ctrl-C: the whole foreground group

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from prefect_hyperband.executors import storage
 from prefect_hyperband.flows import api_wait, task_parameters, task_workers, worker_slots
-from prefect_hyperband.tasks import storage
 
 
 class _Client:
@@ -194,7 +194,7 @@ def test_a_task_run_a_worker_deleted_is_lost_with_the_likely_cause_in_one_line()
 
 
 def test_the_job_sees_a_trial_rungs_result_in_its_folder_before_the_server_hears_the_run_end(tmp_path, monkeypatch):
-    from prefect_hyperband.tasks.storage import Storage
+    from prefect_hyperband.executors.storage import Storage
 
     store = Storage(str(tmp_path), str(tmp_path))
     assert not task_workers._landed(store, "results/a.json", 0.05)

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.flows import work_pool as trial_flow
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.prepare import prepare
-from prefect_hyperband.tasks.job import Job
 
 
 def test_the_job_round_trips_through_json_as_a_flow_run_parameter(tmp_path, tracking_uri):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prefect_hyperband.tasks.job import Job
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.tasks.trials import rebuild
 from prefect_hyperband.trainers.base import TrainResult, write_sidecar
 from prefect_hyperband.trainers.data import DataSpec
