@@ -127,7 +127,8 @@ def gather(client: Any, futures: list, group: tuple[str, ...], poll: float = WAT
             # task whose input (scattered rows) died with its worker ("already forgotten")
             with contextlib.suppress(TimeoutError, FuturesCancelledError):
                 wait(pending, timeout=poll, return_when="FIRST_COMPLETED")
-            erred = [f for f in pending if f.done() and f.status != "finished"]
+            done = [f for f in pending if f.done()]  # one look: a future cancelled after it is not dropped unseen
+            erred = [f for f in done if f.status != "finished"]
             if erred:
                 gone = _lost(client, group, futures, grace)
                 if gone or any(f.cancelled() for f in erred):  # cancelled by the scheduler, not us: its data was
@@ -137,7 +138,7 @@ def gather(client: Any, futures: list, group: tuple[str, ...], poll: float = WAT
                         exc = erred[0].exception()
                     raise GroupLost(group, gone, exc if isinstance(exc, BaseException) else None)
                 erred[0].result()  # raises the task's own error (or CancelledError)
-            pending = [f for f in pending if not f.done()]
+            pending = [f for f in pending if all(f is not d for d in done)]
             if pending:
                 gone = gone_of(client, group)
                 if gone:

@@ -56,7 +56,7 @@ def finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs: 
         message = (f"job {job.job_id} stopped: {what} while the job's end was written {where}: {why}; every result "
                    f"is saved: {then}--resume {job.job_id} writes its summary and model")
         logger.warning("%s", message)
-        return Cancelled(message=message, data={"job_id": job.job_id})
+        return Cancelled(message=message)  # a Python caller of the flow gets CancelledRun(message)
     if result["every_trial_failed"]:  # nothing tuned: the flow run Failed (its end written, the result kept on it)
         return Failed(message=f"every trial failed ({result['summary']['failed_trials']}), the first with "
                               f"{result['every_trial_failed']}", data=result)
@@ -263,7 +263,7 @@ def stopped(job: Job, scheduler, runs: dict[str, str], stop: JobStopped, logger)
     message = f"job {job.job_id} {stop}{_space_needed(job, scheduler, stop)}; resume with --resume {job.job_id}"
     if (stop.reason or "").startswith("a server did not answer"):
         logger.warning("%s (MLflow runs left open: --resume ends them)", message)
-        return Cancelled(message=message, data={"job_id": job.job_id, "signal": stop.signum})
+        return Cancelled(message=message)  # a Python caller of the flow gets CancelledRun(message)
     open_runs = [runs[t.trial_id] for t in scheduler.records() if t.status == "running" and t.trial_id in runs]
     for run_id in [*open_runs, job.parent_run_id]:
         try:
@@ -276,7 +276,7 @@ def stopped(job: Job, scheduler, runs: dict[str, str], stop: JobStopped, logger)
         except Exception as exc:  # noqa: BLE001  (a full disk under the store: the stop line says why)
             logger.warning("MLflow: could not tag run %s: %s", job.parent_run_id, exc)
     logger.warning("%s (%d MLflow runs ended KILLED)", message, len(open_runs) + 1)
-    return Cancelled(message=message, data={"job_id": job.job_id, "signal": stop.signum})
+    return Cancelled(message=message)  # a Python caller of the flow gets CancelledRun(message)
 
 
 def _space_needed(job: Job, scheduler, stop: JobStopped) -> str:

@@ -43,6 +43,10 @@ def test_mlflow_not_answering_is_said_with_its_bound(monkeypatch):
     assert state.message.startswith("job j1 stopped: MLflow did not answer within 30 s (--service-wait) while the "
                                     "job's end was written to MLflow at http://127.0.0.1:5999: ")
     assert state.message.endswith("every result is saved: --resume j1 writes its summary and model")
+    from prefect.exceptions import CancelledRun
+
+    with pytest.raises(CancelledRun, match="^job j1 stopped: "):  # what a Python caller of the flow gets
+        state.result()
 
 
 def test_prefects_api_not_answering_is_not_blamed_on_mlflow(monkeypatch):

@@ -6,12 +6,12 @@ workers and 22.1 s on 1 GB (``benchmarks/bench_big_data.py``), where a Hyperband
 Here each worker builds its matrix at its group's first trial-rung and keeps it, in the worker's process
 (``_matrices``, by the group's key), until the job drops it (``drop``): a trial-rung's call is a tracker's start and
 one task per worker. The collective is XGBoost's own, as ``xgboost.dask`` runs it: a ``RabitTracker`` on the Dask
-scheduler, each worker inside ``xgboost.dask.CommunicatorContext``, its parts passed as futures (no row moves).
+scheduler's machine (in a process of its own: ``tracker``), each worker inside ``xgboost.collective.CommunicatorContext``,
+its parts passed as futures (no row moves).
 """
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from prefect_hyperband.trainers.layout import read_part
+from prefect_hyperband.trainers.xgboost import tracker
 
 #: seconds a rank's collective waits for a peer: a peer's worker lost without a reset (its machine gone) releases
 #: the group's other ranks at this timeout at worst (a SIGKILLed one's closed connection, at once)
@@ -67,7 +68,7 @@ def train(client: Any, rows: Rows, params: dict[str, Any], rounds: int, booster:
     from distributed.comm import get_address_host
 
     workers = list(rows.by_worker)
-    args = client.run_on_scheduler(_tracker, len(workers), get_address_host(client.scheduler.address))
+    args = client.run_on_scheduler(tracker.worker_args, len(workers), get_address_host(client.scheduler.address))
     call = uuid.uuid4().hex[:12]
     futures = [client.submit(_rank, rows.key, parts, params, {**args, "DMLC_TASK_ID": f"{i:06d}"}, rounds, booster,
                              workers=[worker],
@@ -86,16 +87,6 @@ def training_part(table: Any, part: Any, layout: Any, seed: int, fraction: float
 def drop(client: Any, prefix: str) -> None:
     """Every worker forgets the matrices whose key starts with ``prefix`` (a job's, at its end)."""
     client.run(_drop, prefix)
-
-
-def _tracker(n_workers: int, host: str) -> dict[str, Any]:
-    """On the scheduler: XGBoost's tracker for one collective of ``n_workers``, waited for in a thread."""
-    from xgboost.tracker import RabitTracker
-
-    tracker = RabitTracker(n_workers=n_workers, host_ip=host, sortby="task")
-    tracker.start()
-    threading.Thread(target=tracker.wait_for, daemon=True).start()
-    return tracker.worker_args()
 
 
 def _rank(key: str, parts: tuple[tuple[np.ndarray, np.ndarray], ...], params: dict[str, Any], args: dict[str, Any],

@@ -53,6 +53,7 @@ from prefect_hyperband.trainers.data import (
 from prefect_hyperband.trainers.gpus import GpuPool
 from prefect_hyperband.trainers.layout import read_part
 from prefect_hyperband.trainers.xgboost import ranks as xgboost_ranks
+from prefect_hyperband.trainers.xgboost import tracker as xgboost_tracker
 from prefect_hyperband.trainers.xgboost.config import PARAMS, ROUNDS_PER_UNIT, segments
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,7 @@ class XGBoostTrainer:
         trial-rungs (``trainers.xgboost.ranks``): the same partitions in the same ranks on every group, so the same
         model on any group. Not ``xgboost.dask.train``: its tasks wait forever on a worker that died (and hold its
         ``MultiLock`` on the group's workers meanwhile); these are watched by the placement (``gather``)."""
+        client.run_on_scheduler(xgboost_tracker.warm)
         if self._table is not None:
             return self._read_on(client, group)
         return xgboost_ranks.scatter(client, f"{self._key}:{','.join(group)}", self.data.X_train, self.data.y_train,
