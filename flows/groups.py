@@ -17,9 +17,7 @@ hidden by default"). So trial-rungs run inside ``hyperband-group`` subflow runs,
 
 ``GROUP_SIZE`` = 500 trial-rungs is 1,000 task runs per bracket part, half of what Prefect draws by default; the
 job's own graph holds one node per group (3 for an ASHA job with R=9, eta=3, at any size). A group's subflow run is
-started on its first trial-rung from a thread of its own, which waits in the subflow until the group ends (a
-Hyperband bracket's, as the bracket before it begins, once that one's runs: a job stopped in between leaves it
-empty, Completed); the
+started on its first trial-rung from a thread of its own, which waits in the subflow until the group ends; the
 trial-rungs' threads run in a copy of its context, so their task runs (and, with ``--trial-pool``, their flow
 runs) land under it. The priors' mode (trained first) and the default config's baseline stay in the job's own
 run. Should a group's subflow run not start (the API, say), its trial-rungs run in the job's run, said once.
@@ -65,12 +63,8 @@ class _Group:
 class Groups:
     """Which group a trial-rung runs in, and the groups' subflow runs; made inside the job's flow run."""
 
-    def __init__(self, mode: str, size: int | None = None, warn: Callable[[str], None] = lambda m: None,
-                 upcoming: Callable[[], list[int]] = list) -> None:
-        """``upcoming()``: the brackets not done yet, in the order they run (Hyperband); as a bracket begins, the
-        next of them with no trial-rung dealt yet starts its group too, so that its subflow run is running when its
-        first trial-rung comes instead of delaying it (docs/benchmarks.md, issue 86)."""
-        self.mode, self.size, self.warn, self.upcoming = mode, size or GROUP_SIZE, warn, upcoming
+    def __init__(self, mode: str, size: int | None = None, warn: Callable[[str], None] = lambda m: None) -> None:
+        self.mode, self.size, self.warn = mode, size or GROUP_SIZE, warn
         self.base = contextvars.copy_context()  # the job flow run's: a group's subflow run is its child
         self.lock = threading.Lock()
         self.open: dict[tuple[Any, ...], _Group] = {}
@@ -147,31 +141,15 @@ class Groups:
             if group is None:
                 group = self.open[key] = _Group(title, bracket)
                 self._start(group)
-            if not group.dealt and key[-1] == 0:  # the bracket begins: the next one's group starts after this one's
-                self._ahead(bracket, group.ready)
             group.dealt += 1
             group.active += 1
             return group
-
-    def _ahead(self, started: int, after: threading.Event) -> None:
-        """The group of the bracket after ``started`` among ``upcoming()``, started once ``after`` is set (the
-        started one's subflow run is running: two starting at once delay the first) if none of its trial-rungs was
-        dealt (call under the lock)."""
-        if self.mode == "asha":
-            return
-        brackets = self.upcoming()
-        later = brackets[brackets.index(started) + 1:] if started in brackets else []
-        for b in later[:1]:
-            key = ("bracket", b, 0)
-            if key not in self.open and not self.dealt[("bracket", b)]:
-                self.open[key] = _Group(f"bracket s={b}", b)
-                self._start(self.open[key], after)
 
     def _release(self, group: _Group) -> None:
         with self.lock:
             group.active -= 1
 
-    def _start(self, group: _Group, after: threading.Event | None = None) -> None:
+    def _start(self, group: _Group) -> None:
         def body(title: str) -> None:
             group.context = contextvars.copy_context()  # this subflow run's: its trial-rungs' tasks land under it
             group.ready.set()
@@ -183,11 +161,6 @@ class Groups:
                        persist_result=False)(body)
 
         def call() -> None:
-            if after is not None:
-                after.wait(START_TIMEOUT)
-                if group.done.is_set():  # the job ended first: no empty subflow run after it
-                    group.ready.set()
-                    return
             try:
                 subflow(group.title)
             except BaseException as exc:  # noqa: BLE001 (the API, a stop): its trial-rungs run in the job's run

@@ -57,24 +57,6 @@ def test_a_bracket_is_one_group_that_ends_with_its_last_rung_and_holds_its_promo
     assert not taken[0].thread.is_alive()
 
 
-def test_a_bracket_that_begins_starts_the_next_brackets_group_once_its_own_subflow_runs(monkeypatch):
-    upcoming = [4, 3, 1]  # s=2 is done (a resumed job): its group is never started again
-    groups = Groups("hyperband", upcoming=lambda: upcoming)
-    started: list[tuple[str, threading.Event | None]] = []
-    monkeypatch.setattr(groups, "_start", lambda g, after=None: started.append((g.title, after)))
-    first = groups._take(_trial_rung(0, bracket=4))
-    assert started == [("bracket s=4", None), ("bracket s=3", first.ready)]  # s=3's starts once s=4's runs
-    groups._take(_trial_rung(1, bracket=4))
-    ahead = groups._take(_trial_rung(2, bracket=3))  # s=3 begins in the group started ahead; s=1's starts after it
-    assert ahead.title == "bracket s=3" and started[2:] == [("bracket s=1", ahead.ready)]
-    groups._take(_trial_rung(3, bracket=1))
-    assert len(started) == 3  # the last bracket: nothing after it
-    asha = Groups("asha", upcoming=lambda: upcoming)
-    monkeypatch.setattr(asha, "_start", lambda g, after=None: started.append((g.title, after)))
-    asha._take(_trial_rung(4, bracket=4))
-    assert started[3:] == [("r=1 · trial-rungs", None)]  # ASHA's rungs open as results reach them
-
-
 def test_a_group_whose_subflow_run_does_not_start_runs_its_trial_rungs_in_the_job_run(monkeypatch):
     warned: list[str] = []
     groups = Groups("asha", size=5, warn=warned.append)
