@@ -20,9 +20,9 @@ from prefect_hyperband.app.flags import EXIT_USAGE, build_parser, given, schedul
 from prefect_hyperband.app.starting import started
 from prefect_hyperband.app.streams import job_terminal
 from prefect_hyperband.app.worker import main as serve_trial_rungs
-from prefect_hyperband.common.errors import InputError
-from prefect_hyperband.flows import process, progress
-from prefect_hyperband.flows.form import one_line
+from prefect_hyperband.common.errors import InputError, one_line
+from prefect_hyperband.executors import progress
+from prefect_hyperband.flows import process
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.process import ServerNotStarted, exit_without_stuck, start_timeout
 from prefect_hyperband.hyperband.schedule import plan_summary, render_plan

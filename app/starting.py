@@ -9,7 +9,7 @@ import time
 import httpx
 
 from prefect_hyperband.common.errors import causes
-from prefect_hyperband.flows.form import flat
+from prefect_hyperband.flows.params import flat
 
 
 def started(tune, params):

@@ -6,11 +6,16 @@ import logging
 import logging.handlers
 import os
 import sys
+import time
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from prefect_hyperband.common.errors import InputError, no_space
+from prefect_hyperband.executors.progress import Result, Start
 from prefect_hyperband.flows.groups import FLOW_NAME as GROUP_FLOW
-from prefect_hyperband.flows.progress import LiveDisplay
+from prefect_hyperband.hyperband.first import PRIOR_BRACKET
 from prefect_hyperband.tasks import prefect_internals
 from prefect_hyperband.tasks.record import CUT_SHORT
 from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
@@ -216,3 +221,58 @@ def mlflow_link(params, parent_run_id: str) -> str:
     """Where to see the job in MLflow's model-training view (the UI opens its GenAI view unless told otherwise): the
     parent run's page on a tracking server, or the command that serves a local store."""
     return mlflow_store.run_page(mlflow_store.tracking_uri(params.tracking_uri), parent_run_id)
+
+
+def _label(s: int) -> str:
+    """A bracket's line: ``bracket s=3``, or the priors' mode trained first (``--prior-first``)."""
+    return "prior's mode at R" if s == PRIOR_BRACKET else f"bracket s={s}"
+
+
+class LiveDisplay:
+    """Trial-rungs done of planned, per bracket and in all; best so far; elapsed. Redrawn 4 times a second
+    on stderr, left on screen when the job ends (``transient=False``)."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.console = Console(file=stream or sys.stderr)
+        self.progress: Any = None
+        self.tasks: dict[int, Any] = {}
+        self.total: Any = None
+        self.began = time.monotonic()
+        self.best = "best so far: -"
+        self.failed: dict[int, int] = {}
+        self.metric = ""
+
+    def start(self, event: Start) -> None:
+        self.metric = event.metric
+        self.progress = Progress(
+            TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
+            TimeElapsedColumn(), console=self.console, transient=False, refresh_per_second=4,
+            redirect_stdout=False, redirect_stderr=False,
+        )
+        asha = event.mode == "asha"
+        for s in sorted(event.planned, reverse=True):
+            self.tasks[s] = self.progress.add_task(
+                _label(s), total=None if asha else event.planned[s], completed=event.done.get(s, 0), note="")
+        planned = sum(event.planned.values())
+        self.total = self.progress.add_task(
+            f"job {event.job_id}"[:22], total=None if asha else planned, completed=sum(event.done.values()),
+            note=event.limits if event.limits and self.best.endswith(": -") else self.best)
+        self.progress.start()
+
+    def result(self, event: Result) -> None:
+        if self.progress is None:
+            return
+        if event.bracket not in self.tasks:  # ASHA opens brackets as it goes
+            self.tasks[event.bracket] = self.progress.add_task(_label(event.bracket), total=None, note="")
+        if event.score is None:
+            self.failed[event.bracket] = self.failed.get(event.bracket, 0) + 1
+        note = f"{self.failed[event.bracket]} failed" if event.bracket in self.failed else ""
+        self.progress.update(self.tasks[event.bracket], advance=1, note=note)
+        if event.best is not None:
+            self.best = f"best {self.metric} {event.best:.4f} ({event.best_trial})"
+        self.progress.update(self.total, advance=1, note=self.best)
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

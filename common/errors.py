@@ -7,6 +7,9 @@ import math
 import os
 import shutil
 import sys
+from collections.abc import Callable
+
+from pydantic import ValidationError
 
 
 class InputError(ValueError):
@@ -93,3 +96,16 @@ def unavailable(exc: BaseException | None) -> bool:
     """The error, or one it came from, says a server (MLflow's, Prefect's) did not answer or answered 5xx."""
     return any(type(e).__name__ in _UNAVAILABLE_TYPES or any(w in str(e).lower() for w in _UNAVAILABLE_WORDS)
                for e in causes(exc))
+
+
+def one_line(exc: ValidationError, name: Callable[[str], str] = str, across: Callable[[str], str] = str) -> str:
+    """A ``ValidationError`` as one line, each field named by ``name`` (the CLI: its flag) with the value given; a
+    check across fields (min over max) as its own message, which names them and the rule (through ``across``)."""
+    parts = []
+    for error in exc.errors():
+        loc = [str(x) for x in error.get("loc", ())]
+        message = error.get("msg", "").replace("Value error, ", "")
+        value = error.get("input")
+        got = f", got {value!r}" if loc and not isinstance(value, (dict, list)) and repr(value) not in message else ""
+        parts.append(f"{name(loc[0])}: {message}{got}" if loc else across(message))
+    return "; ".join(parts)

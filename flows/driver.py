@@ -14,11 +14,11 @@ from typing import Any
 from prefect import get_run_logger
 
 from prefect_hyperband.common.errors import shown
+from prefect_hyperband.executors import progress as display
 from prefect_hyperband.executors.job import Job
 from prefect_hyperband.executors.loop import Drive, JobStopped, Loop, Outcome, stop_grace
 from prefect_hyperband.executors.state import StateWriter
 from prefect_hyperband.executors.threads import RealClock, ThreadExecutor
-from prefect_hyperband.flows import progress as display
 from prefect_hyperband.flows import runner
 from prefect_hyperband.flows.groups import Groups
 from prefect_hyperband.flows.worker_slots import LiveSlots, slot_count

@@ -18,11 +18,12 @@ from prefect_hyperband.flows.lost import end_orphan_runs
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.hyperband import front
 from prefect_hyperband.hyperband.accounting import RungResult, Summary, summarise, table
-from prefect_hyperband.hyperband.importance import MIN_RESULTS, Importance
+from prefect_hyperband.hyperband.importance import Importance
 from prefect_hyperband.hyperband.promotion import Score, first
 from prefect_hyperband.hyperband.scheduler import TrialRecord, best_of
-from prefect_hyperband.tasks import importance_report, report
+from prefect_hyperband.tasks import report
 from prefect_hyperband.tasks.front_report import log_front
+from prefect_hyperband.tasks.importance_report import log_importance
 from prefect_hyperband.tasks.record import (
     FULL,
     cut_short,
@@ -94,7 +95,8 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
     summary, best = _summarise(job, records, run, runs, points)
     registered = _champion(params, job, best, logger)
     version = registered.version if registered is not None else None
-    mattered = _importance(job, records, params.importance, logger)
+    mattered = None if params.importance == "none" else _written(job, log_importance(
+        job, records, params.importance, return_state=True))
     progress.finish()
     links = mlflow_links(job, registered)
     report.report_results(
@@ -181,24 +183,6 @@ def _summary_text(job: Job, summary: Summary, run, configs: int, max_trials: int
         names = [name for name, _ in job.objectives]
         text += "\n" + front.table(points, names, job.directions, best["trial_id"] if best else None)
     return text
-
-
-def _importance(job: Job, records: list[TrialRecord], method: str, logger) -> Importance | None:
-    """Which hyperparameters mattered (Optuna's evaluators, ``hyperband.importance``), published on the parent run
-    and the flow run; None when switched off, or no rung has enough results (said in the log)."""
-    if method == "none":
-        return None
-    try:
-        found = importance_report.compute(job, records, method)
-    except Exception as exc:  # noqa: BLE001  (the job's results stand without it)
-        logger.warning("importance (%s) failed: %s: %s", method, type(exc).__name__, exc)
-        return None
-    if found is None:
-        logger.info("importance: no rung has %d finished results yet", MIN_RESULTS)
-        return None
-    importance_report.publish(found, job.tracking_uri, job.parent_run_id, importance_report.results_in(records),
-                              at_the_end=True)
-    return found
 
 
 def _pause_open_runs(job: Job, records, runs: dict[str, str], why: str) -> None:

@@ -5,12 +5,11 @@ the UI's form shows one field per parameter, each with its description and its c
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.params import TuneParams, flat
 
 #: the fields a user reaches for first, in the form's order; the others follow in the model's order
 FIRST = ("model", "data", "target", "metric", "direction", "max_resource", "eta", "min_resource", "mode", "sampler",
@@ -59,11 +58,6 @@ def _choices(annotation: Any) -> Any:
     return annotation
 
 
-def flat(params: TuneParams) -> dict[str, Any]:
-    """The flow's keyword arguments for ``params``: the fields it was given (a resume tells them from defaults)."""
-    return {name: getattr(params, name) for name in params.model_fields_set}
-
-
 def from_flow(values: dict[str, Any]) -> tuple[TuneParams, bool]:
     """The job's parameters from the flow's: those that differ from their defaults (Prefect fills in every default),
     over ``params`` (a ``TuneParams``, or a legacy deployment's object); and whether it was a legacy object. Raises
@@ -74,16 +68,3 @@ def from_flow(values: dict[str, Any]) -> tuple[TuneParams, bool]:
     if isinstance(whole, TuneParams):
         return (TuneParams(**{**flat(whole), **given}) if given else whole), False
     return TuneParams(**{**(whole or {}), **given}), whole is not None
-
-
-def one_line(exc: ValidationError, name: Callable[[str], str] = str, across: Callable[[str], str] = str) -> str:
-    """A ``ValidationError`` as one line, each field named by ``name`` (the CLI: its flag) with the value given; a
-    check across fields (min over max) as its own message, which names them and the rule (through ``across``)."""
-    parts = []
-    for error in exc.errors():
-        loc = [str(x) for x in error.get("loc", ())]
-        message = error.get("msg", "").replace("Value error, ", "")
-        value = error.get("input")
-        got = f", got {value!r}" if loc and not isinstance(value, (dict, list)) and repr(value) not in message else ""
-        parts.append(f"{name(loc[0])}: {message}{got}" if loc else across(message))
-    return "; ".join(parts)

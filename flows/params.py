@@ -318,3 +318,8 @@ def _check_external_memory(params: TuneParams) -> None:
     if params.data in data.BUILTIN or not tables.in_parts(params.data):
         raise ValueError(f"external_memory trains a table read in parts (a Parquet file, or a folder or glob of CSV "
                          f"or Parquet files, local or a URL); {params.data} is read whole, in memory")
+
+
+def flat(params: TuneParams) -> dict[str, Any]:
+    """The flow's keyword arguments for ``params``: the fields it was given (a resume tells them from defaults)."""
+    return {name: getattr(params, name) for name in params.model_fields_set}

@@ -17,8 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Cancelled, Failed, State
 
 from prefect_hyperband.executors.storage import Storage
-from prefect_hyperband.flows import form
-from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.params import TuneParams, flat
 from prefect_hyperband.flows.prepare import new_job_id, prepare
 from prefect_hyperband.flows.tune import tune
 from prefect_hyperband.hyperband import speedup
@@ -78,7 +77,7 @@ def _study(params: TuneParams, sizes: list[int], study: str, uri: str, target_sc
         logger.info("scaling study %s: the job at %d workers", study, n)
         sized = params.model_copy(update={"workers": n, "job_id": f"{study}-w{n}", "nest_under": study_run,
                                           "resume": False})
-        state = tune(**form.flat(sized), return_state=True)
+        state = tune(**flat(sized), return_state=True)
         if state.is_cancelled():
             raise _JobStopped(state.message)
         if state.is_failed():  # every trial failed (the user's code): no study to make of it

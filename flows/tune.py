@@ -10,7 +10,7 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, Failed, State
 from pydantic import ValidationError
 
-from prefect_hyperband.common.errors import first_line, unavailable
+from prefect_hyperband.common.errors import first_line, one_line, unavailable
 from prefect_hyperband.executors.job import Job
 from prefect_hyperband.executors.schedulers import make_scheduler
 from prefect_hyperband.executors.state import load_state, save_job_record
@@ -52,7 +52,7 @@ def tune(**values: Any) -> dict[str, Any] | State:
         params = resolve(params)  # a resume takes the saved parameters; a conflicting one is refused
         job = prepare(params)
     except ValueError as exc:  # a field, fields that disagree (ValidationError), a space or data (InputError...)
-        line = f"bad parameters: {form.one_line(exc) if isinstance(exc, ValidationError) else exc}"
+        line = f"bad parameters: {one_line(exc) if isinstance(exc, ValidationError) else exc}"
         logger.error(line)
         return Failed(message=line, data=exc)  # a Python caller gets the error itself (``state.result()`` raises it)
     run_name.describe(job, params)  # a name given is kept; otherwise what the run is, and its job id

@@ -14,10 +14,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from prefect import get_run_logger, task
+from prefect.states import State
+
+from prefect_hyperband.executors.job import Job
 from prefect_hyperband.hyperband import space as spaces
-from prefect_hyperband.hyperband.importance import Importance, importance
+from prefect_hyperband.hyperband.importance import MIN_RESULTS, Importance, importance
 from prefect_hyperband.hyperband.importance import preload as importance_preload
-from prefect_hyperband.tasks.record import ends_the_job
+from prefect_hyperband.hyperband.scheduler import TrialRecord
+from prefect_hyperband.tasks.record import END, ends_the_job, write_end
 from prefect_hyperband.tasks.report import figure, warn_failure
 from prefect_hyperband.tracking import runs as tracking
 from prefect_hyperband.tracking.records import retrying
@@ -30,6 +35,29 @@ LIVE_INTERVAL = 10.0
 LIVE_SHARE = 0.05
 IMPORTANCE_FILE = "importance.json"
 IMPORTANCE_PLOT = "plots/importance.png"
+
+
+@task(name="log importance", **END)
+def log_importance(job: Job, records: list[TrialRecord], method: str) -> Importance | None | State:
+    """Which hyperparameters mattered, at the job's end (Optuna's evaluators, ``hyperband.importance``), published on
+    the parent run and the flow run (``publish``). None when the computation fails (one warning line: the job's
+    results stand without it) or no rung has enough results yet (one line). MLflow not answering past its wait, or its
+    disk full, is the task's ``Failed`` state (``record.write_end``)."""
+    logger = get_run_logger()
+    try:
+        found = compute(job, records, method)
+    except Exception as exc:  # noqa: BLE001  (the job's results stand without it)
+        logger.warning("importance (%s) failed: %s: %s", method, type(exc).__name__, exc)
+        return None
+    if found is None:
+        logger.info("importance: no rung has %d finished results yet", MIN_RESULTS)
+        return None
+    return write_end(job, _publish_end, found, job, results_in(records), retries_its_writes=True)
+
+
+def _publish_end(found: Importance, job: Job, step: int) -> Importance:
+    publish(found, job.tracking_uri, job.parent_run_id, step, at_the_end=True)
+    return found
 
 
 def compute(job: Any, records: list[Any], method: str) -> Importance | None:

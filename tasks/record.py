@@ -45,13 +45,13 @@ def _start_job_run(job: Job, params: dict[str, Any], nest_under: str | None) -> 
                                  dataset_inputs(job))
 
 
-def write_end(job: Job, fn: Callable[..., T], *args: Any) -> T | State:
-    """A write of the job's end (a task's body), tried as every MLflow write is (``retrying``). MLflow not answering
-    past that, or a full disk under it, is the task's ``Failed`` state with one line, no traceback (``cut_short``);
-    the flow stops the job on it, its results saved, and ``--resume`` writes the end again. Any other error is the
-    task's own."""
+def write_end(job: Job, fn: Callable[..., T], *args: Any, retries_its_writes: bool = False) -> T | State:
+    """A write of the job's end (a task's body), tried as every MLflow write is (``retrying``; by ``fn`` itself
+    where ``retries_its_writes``). MLflow not answering past that, or a full disk under it, is the task's ``Failed``
+    state with one line, no traceback (``cut_short``); the flow stops the job on it, its results saved, and
+    ``--resume`` writes the end again. Any other error is the task's own."""
     try:
-        return retrying(fn, *args)
+        return fn(*args) if retries_its_writes else retrying(fn, *args)
     except Exception as exc:
         if not ends_the_job(exc):
             raise

@@ -1,12 +1,14 @@
 """The folders' layering (``docs/how-it-works.md``, "Layout"): which folder of the package may import which.
 
-    app/        what a user types or calls: the CLI, the Python API (``hb.tune``), ``hyperband deploy``
+    app/        what a user types or calls: the CLI and its terminal, the Python API (``hb.tune``), ``hyperband deploy``
       ↓
-    flows/      the Prefect flows that wire a job, with their parameters (the deployments' form) and validation
+    flows/      the Prefect flows, and what runs trial-rungs on Prefect (task workers, work pools, the server, the log)
       ↓
-    executors/  where a trial-rung runs: the loop, this process's threads, a work pool, torch's warm pools, Dask
+    tasks/      the Prefect tasks: train, evaluate, promote, the reports, the champion's registration
       ↓
-    tasks/      the Prefect tasks of a trial-rung and the job's MLflow and storage I/O
+    tracking/   the MLflow room: every module that imports MLflow (the writer, runs, datasets, flavours, the store)
+      ↓
+    executors/  the engine: the loop, threads, Dask groups, torch's warm pools, the state, storage, the job, progress
       ↓
     trainers/   what a trial-rung trains: XGBoost, torch, synthetic, the user's function or script
     hyperband/  the algorithm: no Prefect, MLflow or trainer (beside trainers/, neither imports the other)

@@ -4,6 +4,7 @@ indirect imports included) and ruff's checks, on the package as it installs."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,32 @@ def test_ruff_finds_nothing(tmp_path):
     done = subprocess.run([_tool("ruff"), "check", "--no-cache", "--output-format", "concise", str(ROOT)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+
+
+_ROOMS = r"""
+import ast, json, pathlib, grimp
+graph = grimp.build_graph("prefect_hyperband", include_external_packages=True)
+wrong = []
+for module in sorted(graph.find_descendants("prefect_hyperband.flows")):
+    if not graph.chain_exists(importer=module, imported="prefect") and any(
+            not m.startswith("prefect_hyperband.flows") for m in graph.find_modules_that_directly_import(module)):
+        wrong.append(f"{module}: in flows/, loads no Prefect and is imported from outside flows/")
+root = pathlib.Path("prefect_hyperband/tasks")
+for path in sorted(root.glob("*.py")):
+    tree = ast.parse(path.read_text())
+    tasks = [f for f in tree.body if isinstance(f, ast.FunctionDef) and any(
+        ast.unparse(d.func if isinstance(d, ast.Call) else d) == "task" for d in f.decorator_list)]
+    if path.stem not in ("__init__", "prefect_internals") and not tasks:
+        wrong.append(f"tasks/{path.name}: defines no Prefect task")
+print(json.dumps(wrong))
+"""
+
+
+def test_each_room_holds_what_its_name_says(tmp_path):
+    """What no contract says: every module in tasks/ defines a Prefect task (but the one internals module), and every
+    module in flows/ loads Prefect or serves only flows/ (``docs/how-it-works.md``, "Layout")."""
+    tree = _installed_tree(tmp_path / "rooms")
+    done = subprocess.run([sys.executable, "-c", _ROOMS], cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout) == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from prefect_hyperband.flows import form, run_name
-from prefect_hyperband.flows.params import TuneParams
+from prefect_hyperband.flows.params import TuneParams, flat
 
 
 def _schema() -> dict:
@@ -40,8 +40,8 @@ def test_given_values_merge_over_a_legacy_object_and_defaults_are_not_given():
 
 def test_flat_gives_back_the_fields_given():
     params = TuneParams(model="synthetic", max_resource=9, job_id="j")
-    assert form.flat(params) == {"model": "synthetic", "max_resource": 9, "job_id": "j"}
-    assert form.from_flow({**form.flat(params)})[0] == params
+    assert flat(params) == {"model": "synthetic", "max_resource": 9, "job_id": "j"}
+    assert form.from_flow({**flat(params)})[0] == params
 
 
 @pytest.mark.parametrize("name, made_up", [("brave-otter", True), ("hyperband-tune", True), ("", True),

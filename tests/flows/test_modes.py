@@ -191,7 +191,8 @@ def test_progress_observers_see_the_plan_and_every_result(mode, tracking_uri, tm
     """What the live display draws: trial-rungs per bracket as planned, one event per result, the job's best."""
     import io
 
-    from prefect_hyperband.flows import progress
+    from prefect_hyperband.app.terminal import LiveDisplay
+    from prefect_hyperband.executors import progress
     from prefect_hyperband.flows.tune import tune
 
     class Recorder:
@@ -207,7 +208,7 @@ def test_progress_observers_see_the_plan_and_every_result(mode, tracking_uri, tm
         def stop(self):
             self.stops += 1
 
-    recorder, live = Recorder(), progress.LiveDisplay(io.StringIO())
+    recorder, live = Recorder(), LiveDisplay(io.StringIO())
     progress.attach(recorder)
     progress.attach(live)
     try:
