@@ -23,7 +23,7 @@ import pandas as pd
 
 from prefect_hyperband.common.errors import InputError, first_line
 from prefect_hyperband.trainers import tables
-from prefect_hyperband.trainers.layout import DEFAULT_METRIC, MAX_CLASSES, layout, read_part
+from prefect_hyperband.trainers.layout import DEFAULT_METRIC, MAX_CLASSES, check_sides, layout, read_part, read_table
 
 #: the bundled UCI bank-marketing file, package data of ``prefect_hyperband.data`` (see its PROVENANCE.md)
 BANK_MARKETING = ("bank-marketing", "bank-additional-full.csv.gz")
@@ -134,19 +134,24 @@ def load(spec: DataSpec) -> Dataset:
     """Load and split the data named by ``spec`` (cached per process: loaded once per job; a table in parts once per
     listing, so that a resume whose data changed reads it again)."""
     if spec.data not in BUILTIN and tables.in_parts(spec.data):
-        return _load_table(spec, tables.find(spec.data).digest)
+        return _load_table(spec, tables.find(spec.data))
     return _load_cached(spec)
 
 
 @lru_cache(maxsize=4)
-def _load_table(spec: DataSpec, digest: str) -> Dataset:
-    return _load_cached.__wrapped__(spec)
+def _load_table(spec: DataSpec, table: Any) -> Dataset:  # per listing: a resume whose data changed reads it again
+    _check_fraction(spec)
+    return _from_table(spec, table)
+
+
+def _check_fraction(spec: DataSpec) -> None:
+    if not 0.0 < spec.validation_fraction < 1.0:
+        raise InputError(f"validation fraction must be in (0, 1), got {spec.validation_fraction}")
 
 
 @lru_cache(maxsize=8)
 def _load_cached(spec: DataSpec) -> Dataset:
-    if not 0.0 < spec.validation_fraction < 1.0:
-        raise InputError(f"validation fraction must be in (0, 1), got {spec.validation_fraction}")
+    _check_fraction(spec)
     if spec.data in ("digits", "breast-cancer") and spec.target not in (None, "target"):
         raise InputError(f"--target {spec.target}: {spec.data} has its own target; drop --target")
     if spec.data == "digits":
@@ -157,8 +162,6 @@ def _load_cached(spec: DataSpec) -> Dataset:
         with resources.as_file(resources.files("prefect_hyperband.data").joinpath(*BANK_MARKETING)) as path:
             frame, target = read_csv(path), spec.target or "y"
         drop = ("duration",) if spec.drop is None else spec.drop
-    elif tables.in_parts(spec.data):
-        return _from_table(spec)
     else:
         path = Path(spec.data)
         if not path.is_file():
@@ -213,44 +216,26 @@ def layout_of(spec: DataSpec) -> Any:
     set itself."""
     if spec.data in BUILTIN or not tables.in_parts(spec.data):
         return load(spec)
-    table = tables.find(spec.data)
-    return _layout(spec, table.digest)
+    return _layout(spec, tables.find(spec.data))
 
 
 @lru_cache(maxsize=8)
-def _layout(spec: DataSpec, digest: str) -> Any:  # per listing: a resume whose data changed sees the new one
-    table = tables.find(spec.data)
+def _layout(spec: DataSpec, table: Any) -> Any:  # per listing: a resume whose data changed sees the new one
     if not spec.target:
         raise InputError(f"--target is required with a table ({spec.data})")
-    columns = tables.schema(table)
-    if spec.target not in columns:
-        raise InputError(f"target column {spec.target!r} not in the data; columns are: {', '.join(columns)}")
-    if len(columns) < 2:
-        raise InputError(f"{spec.data} needs at least 2 columns, got {len(columns)}")
-    return layout(table, columns, spec.target, spec.drop or ())
+    return layout(table, spec.target, spec.drop or ())
 
 
-def _from_table(spec: DataSpec) -> Dataset:
-    """A table read in parts (``trainers.tables``): each part read and encoded by the table's layout (as a Dask
-    worker reads its own), its rows split by their key (part and row number), not shuffled."""
-
-    table = tables.find(spec.data)
-    shape = _layout(spec, table.digest)
-    pieces = [read_part(table, part, shape, spec.seed, spec.validation_fraction) for part in table.parts]
-    X_train, y_train, X_val, y_val = (np.concatenate([p[i] for p in pieces]) for i in range(4))
+def _from_table(spec: DataSpec, table: Any) -> Dataset:
+    """A table in parts (``trainers.tables``, listed once by ``load``), read top to bottom: its layout from its
+    schemas and the columns it needs (``layout.layout``), then every part read and encoded by it (``layout.read_table``,
+    as a Dask worker reads its own), its rows split by their key (part and row number), not shuffled."""
+    shape = _layout(spec, table)
+    X_train, y_train, X_val, y_val = read_table(table, shape, spec.seed, spec.validation_fraction)
     if len(y_train) + len(y_val) < 10:
         raise InputError(f"{spec.data} needs at least 10 rows, got {len(y_train) + len(y_val)}")
     check_sides(y_train, y_val, shape.task, len(shape.classes), shape.target, spec.validation_fraction)
     return Dataset(X_train, y_train, X_val, y_val, shape.feature_names, shape.task, list(shape.classes), shape.target)
-
-
-def check_sides(y_train: np.ndarray, y_val: np.ndarray, task: str, n_classes: int, target: str, fraction: float) -> None:
-    """Training and validation rows, with every class on both sides: else one line."""
-    sides = [np.unique(side).size for side in (y_train, y_val)] if task != "regression" else [n_classes] * 2
-    if not len(y_val) or not len(y_train) or min(sides) < n_classes:
-        raise InputError(f"cannot split target {target!r} into training and validation rows with every class on both "
-                         f"sides ({len(y_train)} training and {len(y_val)} validation rows by the rows' keys, "
-                         f"{n_classes} classes, validation fraction {fraction:g})")
 
 
 def _from_frame(frame: pd.DataFrame, target: str, drop: tuple[str, ...], spec: DataSpec) -> Dataset:

@@ -25,7 +25,7 @@ import psutil
 import pyarrow
 
 from prefect_hyperband.common.errors import InputError
-from prefect_hyperband.trainers.layout import read_batches
+from prefect_hyperband.trainers.layout import check_sides, read_batches
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +65,6 @@ class Matrix:
 
     def __init__(self, table: Any, layout: Any, seed: int, fraction: float, nthread: int) -> None:
         import xgboost as xgb
-
-        from prefect_hyperband.trainers.data import check_sides
 
         self.folder = Path(tempfile.mkdtemp(prefix="hyperband-extmem-"))
         self._removed = weakref.finalize(self, shutil.rmtree, self.folder, True)  # at close, collection or exit

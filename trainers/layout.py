@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prefect_hyperband.common.errors import InputError, first_line
-from prefect_hyperband.trainers.tables import Part, Table, part_url, read_part_csv, validation_rows
+from prefect_hyperband.trainers.tables import Part, Table, part_url, read_part_csv, schema, validation_rows
 
 #: integer targets with at most this many distinct values are classes, not numbers
 MAX_CLASSES = 20
@@ -63,9 +63,14 @@ class Layout:
                    tuple(d["part_rows"]) if d.get("part_rows") is not None else None)
 
 
-def layout(table: Table, columns: list[str], target: str, drop: tuple[str, ...] = ()) -> Layout:
-    """The table's layout, from the target and non-numeric columns of every part (``InputError`` naming a part
-    whose values cannot be used)."""
+def layout(table: Table, target: str, drop: tuple[str, ...] = ()) -> Layout:
+    """The table's layout, from its schema and the target and non-numeric columns of every part (``InputError``
+    naming a missing column, or a part whose values cannot be used)."""
+    columns = schema(table)
+    if target not in columns:
+        raise InputError(f"target column {target!r} not in the data; columns are: {', '.join(columns)}")
+    if len(columns) < 2:
+        raise InputError(f"{table.url} needs at least 2 columns, got {len(columns)}")
     missing = [c for c in drop if c not in columns]
     if missing:
         raise InputError(f"cannot drop unknown column(s) {', '.join(missing)}")
@@ -158,6 +163,23 @@ def read_part(table: Table, part: Part, layout: Layout, seed: int, fraction: flo
     if rows is not None:  # keyed by their number in the whole part, as when the part is read whole
         frame, validation = frame.iloc[rows[0]:rows[1]], validation[rows[0]:rows[1]]
     return _split(frame, validation, table, part, layout)
+
+
+def read_table(table: Table, layout: Layout, seed: int, fraction: float
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every part of ``table`` read and encoded by ``layout`` (``read_part``), in the table's order, joined:
+    ``(X_train, y_train, X_val, y_val)``."""
+    pieces = [read_part(table, part, layout, seed, fraction) for part in table.parts]
+    return tuple(np.concatenate([p[i] for p in pieces]) for i in range(4))  # type: ignore[return-value]
+
+
+def check_sides(y_train: np.ndarray, y_val: np.ndarray, task: str, n_classes: int, target: str, fraction: float) -> None:
+    """Training and validation rows, with every class on both sides: else one line."""
+    sides = [np.unique(side).size for side in (y_train, y_val)] if task != "regression" else [n_classes] * 2
+    if not len(y_val) or not len(y_train) or min(sides) < n_classes:
+        raise InputError(f"cannot split target {target!r} into training and validation rows with every class on both "
+                         f"sides ({len(y_train)} training and {len(y_val)} validation rows by the rows' keys, "
+                         f"{n_classes} classes, validation fraction {fraction:g})")
 
 
 def read_batches(table: Table, part: Part, layout: Layout, seed: int, fraction: float, rows: int = 1 << 17
