@@ -80,7 +80,7 @@ def bench_ddp(trials: int, out: Path) -> dict[str, float]:
 
 def bench_xgboost(trials: int, out: Path) -> dict[str, float]:
     """Per-trial wall and start cost of one-unit XGBoost-on-Dask trials, cold and warm."""
-    from prefect_hyperband.executors.dask_groups import xgboost_on
+    from prefect_hyperband.executors.dask_xgboost import xgboost_on
     from prefect_hyperband.trainers.data import DataSpec, load
     from prefect_hyperband.trainers.xgboost.config import DEFAULT_CONFIG
     from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer

@@ -138,18 +138,32 @@ def gather(client: Any, futures: list, group: tuple[str, ...], poll: float = WAT
                         exc = erred[0].exception()
                     raise GroupLost(group, gone, exc if isinstance(exc, BaseException) else None)
                 erred[0].result()  # raises the task's own error (or CancelledError)
-            pending = [f for f in pending if all(f is not d for d in done)]
+            ended = {id(f) for f in done}
+            pending = [f for f in pending if id(f) not in ended]
             if pending:
                 gone = gone_of(client, group)
                 if gone:
                     raise GroupLost(group, gone, None)
                 stopping.check()
+        return _results(client, futures, group, grace)
     except BaseException:
         for f in futures:
             with contextlib.suppress(Exception):
                 f.cancel()
         raise
-    return [f.result() for f in futures]
+
+
+def _results(client: Any, futures: list, group: tuple[str, ...], grace: float) -> list[Any]:
+    """The finished tasks' results, fetched from the workers that hold them: a worker killed after its task finished
+    takes the result with it, and the scheduler, unable to compute it again without the rows it held, cancels it
+    ("Couldn't gather 1 keys, rescheduling", then ``FutureCancelledError``): ``GroupLost``, not the trial's error."""
+    try:
+        return [f.result() for f in futures]
+    except Exception as exc:
+        gone = _lost(client, group, futures, grace)
+        if gone or any(f.cancelled() for f in futures):
+            raise GroupLost(group, gone, exc) from exc
+        raise
 
 
 def _lost(client: Any, group: tuple[str, ...], futures: list, grace: float) -> list[str]:
@@ -323,78 +337,3 @@ class WorkerGroups:
 
     def close(self) -> None:
         self._free = None
-
-
-class XGBoostOnDask:
-    """XGBoost's trial-rungs on a Dask cluster (``trainers.base.Placement``, given by the xgboost plug-in): the
-    scheduler at ``address``, or a LocalCluster of ``trainer.workers`` processes started once per job, split into
-    groups of ``trainer.workers``, each holding the trainer's partitions of the training rows
-    (``trainer.partition(client, group)``). ``xgboost.dask`` trains on a group it takes from ``worker_groups``."""
-
-    def __init__(self, trainer: Any, address: str | None) -> None:
-        workers = trainer.workers
-        self.cluster, self.address = None, address
-        if address:
-            self.client = connect(address, workers)
-        else:
-            from distributed import Client, LocalCluster
-
-            self.cluster = LocalCluster(n_workers=workers, threads_per_worker=max(1, trainer.nthread // workers),
-                                        processes=True, host="127.0.0.1", dashboard_address=None,
-                                        silence_logs=logging.ERROR)
-            self.client = Client(self.cluster)
-        self.client.wait_for_workers(workers, timeout=120)
-        self.worker_groups = WorkerGroups(self.client, workers, lambda group: trainer.partition(self.client, group))
-
-    def run(self, fn: Callable[[tuple[str, ...], Any], Any], retries: int = RETRIES) -> tuple[Any, float, int]:
-        """``fn(group, data)`` on a free group (its tasks waited for with ``gather``, which raises ``GroupLost``);
-        when the group loses a worker it is retired (its other workers regroup with those that join, each new
-        group loading its data again) and ``fn`` runs again on another group, ``retries`` times, then the
-        trial-rung fails naming each loss. Returns (what ``fn`` returned, worker-seconds lost, attempts). A
-        scheduler lost for good stops the job (``stop_if_unreachable``) rather than failing its trials."""
-        try:
-            return self._run(fn, retries)
-        except Exception:
-            if self.address:
-                stop_if_unreachable(self.client, self.address)
-            raise
-
-    def _run(self, fn: Callable[[tuple[str, ...], Any], Any], retries: int) -> tuple[Any, float, int]:
-        lost, reasons = 0.0, []
-        while True:
-            with self.worker_groups.take() as (group, data):
-                if gone_of(self.client, group):  # lost while free: no work lost, no attempt spent
-                    self.worker_groups.retire(group)
-                    continue
-                began = time.monotonic()
-                try:
-                    return fn(group, data), lost, len(reasons) + 1
-                except GroupLost as exc:
-                    lost += (time.monotonic() - began) * len(group)
-                    reasons.append(str(exc))
-                    log.warning("%s: the trial-rung's training runs again on another group", exc)
-                    self.worker_groups.retire(group)
-                    if len(reasons) > retries:
-                        raise RuntimeError(f"the trial-rung lost its Dask group {len(reasons)} times: "
-                                           + "; ".join(reasons)) from exc
-
-    def gather(self, futures: list, group: tuple[str, ...]) -> list[Any]:
-        """``gather`` on this cluster: the results of a trial-rung's tasks on ``group``, or ``GroupLost``."""
-        return gather(self.client, futures, group)
-
-    def device(self, group: tuple[str, ...]) -> dict[str, str]:
-        """XGBoost's ``device`` on ``group``: ``cuda`` (each worker's first visible GPU) where every worker of it was
-        started with ``--resources GPU=1``, else the CPU's default."""
-        return {"device": "cuda"} if self.worker_groups.gpus(group) else {}
-
-    def close(self) -> None:
-        """Shut down what it started; an external cluster is only disconnected."""
-        self.worker_groups.close()
-        self.client.close()
-        if self.cluster is not None:
-            self.cluster.close()
-
-
-def xgboost_on(address: str | None) -> Callable[[Any], XGBoostOnDask]:
-    """XGBoost's placement: the cluster at ``address``, or a LocalCluster of the trainer's ``workers`` (None)."""
-    return lambda trainer: XGBoostOnDask(trainer, address)

@@ -195,11 +195,23 @@ class Groups:
             try:
                 subflow(group.title)
             except BaseException as exc:  # noqa: BLE001 (the API, a stop): its trial-rungs run in the job's run
-                self._failed(group, f"{type(exc).__name__}: {exc}")
+                if after is None or not self._withdrawn(group):
+                    self._failed(group, f"{type(exc).__name__}: {exc}")
 
         group.thread = threading.Thread(target=self.base.copy().run, args=(call,), daemon=True,
                                         name=f"hyperband-group {group.title}")
         group.thread.start()
+
+    def _withdrawn(self, group: _Group) -> bool:
+        """A group started ahead whose subflow run did not start (its API away, say) while none of its trial-rungs
+        was dealt: forgotten, so that its bracket's first trial-rung starts it as any group starts (after the API
+        wait the trial-rungs go through), not run in the job's run with a warning."""
+        with self.lock:
+            if group.dealt or self.open.get(("bracket", group.bracket, 0)) is not group:
+                return False
+            del self.open[("bracket", group.bracket, 0)]
+        group.ready.set()
+        return True
 
     def _failed(self, group: _Group, why: str) -> None:
         if not group.ready.is_set():

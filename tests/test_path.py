@@ -1,7 +1,7 @@
 """The path of one trial-rung, as the code runs it: every function of the package that a job of one trial-rung passes
-from the scheduler's decision to the result in the saved state, recorded with ``sys.setprofile`` on every thread,
-bounded in functions per thread, in all, and in changes of folder (``BOUNDS``); ``python tests/test_path.py --docs``
-writes the list as it ran into ``docs/how-it-works.md`` (its ``path`` block and counts).
+from the scheduler's decision to the result in the saved state, recorded with ``sys.setprofile`` on every thread and
+checked to pass through its layers (no bound on its counts); ``python tests/test_path.py --docs`` writes the list as
+it ran into ``docs/how-it-works.md`` (its ``path`` block and counts).
 
 A function is a ``def`` or a ``lambda`` (a comprehension is an expression: Python 3.12 inlines it, PEP 709). Each is
 listed once, under the thread it first ran on (the loop's, the trial-rung's, MLflow's writer's, the group subflow's
@@ -125,8 +125,8 @@ def ran_path(tmp_path: Path) -> dict[str, list[str]]:
 def test_the_path_of_one_trial_rung_is_recorded_through_its_layers(tmp_path, tracking_uri):
     """One trial-rung's path as it ran, per thread (printed for the docs: ``write_docs`` puts it in
     docs/how-it-works.md): the job's thread decides and loops over it in the engine, its trial thread runs it as
-    Prefect task runs into a trainer, and its result is written to MLflow from its room (tracking/). Issue 85 retired the bounds on its counts (a helper more or a
-    module moved is no failure); the docs say the counts of the day."""
+    Prefect task runs into a trainer, and its result is written to MLflow from its room (tracking/). No bound on its
+    counts (a helper more or a module moved is no failure); the docs say the counts of the day."""
     ran = ran_path(tmp_path)
     print(block(ran))
     print(f"{sum(len(f) for f in ran.values())} functions, {changes_of_folder(ran)} changes of folder")

@@ -86,7 +86,7 @@ class Placement(Protocol):
     """Where a trainer's trial-rungs run when not in this process: a Dask cluster's groups of workers. The model's
     plug-in gives one to its trainer, as ``placement(trainer)``; trainers import no placement. The ranks' kind
     (``executors.dask_ranks.OnDask``: torch, a function, a script) also has ``train(trainer, *args)``: the trainer
-    hands it a trial-rung and gets back what its ranks returned. XGBoost's (``executors.dask_groups.XGBoostOnDask``)
+    hands it a trial-rung and gets back what its ranks returned. XGBoost's (``executors.dask_xgboost.XGBoostOnDask``)
     has the ``client`` that ``xgboost.dask`` trains with on a group it takes."""
 
     #: the free groups of workers, one reserved per trial-rung (``placement`` below)

@@ -81,6 +81,33 @@ def metric_direction(metric: str) -> Literal["max", "min"]:
     return METRICS[metric]
 
 
+class TrainingRows:
+    """A trainer's data (a mix-in; the trainer's constructor calls ``_rows_of``): ``spec``; ``info``, what a job needs
+    to know of it (task, classes, feature names: a table in parts' ``Layout``, no row read in this process; else the
+    data set itself); ``_table``, a table in parts (``tables.Table``, listed once here), which ranks or Dask workers
+    read themselves (None: data read whole); and ``data``, every row, loaded here at first use."""
+
+    def _rows_of(self, spec: DataSpec) -> None:
+        self.spec = spec
+        self._table = table_of(spec)
+        self.info: Any = load(spec) if self._table is None else _layout(spec, self._table)
+        self._data: Dataset | None = None
+
+    @property
+    def data(self) -> Dataset:
+        """Every row, in this process (loaded at first use: a table in parts on ranks or Dask workers never is)."""
+        if self._data is None:
+            self._data = load(self.spec)
+        return self._data
+
+    def example(self, n: int = 5) -> np.ndarray:
+        """A few validation rows, encoded (a registered model's input example): of a table's first 1,000 rows only,
+        unless all of them are loaded here already."""
+        if self._table is None or self._data is not None:
+            return self.data.X_val[:n]
+        return example_rows(self.spec, self._table, n)
+
+
 def check_metric(ds: Dataset, metric: str) -> None:
     """A metric that fits the target: AUC for binary, accuracy/logloss for classes, RMSE for numbers."""
     if metric not in DATA_METRICS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from prefect_hyperband.executors import dask_groups
+from prefect_hyperband.executors import dask_groups, dask_xgboost
 
 
 def test_a_group_of_gpu_workers_holds_their_gpus_and_any_other_group_does_not(monkeypatch):
@@ -20,6 +20,6 @@ def test_a_group_of_gpu_workers_holds_their_gpus_and_any_other_group_does_not(mo
     assert dask_groups.gpu_resources(None, ("tcp://127.0.0.9:1",)) == {}  # gone from the scheduler's list
     placed = SimpleNamespace(worker_groups=dask_groups.WorkerGroups(None, 2))
     looks.clear()
-    assert dask_groups.XGBoostOnDask.device(placed, gpus) == {"device": "cuda"}
-    assert dask_groups.XGBoostOnDask.device(placed, ("tcp://127.0.0.3:1",)) == {}
-    assert dask_groups.XGBoostOnDask.device(placed, gpus) == {"device": "cuda"} and len(looks) == 2  # once a group
+    assert dask_xgboost.XGBoostOnDask.device(placed, gpus) == {"device": "cuda"}
+    assert dask_xgboost.XGBoostOnDask.device(placed, ("tcp://127.0.0.3:1",)) == {}
+    assert dask_xgboost.XGBoostOnDask.device(placed, gpus) == {"device": "cuda"} and len(looks) == 2  # once a group

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from prefect_hyperband.executors import dask_groups, dask_ranks
+from prefect_hyperband.executors import dask_groups, dask_ranks, dask_xgboost
 from prefect_hyperband.executors.dask_ranks import DaskRanks, GroupLost
 
 
@@ -163,6 +163,26 @@ def test_gather_gives_up_a_group_whose_worker_left_and_not_a_task_cancelled_by_t
         dask_groups.gather(client, [FakeFuture("error")], (A, B), poll=0.01, grace=5)
 
 
+class HeldResult(FakeFuture):
+    """Finished, its result on a worker killed since: fetching it, the scheduler cancels the task it cannot compute
+    again ("Couldn't gather 1 keys, rescheduling", then ``FutureCancelledError``)."""
+
+    def result(self):
+        from distributed.client import FutureCancelledError
+
+        self.status = "cancelled"
+        raise FutureCancelledError("hyperband-xgboost-0", "unknown")
+
+
+def test_gather_gives_up_a_group_whose_finished_result_was_lost_with_its_worker(monkeypatch):
+    import distributed
+
+    monkeypatch.setattr(distributed, "wait", lambda futures, timeout, return_when: None)
+    client = FakeClient([A, B])
+    with pytest.raises(GroupLost, match="FutureCancelledError"):
+        dask_groups.gather(client, [FakeFuture("finished"), HeldResult("finished")], (A, B), poll=0.01, grace=0.2)
+
+
 def ranks(client: FakeClient, monkeypatch, lose: int) -> tuple[DaskRanks, list]:
     """DaskRanks over a fake client whose first ``lose`` attempts lose a worker of their group."""
     monkeypatch.setattr(dask_groups, "connect", lambda address, workers: client)
@@ -293,7 +313,7 @@ def test_xgboost_s_trial_rungs_stop_the_job_when_the_client_lost_its_scheduler_f
     from prefect_hyperband.trainers import stopping
 
     client = FakeClient([A, B])
-    placement = dask_groups.XGBoostOnDask.__new__(dask_groups.XGBoostOnDask)
+    placement = dask_xgboost.XGBoostOnDask.__new__(dask_xgboost.XGBoostOnDask)
     placement.client, placement.address, placement.cluster = client, "tcp://head:8786", None
     placement.worker_groups = dask_groups.WorkerGroups(client, 1)
 

@@ -90,6 +90,36 @@ def test_a_group_started_ahead_whose_job_ends_first_starts_no_subflow_run_and_do
     assert ahead.ready.is_set() and ahead.context is None  # ended without a subflow run
 
 
+def test_a_group_started_ahead_whose_subflow_run_fails_is_started_again_by_its_bracket_without_a_warning(monkeypatch):
+    from prefect_hyperband.flows import groups as module
+
+    tried: list[str] = []
+
+    def once_away(**kw):  # the API away as s=1's group starts ahead, back when its bracket begins
+        def wrap(body):
+            def run(title):
+                tried.append(title)
+                if tried.count(title) == 1 and title == "bracket s=1":
+                    raise ConnectionError("All connection attempts failed")
+                body(title)
+            return run
+        return wrap
+
+    monkeypatch.setattr(module, "flow", once_away)
+    warned: list[str] = []
+    groups = Groups("hyperband", warn=warned.append, upcoming=[2, 1])
+    first = groups._take(_trial_rung(0, bracket=2))
+    assert first.ready.wait(5) and first.context is not None
+    deadline = time.monotonic() + 5
+    while ("bracket", 1, 0) in groups.open and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ("bracket", 1, 0) not in groups.open  # withdrawn: none of its trial-rungs was dealt
+    later = groups._take(_trial_rung(1, bracket=1))  # its bracket begins: the group starts as any group does
+    assert later is not first and later.ready.wait(5) and later.context is not None
+    assert tried == ["bracket s=2", "bracket s=1", "bracket s=1"] and warned == []
+    groups.close()
+
+
 def test_a_group_whose_subflow_run_does_not_start_runs_its_trial_rungs_in_the_job_run(monkeypatch):
     warned: list[str] = []
     groups = Groups("asha", size=5, warn=warned.append)

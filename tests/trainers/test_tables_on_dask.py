@@ -26,7 +26,7 @@ def test_two_groups_read_the_parts_themselves_and_encode_and_split_them_as_one_m
     """Two groups of one worker (hosts 127.0.0.1 and 127.0.0.2) each read the whole table from its parts: the same
     columns (every category of every part), so the same booster on either group; the validation rows the first group
     keeps are those the local trainer splits off; the job's process reads no row (its trainer's data never loaded)."""
-    from prefect_hyperband.executors.dask_groups import xgboost_on
+    from prefect_hyperband.executors.dask_xgboost import xgboost_on
     from prefect_hyperband.trainers import data
     from prefect_hyperband.trainers.xgboost import ranks as xgboost_ranks
     from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer

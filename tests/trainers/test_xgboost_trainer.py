@@ -99,7 +99,7 @@ def test_unknown_parameters_are_rejected(local, tmp_path):
 @pytest.mark.slow  # real processes (DDP ranks, Dask workers): the fast tier keeps the loop's behaviours on fakes
 def test_one_and_two_dask_workers_agree(local, tmp_path):
     """Allreduce over a 2-process LocalCluster: same data, AUC within 0.01 of in-process training."""
-    from prefect_hyperband.executors.dask_groups import xgboost_on
+    from prefect_hyperband.executors.dask_xgboost import xgboost_on
 
     distributed = XGBoostTrainer(DataSpec(), workers=2, seed=3, milestones=MILESTONES, nthread=2,
                                  placement=xgboost_on(None))

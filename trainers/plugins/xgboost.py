@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from prefect_hyperband.common.errors import InputError
-from prefect_hyperband.executors.dask_groups import xgboost_on
+from prefect_hyperband.executors.dask_xgboost import xgboost_on
 from prefect_hyperband.trainers.base import Flavoured
 from prefect_hyperband.trainers.gpus import of_settings
 from prefect_hyperband.trainers.registry import Model

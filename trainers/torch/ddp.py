@@ -36,14 +36,11 @@ import torch
 from prefect_hyperband.common.files import write_json_atomic
 from prefect_hyperband.trainers.base import Placed, Placement, TrainResult, write_sidecar
 from prefect_hyperband.trainers.data import (
-    Dataset,
     DataSpec,
+    TrainingRows,
     example_rows,
-    layout_of,
-    load,
     metric_direction,
     score,
-    table_of,
 )
 from prefect_hyperband.trainers.exits import failed_ranks, why_kept
 from prefect_hyperband.trainers.gpus import GpuPool, env_for
@@ -70,7 +67,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the folder holding the package (th
 # ---------------------------------------------------------------------------- the trainer
 
 
-class TorchTrainer(Placed):
+class TorchTrainer(Placed, TrainingRows):
     """Trainer protocol for PyTorch; one instance per job, shared by its trials (and threads).
 
     ``threads_per_rank`` defaults to cpu_count // (workers * concurrent_trials): pass the number
@@ -88,17 +85,6 @@ class TorchTrainer(Placed):
     worker_module = "prefect_hyperband.trainers.torch.worker"
 
     model = "torch"
-
-    @property
-    def data(self) -> Dataset:
-        """Every row, in this process (loaded at first use: a table in parts never is; its ranks read their shares)."""
-        if self._data is None:
-            self._data = load(self.spec)
-        return self._data
-
-    def example(self, n: int = 5) -> np.ndarray:
-        """A few validation rows, encoded (a model's input example; a table's, of its first 1,000 rows only)."""
-        return self.data.X_val[:n] if self._table is None else example_rows(self.spec, self._table, n)
 
     def __init__(
         self,
@@ -127,11 +113,10 @@ class TorchTrainer(Placed):
         default_threads = max(1, (os.cpu_count() or 1) // (self.workers * concurrent_trials))
         self.threads_per_rank = as_int("threads_per_rank", threads_per_rank or default_threads)
         require(self.threads_per_rank >= 1, f"threads_per_rank must be >= 1, got {threads_per_rank}")
-        self.spec, self.seed = spec, as_int("seed", seed)
+        self._rows_of(spec)  # a table in parts (``trainers.tables``): each rank reads its share, this process its layout
+        self.seed = as_int("seed", seed)
         self.scratch_dir = scratch_dir
-        #: a table in parts (``trainers.tables``): each rank reads its own share, this process only its layout
-        self._table, self._data, self._sample = table_of(spec), None, None
-        self.info = layout_of(spec)
+        self._sample: np.ndarray | None = None
         self.metric = metric or self.info.default_metric
         check_metric(self.metric, self.info.task)
         require(warm is None or isinstance(warm, bool), f"warm must be true or false, got {warm!r}")

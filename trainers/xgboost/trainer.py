@@ -10,7 +10,7 @@ resuming equals training at once, bit for bit, with one ``xgb.train`` call per r
 Distribution. ``workers == 1`` trains in-process (a table in parts from disk with ``external_memory``:
 ``trainers.external_memory``). ``workers > 1`` or ``dask_address`` trains with XGBoost's allreduce over a Dask
 cluster: a LocalCluster of ``workers`` processes started once per job, or an existing scheduler at
-``dask_address``; the cluster and its groups are the executor's (``executors.dask_groups.xgboost_on``, given by the
+``dask_address``; the cluster and its groups are the executor's (``executors.dask_xgboost.xgboost_on``, given by the
 plug-in as ``placement``), the row partitions each group holds the trainer's (``partition``). The cluster's workers
 are split into disjoint groups of ``workers`` (W // workers groups on a cluster of W), and the training rows are put
 on each group once, in ``workers`` row partitions, each worker's matrix kept between trial-rungs
@@ -41,14 +41,10 @@ from prefect_hyperband.trainers import external_memory as extmem
 from prefect_hyperband.trainers import stopping
 from prefect_hyperband.trainers.base import TrainResult, checkpoint_resource, write_sidecar
 from prefect_hyperband.trainers.data import (
-    Dataset,
     DataSpec,
+    TrainingRows,
     check_metric,
-    example_rows,
-    layout_of,
-    load,
     score,
-    table_of,
 )
 from prefect_hyperband.trainers.gpus import GpuPool
 from prefect_hyperband.trainers.layout import read_part
@@ -75,7 +71,7 @@ def _StopWhenAsked():
     return StopWhenAsked()
 
 
-class XGBoostTrainer:
+class XGBoostTrainer(TrainingRows):
     """``train(config, resource, checkpoint, out)`` for XGBoost boosters; one instance per job."""
 
     model = "xgboost"
@@ -98,13 +94,9 @@ class XGBoostTrainer:
             raise InputError(f"workers must be >= 1, got {workers}")
         if rounds_per_unit < 1:
             raise InputError(f"rounds per unit must be >= 1, got {rounds_per_unit}")
-        self.spec, self.seed, self.rounds_per_unit = spec, seed, rounds_per_unit
+        self._rows_of(spec)  # its layout (``info``), its table in parts (``partition`` reads it on Dask), its rows
+        self.seed, self.rounds_per_unit = seed, rounds_per_unit
         self.milestones = tuple(milestones)
-        #: task, classes, feature names: for a table in parts its layout, no row read in this process
-        self.info = layout_of(spec)
-        self._data: Dataset | None = None
-        #: a table in parts, which a Dask cluster's workers read themselves (``partition``); None: data in memory
-        self._table = table_of(spec)
         self._validation: tuple[Any, Any, np.ndarray] | None = None  # on the cluster: X and y; y's values here
         if external_memory and (self._table is None or placement is not None or workers > 1):
             raise InputError("external memory trains a table read in parts (Parquet, or a folder or glob of CSV or "
@@ -130,24 +122,11 @@ class XGBoostTrainer:
         self.matrices_built = 0
         self.workers = workers
         #: with ``workers > 1`` or ``--dask-address``: the cluster, its client and its free groups of workers, each
-        #: holding this trainer's partitions of the training rows (``executors.dask_groups.XGBoostOnDask``)
+        #: holding this trainer's partitions of the training rows (``executors.dask_xgboost.XGBoostOnDask``)
         self._dask = placement(self) if placement is not None else None
         if workers > 1 and self._dask is None:
             raise InputError(f"workers={workers} trains on a Dask cluster: give the trainer its placement "
-                             "(executors.dask_groups.xgboost_on), as the xgboost plug-in does")
-
-    @property
-    def data(self) -> Dataset:
-        """Every row, in this process (loaded at first use: on Dask, a table in parts never is)."""
-        if self._data is None:
-            self._data = load(self.spec)
-        return self._data
-
-    def example(self, n: int = 5) -> np.ndarray:
-        """A few validation rows, encoded (a registered model's input example): of a table's first 1,000 rows only."""
-        if self._table is None or self._data is not None:
-            return self.data.X_val[:n]
-        return example_rows(self.spec, self._table, n)
+                             "(executors.dask_xgboost.xgboost_on), as the xgboost plug-in does")
 
     # -- distribution -------------------------------------------------------------------------
     def partition(self, client: Any, group: tuple[str, ...]) -> Any:
