@@ -16,6 +16,7 @@ import pytest
 from dask_cluster import Cluster, cluster  # tests/dask_cluster.py
 from mlflow_runs import runs_of  # tests/flows
 
+from prefect_hyperband.executors import dask_groups
 from prefect_hyperband.executors.state import saved_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
@@ -46,7 +47,9 @@ def kill_mid_training(c: Cluster, jobs: Path, ended: int, replace_on: str, kille
             return
         looking = time.monotonic() + 10
         while True:
-            busy = [w for w, keys in client.processing().items() if keys]
+            # busy by the worker's own state (a task in its threads), not the scheduler's processing list,
+            # which still holds a task whose result the worker has sent: killing it then loses nothing
+            busy = [w for w, n in client.run(dask_groups.executing).items() if n]
             if busy or time.monotonic() > looking:
                 victim = busy[0] if busy else sorted(client.scheduler_info()["workers"])[-1]
                 pid = client.run(os.getpid, workers=[victim])[victim]
