@@ -240,9 +240,11 @@ class Loop:
             self.executor.interrupt()  # trainings in processes end now; threads at their next unit
 
     def _fill(self) -> None:
-        """Trial-rungs into the free slots, unless the job is stopping."""
+        """Trial-rungs into the free slots while no more results than slots wait for the tracker, unless the job is
+        stopping."""
         limit = max(1, self.slots()) if self.slots is not None else self.concurrency
-        while self.stop_began is None and not self.stop.requested() and self._busy() < limit:
+        while (self.stop_began is None and not self.stop.requested() and self._busy() < limit
+               and self._recording() <= limit):
             trial_rung = self.retry.pop(0) if self.retry else self._next()
             if trial_rung is None:
                 return
@@ -260,6 +262,12 @@ class Loop:
 
     def _busy(self) -> int:
         return sum(not f.recording for f in self.flights.values())
+
+    def _recording(self) -> int:
+        """Results trained, not yet recorded. A slot takes its next trial-rung while its last result is recorded,
+        but not one more while two wait: the results the scheduler (its promotions) and the goal decide on lag the
+        trainings by one per slot, however far behind the tracker falls (trial-rungs of milliseconds)."""
+        return sum(f.recording for f in self.flights.values())
 
     def _over(self) -> bool:
         if self.stop_began is not None and self.clock.now() - self.stop_began > self.grace:

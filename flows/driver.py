@@ -58,7 +58,8 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     runs = {} if runs is None else runs
     logger = get_run_logger()
     trainers = factory.current()
-    groups = Groups(job.mode, warn=logger.warning)  # the trial-rungs' subflow runs (``flows.groups``)
+    groups = Groups(job.mode, warn=logger.warning,  # the trial-rungs' subflow runs (``flows.groups``)
+                    upcoming=_upcoming(scheduler))  # read here, on the loop's thread, before any trial-rung runs
     where = _where(job, trainers)
     executor = ThreadExecutor(where, token,
                               interrupt=lambda: trainers.interrupt(job.settings), place=groups.enter)
@@ -220,6 +221,15 @@ class _Events:
         if self.pending:
             self.progress.advance(self.pending)
             self.pending, self.last = 0, time.monotonic()
+
+
+def _upcoming(scheduler: Scheduler) -> list[int]:
+    """Hyperband's brackets not done yet, in the order they run (side by side: all started at once); none for ASHA
+    or brackets run in sequence (each started when the one before ends). Called by ``drive`` before the loop starts:
+    the scheduler is read and changed by the loop's thread only, never by a trial-rung's (``Groups.enter``)."""
+    if getattr(scheduler, "sequential", True):
+        return []
+    return [s for s, state in getattr(scheduler, "states", {}).items() if not state.done]
 
 
 def _live_importance(job: Job, method: str) -> importance_report.Live | None:

@@ -17,7 +17,9 @@ hidden by default"). So trial-rungs run inside ``hyperband-group`` subflow runs,
 
 ``GROUP_SIZE`` = 500 trial-rungs is 1,000 task runs per bracket part, half of what Prefect draws by default; the
 job's own graph holds one node per group (3 for an ASHA job with R=9, eta=3, at any size). A group's subflow run is
-started on its first trial-rung from a thread of its own, which waits in the subflow until the group ends; the
+started on its first trial-rung from a thread of its own, which waits in the subflow until the group ends (a
+Hyperband bracket's, as the bracket before it begins, once that one's runs: a job stopped in between leaves it
+empty, Completed); the
 trial-rungs' threads run in a copy of its context, so their task runs (and, with ``--trial-pool``, their flow
 runs) land under it. The priors' mode (trained first) and the default config's baseline stay in the job's own
 run. Should a group's subflow run not start (the API, say), its trial-rungs run in the job's run, said once.
@@ -27,8 +29,9 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -46,6 +49,8 @@ FLOW_NAME = "hyperband-group"
 GROUP_SIZE = 500
 #: seconds a trial-rung waits for its group's subflow run to start before it runs in the job's run
 START_TIMEOUT = 60.0
+#: seconds between a group started ahead's looks at whether the job ended while it waits for the one before
+AHEAD_POLL = 0.05
 
 
 @dataclass(eq=False)
@@ -63,8 +68,15 @@ class _Group:
 class Groups:
     """Which group a trial-rung runs in, and the groups' subflow runs; made inside the job's flow run."""
 
-    def __init__(self, mode: str, size: int | None = None, warn: Callable[[str], None] = lambda m: None) -> None:
-        self.mode, self.size, self.warn = mode, size or GROUP_SIZE, warn
+    def __init__(self, mode: str, size: int | None = None, warn: Callable[[str], None] = lambda m: None,
+                 upcoming: Sequence[int] = ()) -> None:
+        """``upcoming``: the brackets not done when the job (re)starts, in the order they run (Hyperband), read from
+        the scheduler by the loop's thread before any trial-rung runs (never from a trial-rung's thread: the scheduler
+        is the loop's alone); as a bracket begins, the next of them with no trial-rung dealt yet starts its group
+        too, so that its subflow run is running when its first trial-rung comes instead of delaying it
+        (docs/benchmarks.md, issue 86). One that ends in this job was dealt here, so it is never started again."""
+        self.mode, self.size, self.warn, self.upcoming = mode, size or GROUP_SIZE, warn, tuple(upcoming)
+        self.closed = False  # the job is over: no group starts ahead any more
         self.base = contextvars.copy_context()  # the job flow run's: a group's subflow run is its child
         self.lock = threading.Lock()
         self.open: dict[tuple[Any, ...], _Group] = {}
@@ -108,7 +120,7 @@ class Groups:
         those ended earlier too: a subflow run that logs its end after the process began to exit printed a
         "Logging error" traceback under the job's summary."""
         with self.lock:
-            groups, self.open = list(self.open.values()), {}
+            groups, self.open, self.closed = list(self.open.values()), {}, True
             ended, self.ended = self.ended, []
         for g in groups:
             g.done.set()
@@ -141,15 +153,31 @@ class Groups:
             if group is None:
                 group = self.open[key] = _Group(title, bracket)
                 self._start(group)
+            if not group.dealt and key[-1] == 0:  # the bracket begins: the next one's group starts after this one's
+                self._ahead(bracket, group.ready)
             group.dealt += 1
             group.active += 1
             return group
+
+    def _ahead(self, started: int, after: threading.Event) -> None:
+        """The group of the bracket after ``started`` among ``upcoming``, started once ``after`` is set (the
+        started one's subflow run is running: two starting at once delay the first) if none of its trial-rungs was
+        dealt (call under the lock)."""
+        if self.mode == "asha" or self.closed:
+            return
+        brackets = self.upcoming  # the loop's snapshot: nothing of the scheduler is read on this trial-rung's thread
+        later = brackets[brackets.index(started) + 1:] if started in brackets else ()
+        for b in later[:1]:
+            key = ("bracket", b, 0)
+            if key not in self.open and not self.dealt[("bracket", b)]:
+                self.open[key] = _Group(f"bracket s={b}", b)
+                self._start(self.open[key], after)
 
     def _release(self, group: _Group) -> None:
         with self.lock:
             group.active -= 1
 
-    def _start(self, group: _Group) -> None:
+    def _start(self, group: _Group, after: threading.Event | None = None) -> None:
         def body(title: str) -> None:
             group.context = contextvars.copy_context()  # this subflow run's: its trial-rungs' tasks land under it
             group.ready.set()
@@ -161,14 +189,29 @@ class Groups:
                        persist_result=False)(body)
 
         def call() -> None:
+            if after is not None and not _waited(after, group.done):  # the job ended first: no subflow run after it
+                group.ready.set()
+                return
             try:
                 subflow(group.title)
             except BaseException as exc:  # noqa: BLE001 (the API, a stop): its trial-rungs run in the job's run
-                self._failed(group, f"{type(exc).__name__}: {exc}")
+                if after is None or not self._withdrawn(group):
+                    self._failed(group, f"{type(exc).__name__}: {exc}")
 
         group.thread = threading.Thread(target=self.base.copy().run, args=(call,), daemon=True,
                                         name=f"hyperband-group {group.title}")
         group.thread.start()
+
+    def _withdrawn(self, group: _Group) -> bool:
+        """A group started ahead whose subflow run did not start (its API away, say) while none of its trial-rungs
+        was dealt: forgotten, so that its bracket's first trial-rung starts it as any group starts (after the API
+        wait the trial-rungs go through), not run in the job's run with a warning."""
+        with self.lock:
+            if group.dealt or self.open.get(("bracket", group.bracket, 0)) is not group:
+                return False
+            del self.open[("bracket", group.bracket, 0)]
+        group.ready.set()
+        return True
 
     def _failed(self, group: _Group, why: str) -> None:
         if not group.ready.is_set():
@@ -176,3 +219,13 @@ class Groups:
             if not self.warned:
                 self.warned = True
                 self.warn(f"trial-rungs of {group.title} run in the job's flow run: its group's subflow run did not start ({why})")
+
+
+def _waited(after: threading.Event, done: threading.Event) -> bool:
+    """Waits for ``after`` (up to ``START_TIMEOUT``) unless ``done`` is set first (the job's ``close``, or the group
+    ended): whether the group started ahead may start its subflow run. ``close`` does not wait its join timeout out
+    on a group whose predecessor's run never started."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while not after.wait(AHEAD_POLL) and not done.is_set() and time.monotonic() < deadline:
+        pass
+    return not done.is_set()

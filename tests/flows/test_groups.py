@@ -57,6 +57,69 @@ def test_a_bracket_is_one_group_that_ends_with_its_last_rung_and_holds_its_promo
     assert not taken[0].thread.is_alive()
 
 
+def test_a_bracket_that_begins_starts_the_next_brackets_group_once_its_own_subflow_runs(monkeypatch):
+    upcoming = [4, 3, 1]  # s=2 is done (a resumed job): its group is never started again
+    groups = Groups("hyperband", upcoming=upcoming)
+    started: list[tuple[str, threading.Event | None]] = []
+    monkeypatch.setattr(groups, "_start", lambda g, after=None: started.append((g.title, after)))
+    first = groups._take(_trial_rung(0, bracket=4))
+    assert started == [("bracket s=4", None), ("bracket s=3", first.ready)]  # s=3's starts once s=4's runs
+    groups._take(_trial_rung(1, bracket=4))
+    ahead = groups._take(_trial_rung(2, bracket=3))  # s=3 begins in the group started ahead; s=1's starts after it
+    assert ahead.title == "bracket s=3" and started[2:] == [("bracket s=1", ahead.ready)]
+    groups._take(_trial_rung(3, bracket=1))
+    assert len(started) == 3  # the last bracket: nothing after it
+    asha = Groups("asha", upcoming=upcoming)
+    monkeypatch.setattr(asha, "_start", lambda g, after=None: started.append((g.title, after)))
+    asha._take(_trial_rung(4, bracket=4))
+    assert started[3:] == [("r=1 · trial-rungs", None)]  # ASHA's rungs open as results reach them
+
+
+def test_a_group_started_ahead_whose_job_ends_first_starts_no_subflow_run_and_does_not_delay_the_end(monkeypatch):
+    from prefect_hyperband.flows import groups as module
+
+    called: list[str] = []
+    monkeypatch.setattr(module, "flow", lambda **kw: (lambda body: called.append))  # a subflow run that never runs
+    groups = Groups("hyperband", upcoming=[2, 1])
+    first = groups._take(_trial_rung(0, bracket=2))  # s=1's group waits for s=2's run, which never starts
+    ahead = groups.open[("bracket", 1, 0)]
+    began = time.monotonic()
+    groups.close()
+    assert time.monotonic() - began < 2  # not the join's 10 s: the group started ahead saw the job end
+    assert called == ["bracket s=2"] and not first.thread.is_alive() and not ahead.thread.is_alive()
+    assert ahead.ready.is_set() and ahead.context is None  # ended without a subflow run
+
+
+def test_a_group_started_ahead_whose_subflow_run_fails_is_started_again_by_its_bracket_without_a_warning(monkeypatch):
+    from prefect_hyperband.flows import groups as module
+
+    tried: list[str] = []
+
+    def once_away(**kw):  # the API away as s=1's group starts ahead, back when its bracket begins
+        def wrap(body):
+            def run(title):
+                tried.append(title)
+                if tried.count(title) == 1 and title == "bracket s=1":
+                    raise ConnectionError("All connection attempts failed")
+                body(title)
+            return run
+        return wrap
+
+    monkeypatch.setattr(module, "flow", once_away)
+    warned: list[str] = []
+    groups = Groups("hyperband", warn=warned.append, upcoming=[2, 1])
+    first = groups._take(_trial_rung(0, bracket=2))
+    assert first.ready.wait(5) and first.context is not None
+    deadline = time.monotonic() + 5
+    while ("bracket", 1, 0) in groups.open and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ("bracket", 1, 0) not in groups.open  # withdrawn: none of its trial-rungs was dealt
+    later = groups._take(_trial_rung(1, bracket=1))  # its bracket begins: the group starts as any group does
+    assert later is not first and later.ready.wait(5) and later.context is not None
+    assert tried == ["bracket s=2", "bracket s=1", "bracket s=1"] and warned == []
+    groups.close()
+
+
 def test_a_group_whose_subflow_run_does_not_start_runs_its_trial_rungs_in_the_job_run(monkeypatch):
     warned: list[str] = []
     groups = Groups("asha", size=5, warn=warned.append)
