@@ -130,13 +130,10 @@ def gather(client: Any, futures: list, group: tuple[str, ...], poll: float = WAT
             done = [f for f in pending if f.done()]  # one look: a future cancelled after it is not dropped unseen
             erred = [f for f in done if f.status != "finished"]
             if erred:
-                gone = _lost(client, group, futures, grace)
-                if gone or any(f.cancelled() for f in erred):  # cancelled by the scheduler, not us: its data was
-                    # lost with a worker (under load its removal can reach the worker list after the grace)
-                    exc = None
-                    with contextlib.suppress(BaseException):
-                        exc = erred[0].exception()
-                    raise GroupLost(group, gone, exc if isinstance(exc, BaseException) else None)
+                exc = None
+                with contextlib.suppress(BaseException):  # a cancelled future has none: it raises
+                    exc = erred[0].exception()
+                _raise_if_lost(client, group, futures, grace, erred, exc if isinstance(exc, BaseException) else None)
                 erred[0].result()  # raises the task's own error (or CancelledError)
             ended = {id(f) for f in done}
             pending = [f for f in pending if id(f) not in ended]
@@ -160,10 +157,18 @@ def _results(client: Any, futures: list, group: tuple[str, ...], grace: float) -
     try:
         return [f.result() for f in futures]
     except Exception as exc:
-        gone = _lost(client, group, futures, grace)
-        if gone or any(f.cancelled() for f in futures):
-            raise GroupLost(group, gone, exc) from exc
+        _raise_if_lost(client, group, futures, grace, futures, exc)
         raise
+
+
+def _raise_if_lost(client: Any, group: tuple[str, ...], futures: list, grace: float, erred: list,
+                   exc: BaseException | None) -> None:
+    """``GroupLost`` (carrying ``exc``) where a worker of the group is gone or one of ``erred`` was cancelled by the
+    scheduler, not us: its data was lost with a worker (under load its removal can reach the worker list after the
+    grace); nothing where the error is the task's own."""
+    gone = _lost(client, group, futures, grace)
+    if gone or any(f.cancelled() for f in erred):
+        raise GroupLost(group, gone, exc) from exc
 
 
 def _lost(client: Any, group: tuple[str, ...], futures: list, grace: float) -> list[str]:

@@ -90,7 +90,7 @@ class TrainingRows:
     def _rows_of(self, spec: DataSpec) -> None:
         self.spec = spec
         self._table = table_of(spec)
-        self.info: Any = load(spec) if self._table is None else _layout(spec, self._table)
+        self.info: Any = layout_of(spec, self._table)
         self._data: Dataset | None = None
 
     @property
@@ -232,18 +232,21 @@ def example_rows(spec: DataSpec, table: Any, n: int) -> np.ndarray:
     """``n`` encoded rows of a table's first 1,000 (validation rows where there are any): a registered model's input
     example, or the rows a model's prediction is timed on, without reading the table."""
 
-    X_train, _, X_val, _ = read_part(table, table.parts[0], layout_of(spec), spec.seed, spec.validation_fraction,
+    X_train, _, X_val, _ = read_part(table, table.parts[0], layout_of(spec, table), spec.seed, spec.validation_fraction,
                                      limit=max(n, 1000))
     return (X_val if len(X_val) else X_train)[:n]
 
 
-def layout_of(spec: DataSpec) -> Any:
+#: ``layout_of``'s table not given: it lists the data itself
+_UNLISTED: Any = object()
+
+
+def layout_of(spec: DataSpec, table: Any = _UNLISTED) -> Any:
     """What a job needs to know of its data before any trial (task, classes, target, feature names, default metric):
     a table in parts' ``Layout``, from its schemas and the columns it needs, never its whole rows; else the data
-    set itself."""
-    if spec.data in BUILTIN or not tables.in_parts(spec.data):
-        return load(spec)
-    return _layout(spec, tables.find(spec.data))
+    set itself. ``table``: what ``table_of(spec)`` gave, where the caller listed it already (None: data read whole)."""
+    table = table_of(spec) if table is _UNLISTED else table
+    return load(spec) if table is None else _layout(spec, table)
 
 
 @lru_cache(maxsize=8)
