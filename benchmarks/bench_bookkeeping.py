@@ -7,7 +7,8 @@ Run from the repository root::
     python benchmarks/bench_bookkeeping.py --no-ray           # ours alone
     python benchmarks/bench_bookkeeping.py --quick            # C=16 only, 160 trials (minimum 10 s)
 
-The work: N trials of T seconds that only sleep, C at once; the minimum is N x T / C = 60 s at each width.
+The work: N trials of T seconds that only sleep, C at once; the minimum is ceil(N / C) waves of T seconds: 60 s
+at 16 and 64 slots, 64 s at 256 (960 = 3 x 256 + 192: a fourth wave, whatever the scheduler).
 Ray's release test (``release/tune_tests/scalability_tests/workloads/test_bookkeeping_overhead.py``) runs
 10,000 such trials of 1 s on 16 CPUs against a 625 s minimum and passes under 800 s (1.28x).
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -45,6 +47,8 @@ if str(ROOT) not in sys.path:
 from benchmarks._common import header, table  # noqa: E402
 
 WIDTHS = ((16, 1.0, 960), (64, 4.0, 960), (256, 16.0, 960))
+#: issue 86's aim for the flow's wall over the minimum at every width
+TARGET = 1.03
 #: resident memory of one of Ray's trial worker processes: 145 to 167 MiB on average over its 42 to 59 workers,
 #: measured here with ps during the C=64 run (ray 2.60, 2026-11-26)
 RAY_MIB_PER_TRIAL = 150
@@ -105,13 +109,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="C=16 only, 160 trials of 1 s (a smoke run)")
     ap.add_argument("--ray-python", default="/tmp/ray/bin/python", help="the Python of an environment with ray[tune]")
     args = ap.parse_args()
-    header("bookkeeping: N trials of T seconds that only sleep, C at once (minimum N x T / C)")
+    header("bookkeeping: N trials of T seconds that only sleep, C at once (minimum ceil(N / C) x T)")
     rows, verdicts = [], []
     widths = ((16, 1.0, 160),) if args.quick else WIDTHS
     for c, t, n in widths:
         if args.only and c not in args.only:
             continue
-        minimum = n * t / c
+        minimum = math.ceil(n / c) * t  # whole waves: no scheduler ends the last one sooner
         with tempfile.TemporaryDirectory(prefix=f"bench-book-{c}-") as tmp:
             mine = ours(c, t, n, Path(tmp))
             theirs = "not run: --no-ray" if args.no_ray else ray(c, t, n, Path(tmp), args.ray_python)
@@ -126,7 +130,8 @@ def main() -> None:
         print(f"C={c}: ours {mine['flow']:.1f} s (flow), {mine['wall']:.1f} s (end to end); Ray: "
               + (f"{theirs['flow']:.1f} s, {theirs['wall']:.1f} s" if isinstance(theirs, dict) else theirs), flush=True)
         ratio = mine["flow"] / minimum
-        verdicts.append(f"C={c}: ours {ratio:.3f}x the minimum (target <= 1.10x): {'met' if ratio <= 1.10 else 'missed'}"
+        verdicts.append(f"C={c}: ours {ratio:.3f}x the minimum (target <= {TARGET:.2f}x): "
+                        f"{'met' if ratio <= TARGET else 'missed'}"
                         + ("" if beat is None else f"; below Ray's: {'yes' if beat else 'no'}"))
     print()
     print(table(rows, ["C", "T (s)", "N", "minimum (s)", "ours flow", "ours end to end", "Ray flow", "Ray end to end"]))

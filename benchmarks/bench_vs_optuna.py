@@ -18,6 +18,11 @@ the default XGBoost search space, the seed's split for every method. Per seed:
   the state file, the promote tasks. Walls exclude loading the data and starting the flow run, as the
   flow's ``wall_seconds`` does.
 
+Prefect's own floor: a flow of two empty task runs per trial-rung, its wall and the CPU it takes from this process
+and the Prefect server together (the server records each task run's events: on 2 cores that training keeps busy,
+that CPU is wall). ``floor on busy cores`` = the loop with its MLflow writes + that CPU: what the job cannot go under
+with its task runs and child runs kept, and each flow's wall over it.
+
 Also printed: CPU seconds (user + system) of this process and its children (the temporary Prefect
 server) during each method, which shows whether the cores, not waiting, bound the wall.
 
@@ -133,7 +138,9 @@ EMPTY = "floor: Prefect alone, 2 empty task runs per trial-rung"
 
 def run_empty_tasks(trial_rungs: int) -> dict[str, Any]:
     """What Prefect's engine costs a trial-rung's two task runs on this machine, before any code of ours: a flow of
-    ``2 x trial_rungs`` empty tasks (no cache, no result persisted, as train and evaluate), timed inside its run."""
+    ``2 x trial_rungs`` empty tasks (no cache, no result persisted, as train and evaluate), timed inside its run.
+    ``cpu``: the CPU seconds they cost this process and the Prefect server (its events recorded after the flow
+    returns included, its CPU at rest not): on cores that training keeps busy, what they take from it."""
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
 
@@ -149,9 +156,17 @@ def run_empty_tasks(trial_rungs: int) -> dict[str, Any]:
             empty(i)
         return time.perf_counter() - began
 
+    idle = common.cpu_seconds()
+    time.sleep(SETTLE)  # the server's own CPU at rest, taken off below
     cpu = common.cpu_seconds()
+    idle = cpu - idle
     wall = empties(trial_rungs)
-    return {"best": None, "units": 0, "wall": wall, "cpu": common.cpu_seconds() - cpu}
+    time.sleep(SETTLE)  # the server records the task runs' events after the flow's last call returned
+    return {"best": None, "units": 0, "wall": wall, "cpu": common.cpu_seconds() - cpu - idle}
+
+
+#: seconds the empty tasks' CPU is measured past the flow's end (and, before it, the server at rest)
+SETTLE = 3.0
 
 
 def show(results: dict[str, list[dict[str, Any]]], seed: int, label: str, r: dict[str, Any]) -> None:
@@ -225,6 +240,15 @@ def ratios(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             round(1000 * (f["wall"] - p["wall"]) / max(1, p["trial_rungs"]), 1) for f, p in zip(flows, plain)]
         out["ms per trial-rung, Prefect's 2 empty task runs"] = [
             round(1000 * e["wall"] / max(1, p["trial_rungs"]), 1) for e, p in zip(empty, plain)]
+        out["ms per trial-rung, Prefect's 2 empty task runs, CPU (client + server)"] = [
+            round(1000 * e["cpu"] / max(1, p["trial_rungs"]), 1) for e, p in zip(empty, plain)]
+    written = results.get("floor: + its MLflow writes")
+    if written and empty:  # the floor on busy cores: the loop, its MLflow writes, and the CPU Prefect's tasks take
+        floor = [w["wall"] + e["cpu"] for w, e in zip(written, empty)]
+        out["floor on busy cores, s (plain loop + MLflow writes + empty task runs' CPU)"] = [round(f, 2) for f in floor]
+        for label, rs in results.items():
+            if label.startswith("hyperband"):
+                out[f"{label}, x floor on busy cores"] = [round(r["wall"] / f, 3) for r, f in zip(rs, floor)]
     return out
 
 

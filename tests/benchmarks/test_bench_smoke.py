@@ -208,8 +208,13 @@ def test_vs_optuna_ratios_are_per_seed_with_the_cost_beyond_training_beside_pref
                "hyperband, concurrency 2": [{"wall": 8.0}, {"wall": 18.0}],
                "floor: plain loop of the c=1 trial-rungs": [{"wall": 5.0, "trial_rungs": 100},
                                                             {"wall": 12.0, "trial_rungs": 200}],
-               bench.EMPTY: [{"wall": 2.0}, {"wall": 3.0}]}
+               "floor: + its MLflow writes": [{"wall": 6.0}, {"wall": 14.0}],
+               bench.EMPTY: [{"wall": 2.0, "cpu": 4.0}, {"wall": 3.0, "cpu": 8.0}]}
     found = bench.ratios(results)
     assert found["hyperband, concurrency 1"] == [1.5, 1.1] and found["hyperband, concurrency 2"] == [0.8, 0.9]
     assert found["ms per trial-rung beyond training, ours"] == [100.0, 50.0]
     assert found["ms per trial-rung, Prefect's 2 empty task runs"] == [20.0, 15.0]
+    assert found["ms per trial-rung, Prefect's 2 empty task runs, CPU (client + server)"] == [40.0, 40.0]
+    # on cores the training keeps busy, the empty tasks' CPU is wall: the floor is the MLflow row + it
+    assert found["hyperband, concurrency 1, x floor on busy cores"] == [1.5, 1.0]
+    assert found["hyperband, concurrency 2, x floor on busy cores"] == [0.8, round(18 / 22, 3)]
