@@ -156,13 +156,14 @@ def run_empty_tasks(trial_rungs: int) -> dict[str, Any]:
             empty(i)
         return time.perf_counter() - began
 
-    idle = common.cpu_seconds()
-    time.sleep(SETTLE)  # the server's own CPU at rest, taken off below
+    before = common.cpu_seconds()
+    time.sleep(SETTLE)  # the server's own CPU at rest, per second, taken off below for the whole window
     cpu = common.cpu_seconds()
-    idle = cpu - idle
+    at_rest = (cpu - before) / SETTLE
     wall = empties(trial_rungs)
     time.sleep(SETTLE)  # the server records the task runs' events after the flow's last call returned
-    return {"best": None, "units": 0, "wall": wall, "cpu": common.cpu_seconds() - cpu - idle}
+    used = common.cpu_seconds() - cpu - at_rest * (wall + SETTLE)
+    return {"best": None, "units": 0, "wall": wall, "cpu": used}
 
 
 #: seconds the empty tasks' CPU is measured past the flow's end (and, before it, the server at rest)

@@ -130,10 +130,7 @@ def gather(client: Any, futures: list, group: tuple[str, ...], poll: float = WAT
             done = [f for f in pending if f.done()]  # one look: a future cancelled after it is not dropped unseen
             erred = [f for f in done if f.status != "finished"]
             if erred:
-                exc = None
-                with contextlib.suppress(BaseException):  # a cancelled future has none: it raises
-                    exc = erred[0].exception()
-                _raise_if_lost(client, group, futures, grace, erred, exc if isinstance(exc, BaseException) else None)
+                _raise_if_lost(client, group, futures, grace, erred)
                 erred[0].result()  # raises the task's own error (or CancelledError)
             ended = {id(f) for f in done}
             pending = [f for f in pending if id(f) not in ended]
@@ -162,12 +159,16 @@ def _results(client: Any, futures: list, group: tuple[str, ...], grace: float) -
 
 
 def _raise_if_lost(client: Any, group: tuple[str, ...], futures: list, grace: float, erred: list,
-                   exc: BaseException | None) -> None:
-    """``GroupLost`` (carrying ``exc``) where a worker of the group is gone or one of ``erred`` was cancelled by the
-    scheduler, not us: its data was lost with a worker (under load its removal can reach the worker list after the
-    grace); nothing where the error is the task's own."""
+                   exc: BaseException | None = None) -> None:
+    """``GroupLost`` (carrying ``exc``, else the first of ``erred``'s error) where a worker of the group is gone or one
+    of ``erred`` was cancelled by the scheduler, not us: its data was lost with a worker (under load its removal can
+    reach the worker list after the grace); nothing where the error is the task's own."""
     gone = _lost(client, group, futures, grace)
     if gone or any(f.cancelled() for f in erred):
+        if exc is None:
+            with contextlib.suppress(BaseException):  # a cancelled future has none: it raises
+                found = erred[0].exception()
+                exc = found if isinstance(found, BaseException) else None
         raise GroupLost(group, gone, exc) from exc
 
 

@@ -185,7 +185,10 @@ def test_a_slot_trains_while_its_last_result_is_recorded_but_results_lag_the_tra
     """A tracker ten times slower than the trainings: each slot's next training overlaps its last record, but a slot
     takes no trial-rung while two of its results wait, so the scheduler and the goal decide on results at most one
     trial-rung per slot behind (not the whole schedule behind, as an unbounded queue of records let them)."""
-    sim = Sim(lambda trial_rung, attempt: (1.0, trained(trial_rung, 1.0)))
+    def one_second(trial_rung, attempt):
+        return 1.0, trained(trial_rung, 1.0)
+
+    sim = Sim(one_second)
     sched = hyperband()
     loop = make(sched, sim, SlowTracker(sim, 10.0), concurrency=concurrency)
     behind: list[int] = []  # at each submission: the trial-rungs handed out before it whose result is not settled
@@ -193,7 +196,7 @@ def test_a_slot_trains_while_its_last_result_is_recorded_but_results_lag_the_tra
     drive = loop.run()
     assert len(drive.rows) == 22 and sched.done
     assert max(behind) == 2 * concurrency - 1  # the slots' trainings but one, and a record per slot
-    fast = make(hyperband(), Sim(lambda trial_rung, attempt: (1.0, trained(trial_rung, 1.0))), concurrency=concurrency).run()
+    fast = make(hyperband(), Sim(one_second), concurrency=concurrency).run()
     key = lambda r: (r["trial_id"], r["resource"], r["score"])  # noqa: E731
     assert sorted(map(key, drive.rows)) == sorted(map(key, fast.rows))
 
