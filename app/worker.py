@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM or Ctrl-C, then hand back the trial-rungs it holds (``task_workers.hand_back``); one line
+    """Serve until SIGTERM or Ctrl-C, then hand back the trial-rungs it holds (``hand_back.hand_back``); one line
     and exit 2 without a Prefect server to serve."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # its own log lines outside a task run have no flow run to go to (a task run's carry the job's settings, which
@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
               "(http://host:4200/api)", file=sys.stderr)
         return 2
     from prefect_hyperband.app import terminal
-    from prefect_hyperband.flows import task_workers, worker_slots
+    from prefect_hyperband.flows import hand_back, task_workers, worker_slots
     from prefect_hyperband.trainers import factory
 
     def stop(signum, frame):  # noqa: ARG001  (a signal handler's signature)
@@ -83,9 +83,9 @@ def main(args: argparse.Namespace) -> int:
     finally:
         if worker:  # it begins no run from now on, and none reaches it once its subscription is closed
             worker[0].close_subscription(timeout=CLOSE_WAIT)
-        held = task_workers.hand_back(taken=_taken(worker))
-        held += task_workers.hand_back(taken=_taken(worker), wait=0, besides=held)  # (had the close not ended it)
-        _ended(worker, task_workers.HAND_BACK_WAIT)
+        held = hand_back.hand_back(taken=_taken(worker))
+        held += hand_back.hand_back(taken=_taken(worker), wait=0, besides=held)  # (had the close not ended it)
+        _ended(worker, hand_back.HAND_BACK_WAIT)
         task_workers._warm.clear()
         trainers.close_all()
     print(f"hyperband: worker stopped; {len(held)} trial-rung(s) it ran handed back to their jobs", file=sys.stderr,

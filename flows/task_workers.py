@@ -44,7 +44,6 @@ import types
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
-from uuid import UUID
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import CachePolicy
@@ -52,7 +51,7 @@ from prefect.context import TaskRunContext
 
 from prefect_hyperband.common.errors import seconds_from_env
 from prefect_hyperband.executors.job import Job, storage_at
-from prefect_hyperband.flows import work_pool, worker_slots, worker_watch
+from prefect_hyperband.flows import hand_back, work_pool, worker_slots, worker_watch
 from prefect_hyperband.flows.api_wait import answering
 from prefect_hyperband.flows.task_parameters import parameter_storage
 from prefect_hyperband.hyperband.trial import TrialRung
@@ -91,14 +90,9 @@ def pickup_timeout() -> float:
     return seconds_from_env("HYPERBAND_TASK_PICKUP_TIMEOUT", 120.0)
 
 
-#: in a ``hyperband worker``'s process only: its trainers, kept between trial-rungs (``app.worker``), and the task runs
-#: it runs now (handed back at its stop: ``hand_back``)
+#: in a ``hyperband worker``'s process only: its trainers, kept between trial-rungs (``app.worker``); the task runs it
+#: runs now are ``hand_back``'s
 _warm: list[factory.Trainers] = []
-_running: dict[str, stopping.StopToken] = {}
-#: seconds a stopping worker waits for the trial-rungs it handed back to end (each at its next unit), and what their
-#: task runs' state says
-HAND_BACK_WAIT = 15.0
-HANDED_BACK = "its hyperband worker stopped: the job runs it again"
 
 
 class _NoCache(CachePolicy):
@@ -117,21 +111,18 @@ def trial_rung(job: dict[str, Any], rung: dict[str, Any], heartbeat_seconds: flo
     run_id = str(TaskRunContext.get().task_run.id)  # type: ignore[union-attr]
     get_run_logger().info("on %s, process %d", os.uname().nodename, os.getpid())  # in the UI: which worker runs it
     trainers = _warm[0] if _warm else None
-    try:
-        with factory.scope(trainers, close=trainers is None), stopping.bind(stopping.StopToken()) as token:
-            _running[run_id] = token
-            with work_pool.heartbeat(spec, run_id, heartbeat_seconds, token, given_up=_given_up):
-                from prefect_hyperband.flows import runner
+    with factory.scope(trainers, close=trainers is None), stopping.bind(stopping.StopToken()) as token, \
+            hand_back.running(run_id, token), \
+            work_pool.heartbeat(spec, run_id, heartbeat_seconds, token, given_up=hand_back.given_up):
+        from prefect_hyperband.flows import runner
 
-                out = runner.here(spec, one)
-    finally:
-        _running.pop(run_id, None)
-    why = _given_up(run_id)
-    if why == HANDED_BACK:  # this worker is stopping: the job runs it again; nothing to say here
-        return {"host": os.uname().nodename, "pid": os.getpid(), "handed_back": True}
-    if why is not None:  # taken for dead while it trained: its rerun's result is the trial-rung's
-        raise work_pool.TrialRunGivenUp(f"given up by the job's controller ({why}); its trial-rung ran again")
-    spec.store().write_json(f"results/{run_id}.json", work_pool.result_of(out))
+        out = runner.here(spec, one)
+    with hand_back.ending(run_id) as why:
+        if why == hand_back.HANDED_BACK:  # this worker is stopping: the job runs it again; nothing to say here
+            return {"host": os.uname().nodename, "pid": os.getpid(), "handed_back": True}
+        if why is not None:  # taken for dead while it trained: its rerun's result is the trial-rung's
+            raise work_pool.TrialRunGivenUp(f"given up by the job's controller ({why}); its trial-rung ran again")
+        spec.store().write_json(f"results/{run_id}.json", work_pool.result_of(out))
     return {"host": os.uname().nodename, "pid": os.getpid()}
 
 
@@ -157,46 +148,6 @@ def _named(root: str | None) -> Any:
     named.__qualname__ = f"{fn.__name__}{worker_slots.STORE_SEP}{worker_slots.storage_digest(root)}"
     named.__module__, named.__doc__, named.__annotations__ = fn.__module__, fn.__doc__, dict(fn.__annotations__)
     return named
-
-
-def hand_back(why: str = HANDED_BACK, wait: float = HAND_BACK_WAIT, taken: Any = (), besides: Any = ()) -> list[str]:
-    """The task runs this worker runs now marked ``Crashed`` (``why``), as it stops, and those it took from the server
-    and had not begun (``taken``: its ``TaskWorker``'s, ``prefect_internals.remembering_taken``; the server sends a
-    taken run to no other worker). Their jobs run those trial-rungs again at once, not a heartbeat timeout later (a late
-    result is refused: ``_given_up``). Their trainings are asked to stop, and waited for up to ``wait`` seconds (each
-    ends at its next unit). The runs handed back, leaving out those in ``besides`` (handed back already)."""
-    from prefect.client.orchestration import get_client
-    from prefect.states import Crashed
-
-    held, skip = dict(_running), {str(run) for run in besides}
-    runs = [run for run in [*held, *({str(run) for run in taken} - set(held))] if run not in skip]
-    if runs:
-        with get_client(sync_client=True) as client:
-            for run_id in runs:
-                try:
-                    client.set_task_run_state(UUID(run_id), Crashed(message=why), force=True)
-                except Exception:  # noqa: BLE001  (the server away: the job takes the run for dead by its heartbeat)
-                    pass
-                if run_id in held:
-                    held[run_id].request(reason=why)
-    ends = time.monotonic() + wait
-    while _running and time.monotonic() < ends:
-        time.sleep(0.1)
-    if held:  # Prefect's engine sends each one's end after our function returns: a second, before the process ends
-        time.sleep(min(1.0, wait))
-    return runs
-
-
-def _given_up(run_id: str) -> str | None:
-    """Why the controller gave this task run up (``Crashed``: taken for dead; ``Cancelled``: sent again, or the job
-    stopping), or None while it has not."""
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        state = client.read_task_run(run_id).state
-    if state is None or state.type.value not in ("CRASHED", "CANCELLED"):
-        return None
-    return state.message or f"marked {state.type.value.title()}"
 
 
 def run_on_workers(job: Job, one: TrialRung) -> tuple[TrainResult | None, Evaluation | None, str | None,

@@ -275,46 +275,6 @@ def test_the_jobs_slots_follow_the_workers_counted_every_few_seconds_and_keep_th
     assert slots() == 1  # two left
 
 
-def test_a_stopping_worker_marks_what_it_runs_crashed_and_stops_those_trainings(monkeypatch):
-    from uuid import UUID
-
-    import prefect.client.orchestration as orchestration
-
-    from prefect_hyperband.trainers import stopping
-
-    marked = []
-
-    class Client:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def set_task_run_state(self, run_id, state, force):
-            marked.append((run_id, state.type.value, state.message, force))
-
-    monkeypatch.setattr(orchestration, "get_client", lambda sync_client: Client())
-    token, run_id = stopping.StopToken(), "6f3c1b1e-52f5-4f4a-9a49-2f0c1f3a7c11"
-    monkeypatch.setitem(task_workers._running, run_id, token)
-    assert task_workers.hand_back(wait=0.0) == [run_id]
-    assert marked == [(UUID(run_id), "CRASHED", task_workers.HANDED_BACK, True)] and token.requested()
-    assert task_workers.hand_back(wait=0.0) == [run_id]  # still running: a second stop marks it again
-    task_workers._running.clear()
-    assert task_workers.hand_back(wait=0.0) == []
-    # one it took from the server and had not begun (PENDING): no other worker gets it, so it is marked too
-    taken = UUID("0a6c2d3e-1111-4f4a-9a49-2f0c1f3a7c12")
-    marked.clear()
-    assert task_workers.hand_back(wait=0.0, taken=[taken]) == [str(taken)]
-    assert marked == [(taken, "CRASHED", task_workers.HANDED_BACK, True)]
-    # the stop's second pass, for runs taken while the first waited: those of the first are not marked again
-    marked.clear()
-    monkeypatch.setitem(task_workers._running, run_id, token)
-    late = UUID("0a6c2d3e-2222-4f4a-9a49-2f0c1f3a7c13")
-    assert task_workers.hand_back(wait=0.0, taken=[taken, late], besides=[run_id, str(taken)]) == [str(late)]
-    assert marked == [(late, "CRASHED", task_workers.HANDED_BACK, True)]
-
-
 def test_a_stopping_worker_knows_the_task_runs_its_prefect_task_worker_took():
     from types import SimpleNamespace
     from uuid import uuid4
