@@ -4,8 +4,9 @@ Measured (py-spy ``--gil``, ASHA, 1,500 instant trial-rungs, 8 slots): the MLflo
 process's GIL 48 % of the time, and the GIL was busy 90 % of the wall, so the trainings' Prefect task runs and
 the loop waited on MLflow's SQLAlchemy code. In a process of its own (``python -m
 prefect_hyperband.tracking.writer``, started by ``ProcessWriter``) those writes run on another core. Requests go
-over its stdin and answers come back over a pipe, pickled, one at a time and in order; what the process logs
-comes back as this process's log lines (logger ``prefect_hyperband.writer``).
+over its stdin, sent by a thread of their own (the caller never waits for the pipe), and answers come back over a
+pipe, pickled, one at a time and in order; what the process logs comes back as this process's log lines (logger
+``prefect_hyperband.writer``).
 
 A process costs its start (about 1.5 s of imports on these 2 cores, beside the job's own setup), so a job
 gets one where results can arrive tens a second: 16 slots or more, or an ASHA job of 500 configs or more or
@@ -20,6 +21,7 @@ import gc
 import logging
 import os
 import pickle
+import queue
 import signal
 import struct
 import subprocess
@@ -100,21 +102,39 @@ class ProcessWriter:
         self.lock = threading.Lock()
         self.pending: dict[int, Future] = {}
         self.seq = 0
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # calls to send, in order; None: no more
+        self.sender = threading.Thread(target=self._send_all, name="mlflow-writer-calls", daemon=True)
+        self.sender.start()
         self.reader = threading.Thread(target=self._read, name="mlflow-writer-answers", daemon=True)
         self.reader.start()
         threading.Thread(target=self._relay, name="mlflow-writer-log", daemon=True).start()
 
     def submit(self, name: str, *args: Any) -> Future:
+        """The call queued, never waited for: a thread of its own pickles it and writes it to the process, whose stdin
+        (a pipe of 64 KiB) fills while it writes slower than results come (a 16-slot job's first wave: the job's loop
+        blocked 240 to 430 ms in a write, every slot idle meanwhile)."""
         future: Future = Future()
         with self.lock:
             self.seq += 1
             self.pending[self.seq] = future
-            try:
-                _send(self.proc.stdin, (self.seq, name, args))
-            except (BrokenPipeError, OSError, ValueError) as exc:
-                self.pending.pop(self.seq, None)
-                future.set_exception(RuntimeError(f"the MLflow writer process is gone ({self._code()}): {exc}"))
+            self.outbox.put((self.seq, name, args))
         return future
+
+    def _send_all(self) -> None:
+        while (call := self.outbox.get()) is not None:
+            try:
+                _send(self.proc.stdin, call)
+            except Exception as exc:  # noqa: BLE001  (gone: BrokenPipeError; an argument pickle refused: the call's)
+                with self.lock:
+                    future = self.pending.pop(call[0], None)
+                gone = isinstance(exc, (OSError, ValueError))
+                if future is not None:
+                    future.set_exception(RuntimeError(f"the MLflow writer process is gone ({self._code()}): {exc}")
+                                         if gone else exc)
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
 
     def _read(self) -> None:
         while True:
@@ -144,11 +164,9 @@ class ProcessWriter:
         return "still running" if code is None else f"exit code {code}"
 
     def shutdown(self) -> None:
-        """Every call answered, then the process ends."""
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
+        """Every call sent and answered, then the process ends."""
+        self.outbox.put(None)
+        self.sender.join()
         self.reader.join()
 
 

@@ -59,3 +59,33 @@ def test_the_clis_writer_started_ahead_is_the_jobs_and_keeps_the_service_wait(mo
     finally:
         taken.shutdown()
     assert taken.proc.returncode == 0
+
+
+def test_a_process_writer_takes_calls_while_its_process_reads_none_and_answers_them_in_order():
+    """The job's loop never waits on the writer process's stdin (a 64 KiB pipe): calls are queued and sent by a
+    thread of the writer's own. Here the process is stopped (SIGSTOP) while calls of 256 KiB each are submitted;
+    once it goes on, each is answered in order (``ping`` takes no argument: each answer is its TypeError)."""
+    import os
+    import signal
+    import threading
+
+    from prefect_hyperband.tracking.writer import ProcessWriter
+
+    writer = ProcessWriter()
+    assert writer.submit("ping").result(timeout=60) == writer.proc.pid  # its imports done
+    os.kill(writer.proc.pid, signal.SIGSTOP)
+    futures: list = []
+    try:
+        submitting = threading.Thread(target=lambda: futures.extend(writer.submit("ping", b"x" * 2**18)
+                                                                    for _ in range(4)))
+        submitting.start()
+        submitting.join(timeout=30)
+        assert not submitting.is_alive(), "submit waited for the process to read"
+        assert len(futures) == 4 and not any(f.done() for f in futures)
+    finally:
+        os.kill(writer.proc.pid, signal.SIGCONT)
+    last = writer.submit("ping")
+    assert all(isinstance(f.exception(timeout=60), TypeError) for f in futures)
+    assert last.result(timeout=60) == writer.proc.pid
+    writer.shutdown()
+    assert writer.proc.returncode == 0
