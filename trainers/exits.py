@@ -23,6 +23,8 @@ from pathlib import Path
 
 #: a failed rank in torch's launcher summary: ``rank : 1 (local_rank: 1)`` then ``exitcode : -6 (pid: ...)``
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
+#: what a rank's error says when it failed only because a peer rank went away (gloo's transport)
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "gloo/transport")
 #: a DCP part: ``__<rank>_<n>.distcp``
 _DCP_PART = re.compile(r"^__(\d+)_\d+\.distcp$")
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -34,6 +36,11 @@ def failed_ranks(launcher_output: str) -> list[tuple[int, int]]:
     first = [(int(r), int(c)) for r, c in _SUMMARY_RANK.findall(root)]
     others = [(int(r), int(c)) for r, c in _SUMMARY_RANK.findall(failures) if (int(r), int(c)) not in first]
     return first + others
+
+
+def lost_a_peer(stderr: str) -> bool:
+    """Whether a failed rank's stderr says it failed only because a peer rank went away (``PEER_LOST``)."""
+    return any(words in stderr for words in PEER_LOST)
 
 
 def checkpoint_complete(directory: Path, world_size: int) -> str | None:

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from prefect_hyperband.trainers.exits import failed_ranks, lost_a_peer
+
 #: Seconds the launcher gets to stop its ranks after SIGTERM before everything is SIGKILLed.
 TERMINATE_GRACE = 5.0
 #: lines of a rank's stderr a failure message quotes
@@ -85,6 +87,22 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def _causes_first(workdir: Path, launcher_log: str) -> tuple[list[int], str]:
+    """The launcher's root cause, unless its ranks only lost a peer (gloo's "Connection closed by peer", then an
+    abort) while another rank failed of itself (not stopped by the launcher's SIGTERM): a rank whose peer exits can
+    die first, and the launcher names it. Then every failed rank, those of their own failure first, and their exit
+    codes."""
+    ranks, codes = root_cause(launcher_log)
+    lost = {r for r, _ in failed_ranks(launcher_log) if lost_a_peer(_tail(workdir / f"rank{r}.stderr"))}
+    causes = [r for r, code in failed_ranks(launcher_log) if r not in lost and code != -signal.SIGTERM]  # not stopped
+    if not causes or not set(ranks) <= lost:
+        return ranks, codes
+    every = {int(r): " ".join(c.split()) for r, c in re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*([^\n]*)",
+                                                              launcher_log)}
+    ordered = causes + sorted(lost)
+    return ordered, "; ".join(every.get(r, "?") for r in ordered)
+
+
 def root_cause(launcher_log: str) -> tuple[list[int], str]:
     """Ranks named as the root cause in torch.distributed.run's failure report, and their exit codes."""
     _, _, cause = launcher_log.partition("Root Cause")
@@ -94,9 +112,10 @@ def root_cause(launcher_log: str) -> tuple[list[int], str]:
 
 
 def failure_message(workdir: Path, headline: str) -> str:
-    """``headline`` plus the stderr tail of the failed rank(s), else of every rank and the launcher."""
+    """``headline`` plus the stderr tail of the failed rank(s), else of every rank and the launcher. Ranks that failed
+    of themselves come before those that only lost a peer (``_causes_first``)."""
     launcher = _tail(workdir / "launcher.log", 200)
-    ranks, codes = root_cause(launcher)
+    ranks, codes = _causes_first(workdir, launcher)
     files = [workdir / f"rank{r}.stderr" for r in ranks] or sorted(workdir.glob("rank*.stderr"))
     parts = [headline]
     if ranks:

@@ -80,3 +80,25 @@ def test_the_reason_names_the_rank_its_signal_and_what_was_checked():
         "rank 0 exited with code -6 (SIGABRT) after rank 0 reported r=9 and its checkpoint's 1 file(s) are whole: "
         "the result is kept")
     assert "code 1 (its own exit)" in why_kept(1, 1, 3, "x")
+
+
+def test_a_failure_names_the_rank_that_failed_before_the_one_that_only_lost_it(tmp_path: Path):
+    """Rank 1 exits on an error of its own; rank 0's collective then loses it (gloo's "Connection closed by peer")
+    and aborts first, so torch's launcher names rank 0 as the root cause. The message names rank 1 first, with its
+    error, then rank 0; a root cause of its own, or a peer stopped by the launcher, stays as the launcher says."""
+    from prefect_hyperband.trainers.launch import failure_message
+
+    lost_first = SUMMARY.replace("exitcode  : -15 (pid: 2266)  (SIGTERM)", "exitcode  : 1 (pid: 2266)")
+    (tmp_path / "launcher.log").write_text(lost_first)
+    (tmp_path / "rank0.stderr").write_text("RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer\n"
+                                          "terminate called without an active exception\n")
+    (tmp_path / "rank1.stderr").write_text("RuntimeError: injected failure (exit) at rank 1, epoch 2\n")
+    message = failure_message(tmp_path, "torch trial failed")
+    assert message.splitlines()[0] == "torch trial failed (failed ranks: 1, 0; exit code 1 (pid: 2266); -6 (pid: 2265) (SIGABRT))"
+    assert message.index("injected failure") < message.index("Connection closed by peer")
+    (tmp_path / "rank0.stderr").write_text("ValueError: a bug of rank 0's own\n")
+    assert "(failed rank: 0;" in failure_message(tmp_path, "torch trial failed")
+    (tmp_path / "launcher.log").write_text(SUMMARY)  # rank 1 stopped by the launcher: rank 0 stays the cause
+    (tmp_path / "rank0.stderr").write_text("Connection closed by peer\n")
+    (tmp_path / "rank1.stderr").write_text("")
+    assert "(failed rank: 0;" in failure_message(tmp_path, "torch trial failed")

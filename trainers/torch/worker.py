@@ -36,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 from prefect_hyperband.common.files import write_json_atomic
+from prefect_hyperband.trainers.exits import lost_a_peer
 from prefect_hyperband.trainers.torch import rows as torch_rows
 from prefect_hyperband.trainers.torch.device import device_for, join, set_deterministic
 from prefect_hyperband.trainers.torch.models import (
@@ -321,7 +322,7 @@ def peer_failure(exc: BaseException) -> bool:
     if isinstance(exc, getattr(dist, "DistNetworkError", ())):
         return True
     text = str(exc)
-    return any(s in text for s in ("Connection reset by peer", "Connection closed by peer", "gloo/transport", "NCCL"))
+    return lost_a_peer(text) or "NCCL" in text
 
 
 def serve(pool_dir: Path, rank: int, world_size: int, local_rank: int, owner: int) -> None:
