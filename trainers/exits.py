@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 #: a failed rank in torch's launcher summary: ``rank : 1 (local_rank: 1)`` then ``exitcode : -6 (pid: ...)``
-_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*([^\n]*)", re.M)
 #: what a rank's error says when it failed only because a peer rank went away (gloo's transport)
 PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "gloo/transport")
 #: a DCP part: ``__<rank>_<n>.distcp``
@@ -30,12 +30,18 @@ _DCP_PART = re.compile(r"^__(\d+)_\d+\.distcp$")
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
+def summary_ranks(section: str) -> list[tuple[int, str]]:
+    """``(rank, exit code as printed)`` of each failed rank a part of torch's launcher summary lists, in its order:
+    ``(1, "-6 (pid: 4242)")``."""
+    return [(int(r), " ".join(c.split())) for r, c in _SUMMARY_RANK.findall(section)]
+
+
 def failed_ranks(launcher_output: str) -> list[tuple[int, int]]:
     """``(rank, exit code)`` of every rank torch's launcher listed as failed, the root cause first."""
     failures, _, root = launcher_output.partition("Root Cause")
-    first = [(int(r), int(c)) for r, c in _SUMMARY_RANK.findall(root)]
-    others = [(int(r), int(c)) for r, c in _SUMMARY_RANK.findall(failures) if (int(r), int(c)) not in first]
-    return first + others
+    listed = summary_ranks(root) + summary_ranks(failures)
+    pairs = [(r, int(m.group())) for r, text in listed if (m := re.match(r"-?\d+", text))]
+    return list(dict.fromkeys(pairs))
 
 
 def lost_a_peer(stderr: str) -> bool:

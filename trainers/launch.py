@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from prefect_hyperband.trainers.exits import failed_ranks, lost_a_peer
+from prefect_hyperband.trainers.exits import failed_ranks, lost_a_peer, summary_ranks
 
 #: Seconds the launcher gets to stop its ranks after SIGTERM before everything is SIGKILLed.
 TERMINATE_GRACE = 5.0
@@ -93,22 +92,20 @@ def _causes_first(workdir: Path, launcher_log: str) -> tuple[list[int], str]:
     die first, and the launcher names it. Then every failed rank, those of their own failure first, and their exit
     codes."""
     ranks, codes = root_cause(launcher_log)
-    lost = {r for r, _ in failed_ranks(launcher_log) if lost_a_peer(_tail(workdir / f"rank{r}.stderr"))}
-    causes = [r for r, code in failed_ranks(launcher_log) if r not in lost and code != -signal.SIGTERM]  # not stopped
+    failed = failed_ranks(launcher_log)
+    lost = {r for r, _ in failed if lost_a_peer(_tail(workdir / f"rank{r}.stderr"))}
+    causes = [r for r, code in failed if r not in lost and code != -signal.SIGTERM]  # not stopped by the launcher
     if not causes or not set(ranks) <= lost:
         return ranks, codes
-    every = {int(r): " ".join(c.split()) for r, c in re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*([^\n]*)",
-                                                              launcher_log)}
+    printed = dict(summary_ranks(launcher_log))
     ordered = causes + sorted(lost)
-    return ordered, "; ".join(every.get(r, "?") for r in ordered)
+    return ordered, "; ".join(printed.get(r, "?") for r in ordered)
 
 
 def root_cause(launcher_log: str) -> tuple[list[int], str]:
-    """Ranks named as the root cause in torch.distributed.run's failure report, and their exit codes."""
-    _, _, cause = launcher_log.partition("Root Cause")
-    ranks = sorted({int(r) for r in re.findall(r"rank\s*:\s*(\d+)", cause)})
-    codes = [" ".join(c.split()) for c in re.findall(r"exitcode\s*:\s*([^\n]*)", cause)]
-    return ranks, "; ".join(codes)
+    """Ranks named as the root cause in torch.distributed.run's failure report, and their exit codes as printed."""
+    cause = summary_ranks(launcher_log.partition("Root Cause")[2])
+    return sorted({r for r, _ in cause}), "; ".join(code for _, code in cause)
 
 
 def failure_message(workdir: Path, headline: str) -> str:

@@ -6,7 +6,7 @@ import io
 import zipfile
 from pathlib import Path
 
-from prefect_hyperband.trainers.exits import checkpoint_complete, failed_ranks, why_kept
+from prefect_hyperband.trainers.exits import checkpoint_complete, failed_ranks, summary_ranks, why_kept
 
 #: torch 2.13's launcher, as printed when rank 0 aborted after destroy_process_group() and rank 1 was stopped
 SUMMARY = """fsdp.py FAILED
@@ -35,6 +35,11 @@ Root Cause (first observed failure):
 def test_the_launchers_failed_ranks_come_root_cause_first():
     assert failed_ranks(SUMMARY) == [(0, -6), (1, -15)]
     assert failed_ranks("no summary at all") == []
+
+
+def test_the_summary_gives_each_failed_rank_with_its_exit_code_as_printed():
+    assert summary_ranks(SUMMARY) == [(1, "-15 (pid: 2266) (SIGTERM)"), (0, "-6 (pid: 2265) (SIGABRT)")]
+    assert summary_ranks(SUMMARY.partition("Root Cause")[2]) == [(0, "-6 (pid: 2265) (SIGABRT)")]
 
 
 def dcp(folder: Path, ranks: range, metadata: bool = True) -> Path:
