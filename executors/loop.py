@@ -192,6 +192,8 @@ class Loop:
     to_close: list[str] = field(default_factory=list, init=False)
     told: list[tuple[Outcome, list[Decision]]] = field(default_factory=list, init=False)  # settled, not yet told
     stop_began: float | None = field(default=None, init=False)
+    #: no training in flight can be past its timeout before this (``_give_up_overdue``)
+    overdue_from: float = field(default=float("inf"), init=False)
 
     def __post_init__(self) -> None:
         self.began = self.clock.now()
@@ -243,14 +245,17 @@ class Loop:
         """Trial-rungs into the free slots while no more results than slots wait for the tracker, unless the job is
         stopping."""
         limit = max(1, self.slots()) if self.slots is not None else self.concurrency
-        while (self.stop_began is None and not self.stop.requested() and self._busy() < limit
-               and self._recording() <= limit):
+        busy, recording = self._busy(), self._recording()  # counted once: a fill of 256 slots is not 256 x 256
+        while (self.stop_began is None and not self.stop.requested() and busy < limit and recording <= limit):
             trial_rung = self.retry.pop(0) if self.retry else self._next()
             if trial_rung is None:
                 return
             if not is_baseline(trial_rung.bracket):  # the baseline has no run of its own
                 self.tracker.start(trial_rung)
-            self.flights[self.executor.submit(trial_rung)] = Flight(trial_rung, self.timeouts.limit(trial_rung))
+            flight = Flight(trial_rung, self.timeouts.limit(trial_rung))
+            self.flights[self.executor.submit(trial_rung)] = flight
+            self.overdue_from = min(self.overdue_from, self.clock.now() + flight.limit)  # it begins after now
+            busy += 1
 
     def _next(self) -> TrialRung | None:
         if self.goal is not None and self.goal.met():
@@ -338,9 +343,15 @@ class Loop:
         if self.stop_began is not None:
             return
         now = self.clock.now()
+        if now <= self.overdue_from:  # none can be overdue yet: no pass over every flight
+            return
+        soonest = float("inf")
         for future, flight in list(self.flights.items()):
+            if flight.recording:
+                continue
             began = self.executor.began(future)
-            if flight.recording or future.done() or began is None or now - began <= flight.limit:
+            if began is None or now - began <= flight.limit or future.done():
+                soonest = min(soonest, (now if began is None else began) + flight.limit)  # not begun: begins after now
                 continue
             del self.flights[future]
             self.executor.give_up(future)
@@ -348,6 +359,7 @@ class Loop:
             out = Outcome(flight.trial_rung, None, None, f"TimeoutError: the trial-rung took more than {flight.limit:.0f} s "
                           "(--trial-timeout); its training was stopped")
             self._settle(flight.trial_rung, self.tracker.record_failure(out))
+        self.overdue_from = soonest
 
     def _settle(self, trial_rung: TrialRung, out: Outcome) -> None:
         """A trial-rung's outcome into the scheduler and the rows; its decisions to the watchers."""

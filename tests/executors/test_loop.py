@@ -363,6 +363,24 @@ def test_a_trial_rung_past_its_timeout_fails_its_trial_and_the_job_goes_on():
     assert 30.0 < drive.lost <= 30.25  # the given-up training's seconds, on the loop's clock
 
 
+def test_a_trial_rung_handed_out_with_a_shorter_timeout_than_those_in_flight_is_given_up_at_its_own():
+    """The job's measured timeout (``Timeouts``: an hour until three trial-rungs are measured, then at least 300 s)
+    shrinks while earlier trial-rungs still fly with the hour: a later one that hangs is given up at its 300 s."""
+    handed = itertools.count()
+    hung: list[str] = []
+
+    def behave(trial_rung, attempt):
+        if next(handed) == 7:
+            hung.append(trial_rung.trial_id)
+            return HANG, None
+        return 1.0, trained(trial_rung, 1.0)
+
+    sim = Sim(behave)
+    drive = make(hyperband(), sim, concurrency=2).run()
+    assert [t.trial_id for t in sim.given_up] == hung
+    assert 300.0 < drive.lost <= 300.25
+
+
 def test_an_orchestration_error_runs_the_trial_rung_again_and_past_its_retries_fails_the_trial():
     def behave(trial_rung, attempt):
         if trial_rung.trial_id == "s2-0000" and attempt < ORCHESTRATION_RETRIES:

@@ -4,13 +4,18 @@ run), and its place is let go however the work ends."""
 from __future__ import annotations
 
 import contextvars
+import gc
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+import weakref
+from concurrent.futures import Future
 
 import pytest
 
-from prefect_hyperband.executors.threads import ThreadExecutor
+from prefect_hyperband.executors.threads import RealClock, ThreadExecutor
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.trainers.stopping import StopToken
 
@@ -53,7 +58,7 @@ def test_a_process_exits_with_a_training_given_up_on_its_timeout_still_running()
     ``trial_timeout`` still ran (a pool's threads are joined at exit, and Python cannot stop a thread)."""
     script = textwrap.dedent("""
         import threading
-        from prefect_hyperband.executors.threads import ThreadExecutor, stuck
+        from prefect_hyperband.executors.threads import RealClock, ThreadExecutor, stuck
         from prefect_hyperband.hyperband.trial import TrialRung
         from prefect_hyperband.trainers.stopping import StopToken
 
@@ -67,3 +72,36 @@ def test_a_process_exits_with_a_training_given_up_on_its_timeout_still_running()
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "returned 1", done.stderr
+
+
+def test_the_clock_hands_out_the_futures_that_ended_and_keeps_none_it_handed_out():
+    clock = RealClock()
+    early, late, never = Future(), Future(), Future()
+    early.set_result(1)
+    assert clock.wait([early, late, never], 5.0) == {early}  # done before it was waited on
+    began = time.monotonic()
+    threading.Timer(0.2, late.set_result, (2,)).start()
+    assert clock.wait([late, never], 5.0) == {late}  # woken by its end, long before the timeout
+    assert time.monotonic() - began < 4.0
+    assert clock.wait([never], 0.1) == set()
+    gone = weakref.ref(early)
+    del early
+    gc.collect()
+    assert gone() is None  # a future handed out is not kept by the clock (a job's memory would grow by each)
+    dropped = Future()
+    clock.wait([dropped, never], 0.01)
+    dropped.set_result(3)  # ended after the caller stopped waiting for it: forgotten at the next wait
+    assert clock.wait([never], 0.01) == set()
+    assert clock.wait([dropped], 0.01) == {dropped}  # and found again if it is waited for once more
+
+
+def test_a_trial_rungs_thread_is_joined_by_shutdown_and_not_kept_after_it_ends():
+    gate = threading.Event()
+    executor = ThreadExecutor(lambda trial_rung: gate.wait(10) and trial_rung.trial_id, StopToken())
+    futures = [executor.submit(_trial_rung(i)) for i in range(3)]
+    assert len(executor.threads) == 3
+    gate.set()
+    assert [f.result() for f in futures] == ["0000", "0001", "0002"]
+    executor.shutdown(wait=True)
+    assert not any(t.name.startswith("hyperband-trial") and t.is_alive() for t in threading.enumerate())
+    assert executor.threads == set()
