@@ -11,15 +11,16 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import replace
+from typing import Any
 
-from prefect import tags
+from prefect import Task, tags
 from prefect.utilities.annotations import quote
 
 from prefect_hyperband.executors.job import Job
 from prefect_hyperband.executors.loop import Outcome
 from prefect_hyperband.hyperband.trial import TrialRung
 from prefect_hyperband.tasks.prefect_internals import forget_results
-from prefect_hyperband.tasks.trials import evaluate_trial, train_trial
+from prefect_hyperband.tasks.trials import evaluate_trial, train_trial, trial_error
 from prefect_hyperband.trainers import factory
 from prefect_hyperband.trainers.base import Trainer, placement
 
@@ -35,22 +36,33 @@ def work(job: Job, trial_rung: TrialRung, trainer: Trainer) -> Outcome:
     with contextlib.ExitStack() as held:
         group = _reserve(trainer, held)
         with tags(*group):
-            trained_state = train_trial(quote(job), quote(trainer), trial_rung.trial_id, trial_rung.config, trial_rung.resource,
-                                        trial_rung.checkpoint, return_state=True)
-    trained = trained_state.result(raise_on_failure=False)
-    if isinstance(trained, BaseException) or not trained_state.is_completed():
-        return Outcome(trial_rung, None, None, _describe(trained, trained_state))
+            trained = _value(train_trial, quote(job), quote(trainer), trial_rung.trial_id, trial_rung.config,
+                             trial_rung.resource, trial_rung.checkpoint)
+    if isinstance(trained, BaseException):
+        return Outcome(trial_rung, None, None, _describe(trained))
     with tags(*group):
-        evaluated_state = evaluate_trial(quote(job), quote(trainer), trial_rung.trial_id, trial_rung.resource, trained,
-                                         return_state=True)
-    evaluated = evaluated_state.result(raise_on_failure=False)
+        evaluated = _value(evaluate_trial, quote(job), quote(trainer), trial_rung.trial_id, trial_rung.resource, trained)
     forget_results(trained, evaluated)  # never passed on again: kept, they grew the job's memory by every trial-rung
     trained = replace(trained, model=None)  # measured: the outcome keeps the checkpoint, not the model in memory
-    if isinstance(evaluated, BaseException) or not evaluated_state.is_completed():
-        return Outcome(trial_rung, trained, None, _describe(evaluated, evaluated_state))
+    if isinstance(evaluated, BaseException):
+        return Outcome(trial_rung, trained, None, _describe(evaluated))
     ended = time.time()
     started = ended - evaluated.seconds - trained.seconds  # the work itself, without the task runs around it
     return Outcome(trial_rung, trained, evaluated, None, started, ended)
+
+
+def _value(step: Task, *args: Any) -> Any:
+    """What a trial-rung's task returned, or the error raised inside it (the trial's failure: its task run Failed);
+    an error of the orchestration around it (the Prefect API) propagates. A task run that ended without running
+    (its state refused by the server) is the trial's error too. The value is taken from the task's engine, not
+    through its state (``State.result``: a round trip through Prefect's event-loop thread)."""
+    try:
+        value = step(*args)
+    except Exception as exc:
+        if trial_error(exc):
+            return exc
+        raise
+    return RuntimeError(f"the {step.name} task run ended without running") if value is None else value
 
 
 def _reserve(trainer: Trainer, held: contextlib.ExitStack) -> tuple[str, ...]:
@@ -69,12 +81,10 @@ def here(job: Job, trial_rung: TrialRung) -> Outcome:
     try:
         trainer = factory.get(job.settings)
     except Exception as exc:
-        return Outcome(trial_rung, None, None, _describe(exc, None))
+        return Outcome(trial_rung, None, None, _describe(exc))
     return work(job, trial_rung, trainer)
 
 
-def _describe(value: object, state: object) -> str:
-    if isinstance(value, BaseException):
-        text = str(value).strip()
-        return f"{type(value).__name__}: {text}" if text else type(value).__name__
-    return f"ended {getattr(state, 'type', state)}: {getattr(state, 'message', '')}"
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -15,9 +17,34 @@ from prefect_hyperband.executors.job import Job
 from prefect_hyperband.trainers import registry, stopping
 from prefect_hyperband.trainers.base import Evaluation, Trainer, TrainResult, checkpoint_damage, size_of
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: the mark of an error raised inside a trial-rung's task: the trial's failure (its task run Failed). The caller takes
+#: the task's value, not its state (``State.result`` is a round trip through Prefect's event-loop thread, twice per
+#: trial-rung), and tells such an error from one of the orchestration around the task (``flows.runner``)
+TRIAL_ERROR = "hyperband_trial_error"
+
+
+def trial_error(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside a trial-rung's task (the trial's failure), not around it."""
+    return bool(getattr(exc, TRIAL_ERROR, False))
+
+
+def _marks_its_errors(fn: F) -> F:
+    @functools.wraps(fn)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            setattr(exc, TRIAL_ERROR, True)
+            raise
+
+    return marked  # type: ignore[return-value]
+
 
 @task(name="train", task_run_name="train {trial_id} to r={resource}", cache_policy=NO_CACHE,
       persist_result=False)  # a task worker's trial-rung persists (Prefect's background tasks do): not these
+@_marks_its_errors
 def train_trial(job: Job, trainer: Trainer, trial_id: str, config: dict[str, Any], resource: int,
                 checkpoint: str | None) -> TrainResult:
     """Train one config to ``resource`` units with the job's ``trainer``, resuming from its checkpoint (fetched from
@@ -100,6 +127,7 @@ def _resource_of(job: Job, checkpoint: str) -> int:
 
 
 @task(name="evaluate", task_run_name="evaluate {trial_id} at r={resource}", cache_policy=NO_CACHE, persist_result=False)
+@_marks_its_errors
 def evaluate_trial(job: Job, trainer: Trainer, trial_id: str, resource: int, trained: TrainResult) -> Evaluation:
     """The validation metric of a checkpoint, on the whole validation set; with several objectives, each of them
     (the costs measured here: the rung's training seconds, the checkpoint's bytes, the trainer's prediction ms)."""
