@@ -95,13 +95,15 @@ def test_the_clock_hands_out_the_futures_that_ended_and_keeps_none_it_handed_out
     assert clock.wait([dropped], 0.01) == {dropped}  # and found again if it is waited for once more
 
 
-def test_a_trial_rungs_thread_is_joined_by_shutdown_and_not_kept_after_it_ends():
+def test_idle_threads_take_the_next_trial_rungs_and_shutdown_ends_and_joins_them():
     gate = threading.Event()
     executor = ThreadExecutor(lambda trial_rung: gate.wait(10) and trial_rung.trial_id, StopToken())
     futures = [executor.submit(_trial_rung(i)) for i in range(3)]
-    assert len(executor.threads) == 3
+    threads = set(executor.threads)
+    assert len(threads) == 3  # none idle while three are held: one thread each
     gate.set()
     assert [f.result() for f in futures] == ["0000", "0001", "0002"]
+    assert [executor.submit(_trial_rung(i)).result() for i in range(3, 6)] == ["0003", "0004", "0005"]
+    assert executor.threads == threads  # idle threads take the next trial-rungs: none started for them
     executor.shutdown(wait=True)
-    assert not any(t.name.startswith("hyperband-trial") and t.is_alive() for t in threading.enumerate())
-    assert executor.threads == set()
+    assert not any(t.is_alive() for t in threads) and executor.threads == set()
