@@ -19,7 +19,7 @@ from prefect_hyperband.executors.job import Job
 from prefect_hyperband.executors.loop import Drive, JobStopped, Loop, Outcome, stop_grace
 from prefect_hyperband.executors.state import StateWriter
 from prefect_hyperband.executors.threads import RealClock, ThreadExecutor
-from prefect_hyperband.flows import runner
+from prefect_hyperband.flows import progress_bar, runner
 from prefect_hyperband.flows.groups import Groups
 from prefect_hyperband.flows.worker_slots import LiveSlots, slot_count
 from prefect_hyperband.hyperband import schedule
@@ -28,7 +28,7 @@ from prefect_hyperband.hyperband.first import PRIOR_BRACKET, PRIOR_TRIAL, is_bas
 from prefect_hyperband.hyperband.journal import Journal
 from prefect_hyperband.hyperband.promotion import best_key, failed, first, sort_key
 from prefect_hyperband.hyperband.scheduler import Decision, Scheduler, best_of, trial_bests
-from prefect_hyperband.tasks import importance_report, report
+from prefect_hyperband.tasks import importance_report
 from prefect_hyperband.tasks.trials import promote_rung
 from prefect_hyperband.tracking.records import close_trial_runs
 from prefect_hyperband.tracking.tracker import MlflowTracker
@@ -40,7 +40,7 @@ PROGRESS_INTERVAL = 2.0
 
 
 def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: float, lost: float = 0.0,
-          runs: dict[str, str] | None = None, progress: report.ProgressBar | None = None,
+          runs: dict[str, str] | None = None, progress: progress_bar.ProgressBar | None = None,
           saved: dict[str, Any] | None = None, writer: Writer | None = None, criteria: Criteria | None = None,
           clock=lambda: 0.0, importance: str = "none") -> Drive:
     """Run ``scheduler`` to the end with ``job.concurrency`` trial-rungs in flight; state saved after every pass
@@ -66,7 +66,7 @@ def drive(job: Job, scheduler: Scheduler, rows: list[dict[str, Any]], spent: flo
     tracker = MlflowTracker(job, runs, scheduler.records, token, logger.warning, writer,
                             trial_bests(scheduler.records(), job.directions))  # a resume's trials' best so far
     tracker.wait_ready()
-    events = _Events(job, scheduler, logger, progress or report.ProgressBar(None, 0), groups,
+    events = _Events(job, scheduler, logger, progress or progress_bar.ProgressBar(None, 0), groups,
                      _live_importance(job, importance))
     _show_start(job, rows, scheduler)
     journal, saved = Journal(), saved or {}
@@ -143,7 +143,7 @@ class _Events:
     """What the loop tells: a line per closed rung (ASHA: per new best), the promote task, the progress
     artifact (moved at most every ``PROGRESS_INTERVAL`` seconds) and the live display."""
 
-    def __init__(self, job: Job, scheduler: Scheduler, logger, progress: report.ProgressBar,
+    def __init__(self, job: Job, scheduler: Scheduler, logger, progress: progress_bar.ProgressBar,
                  groups: Groups | None = None, live: importance_report.Live | None = None) -> None:
         self.job, self.scheduler, self.logger, self.progress, self.live = job, scheduler, logger, progress, live
         self.groups = groups or Groups(job.mode)

@@ -14,7 +14,7 @@ from prefect_hyperband.common.errors import first_line, one_line, unavailable
 from prefect_hyperband.executors.job import Job
 from prefect_hyperband.executors.schedulers import make_scheduler
 from prefect_hyperband.executors.state import load_state, save_job_record
-from prefect_hyperband.flows import ending, form, parents, run_name
+from prefect_hyperband.flows import ending, form, parents, progress_bar, run_name
 from prefect_hyperband.flows.driver import JobStopped, close_decided, drive
 from prefect_hyperband.flows.lock import job_lock, took_over
 from prefect_hyperband.flows.lost import end_lost_flow_run
@@ -103,7 +103,7 @@ def _run_job(params: TuneParams, job: Job, logger, began: float, writer: Writer)
         _adopt_runs(job, runs)
         close_decided(job, scheduler, runs)
         logger.info("job %s resumed: %d trial-rungs kept", job.job_id, sum(not is_baseline(r["bracket"]) for r in rows))
-    progress = report.ProgressBar(report.report_start(plan["trial_rungs"]), plan["trial_rungs"])
+    progress = progress_bar.ProgressBar(report.report_start(plan["trial_rungs"]), plan["trial_rungs"])
     if not job.trial_pool and not job.task_workers:
         factory.get(job.settings)  # start the cluster and load the data once, before the first trial
     try:

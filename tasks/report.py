@@ -18,7 +18,6 @@ from __future__ import annotations
 import heapq
 import json
 import re
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
@@ -60,7 +59,8 @@ def _check_key(key: str) -> str:
 # ---------------------------------------------------------------- Prefect UI artifacts
 
 
-def _percent(done: int, total: int) -> float:
+def percent(done: int, total: int) -> float:
+    """``done`` of ``total`` as the bar's percent, 0 to 100."""
     if total <= 0:
         return 100.0
     return max(0.0, min(100.0, 100.0 * done / total))
@@ -83,7 +83,7 @@ def update_progress(artifact_id: UUID | str, done: int, total: int) -> None:
 
     update_progress_artifact(
         artifact_id=UUID(str(artifact_id)),
-        progress=_percent(done, total),
+        progress=percent(done, total),
         description=f"Hyperband: {done} of {total} trial-rungs done",
     )
 
@@ -275,38 +275,6 @@ def log_plots(tracking_uri: str, run_id: str, rows: Iterable[Row], metric: str, 
 
 
 # ---------------------------------------------------------------- one job's progress bar
-
-
-class ProgressBar:
-    """One job's progress artifact, moved by the job's loop (best effort: a failed update warns). ``id`` None:
-    the artifact could not be created, and nothing moves."""
-
-    def __init__(self, artifact_id: str | None, total: int) -> None:
-        self.id, self.total, self.done = artifact_id, total, 0
-        self._lock = threading.Lock()  # one update at a time, each with the latest count: the bar never moves back
-
-    def advance(self, n: int = 1) -> float | None:
-        """``n`` more finished trial-rungs; the percent shown (None without an artifact)."""
-        if self.id is None:
-            return None
-        with self._lock:
-            self.done += n
-            self.total = max(self.total, self.done)  # ASHA or a resumed job may do more than planned
-            self._send(self.done, self.total)
-            return _percent(self.done, self.total)
-
-    def finish(self) -> None:
-        """The bar to 100% at the end of the job, whatever was counted."""
-        if self.id is not None:
-            with self._lock:
-                self.done = self.total = max(self.done, self.total)
-                self._send(self.done, self.total)
-
-    def _send(self, done: int, total: int) -> None:
-        try:
-            update_progress(self.id, done, total)  # type: ignore[arg-type]  (checked by the callers)
-        except Exception as exc:
-            warn_failure("progress update", exc)
 
 
 # ---------------------------------------------------------------- thin Prefect tasks (best effort)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from prefect_hyperband.flows import progress_bar
 from prefect_hyperband.hyperband.accounting import RungResult, summarise
 from prefect_hyperband.tasks import report
 
@@ -155,15 +156,16 @@ def test_report_tasks_are_best_effort(prefect_harness, tracking_uri, monkeypatch
     @flow
     def job():
         run_id = str(get_run_context().flow_run.id)
-        bar = report.ProgressBar(report.report_start(2 * len(ROWS)), 2 * len(ROWS))
+        bar = progress_bar.ProgressBar(report.report_start(2 * len(ROWS)), 2 * len(ROWS))
         with ThreadPoolExecutor(3) as pool:  # the loop's thread and the trials' threads may move it
             list(pool.map(lambda _: bar.advance(), range(len(ROWS))))
+        assert bar.flush(timeout=60)  # sent by the bar's own thread
         halfway = float(_artifacts(run_id)[report.PROGRESS_KEY].data)
         bar.finish()
         out = report.report_results(ROWS, CONFIGS, _summary(), "val_auc", "max", tracking_uri, parent,
                                     runs={"s1-b": "run-b"})
-        broken = report.ProgressBar("not-a-uuid", 2).advance()  # a bad id warns, never fails the job
-        untracked = report.ProgressBar(None, 2).advance()
+        broken = progress_bar.ProgressBar("not-a-uuid", 2).advance()  # a bad id warns, never fails the job
+        untracked = progress_bar.ProgressBar(None, 2).advance()
         return run_id, out, broken, halfway, untracked
 
     run_id, out, broken, halfway, untracked = job()
@@ -217,3 +219,4 @@ def test_the_leaderboard_ranks_ties_as_the_champion_does():
     champion, resource, _ = best_of(records, "max")
     assert [(b["trial_id"], b["resource"]) for b in board] == [("s0-a", 3), ("s0-b", 1)]
     assert (champion.trial_id, resource) == (board[0]["trial_id"], board[0]["resource"])
+
