@@ -9,6 +9,7 @@ from typing import Any
 
 from prefect import get_run_logger
 from prefect.states import Cancelled, Failed, State
+from prefect.utilities.annotations import quote
 
 from prefect_hyperband.common.errors import first_line, shown
 from prefect_hyperband.executors.job import Job
@@ -95,8 +96,9 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
     summary, best = _summarise(job, records, run, runs, points)
     registered = _champion(params, job, best, logger)
     version = registered.version if registered is not None else None
+    # quoted: Prefect walks a task run's parameters for futures, and walking a 960-trial job's records took seconds
     mattered = None if params.importance == "none" else _written(job, log_importance(
-        job, records, params.importance, return_state=True))
+        quote(job), quote(records), params.importance, return_state=True))
     progress.finish()
     links = mlflow_links(job, registered)
     report.report_results(
@@ -106,8 +108,8 @@ def _finish(params: TuneParams, job: Job, records: list[TrialRecord], run, runs:
                for name, (text, url) in links.items()}, runs=runs,
     )
     if job.objectives:
-        _written(job, log_front(job, records, run.rows, runs, best["trial_id"] if best else None, points,
-                                 return_state=True))
+        _written(job, log_front(quote(job), quote(records), quote(run.rows), quote(runs),
+                                 best["trial_id"] if best else None, quote(points), return_state=True))
     overall = parents.overall_best(job, best)
     text = _summary_text(job, summary, run, len(records), max_trials, params.time_budget, mattered, points, best)
     if registered is not None:  # champion kept or moved, and why (``champion.decide``)
