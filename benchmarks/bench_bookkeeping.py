@@ -25,6 +25,10 @@ Ray's release test (``release/tune_tests/scalability_tests/workloads/test_bookke
   (``--ray-python`` points elsewhere). "flow": ``tune.run``'s wall; "end to end": the process. Ray runs a
   worker process per concurrent trial: where C of them would not fit in this machine's memory
   (``RAY_MIB_PER_TRIAL`` each, measured), the row says so and Ray is not run at that width.
+* Prefect alone (the floor of Prefect's own engine here, ``--no-prefect`` skips it): a flow run whose C threads
+  run, per trial, a ``train`` task run that sleeps T and an ``evaluate`` task run, in the flow's context (no
+  cache, no result persisted, as ours), against a temporary Prefect server running the CLI's app; no MLflow, no
+  state, no scheduler. "flow": the flow function's wall. A child process of its own, as ours is.
 """
 
 from __future__ import annotations
@@ -85,6 +89,51 @@ def ours(c: int, t: float, n: int, where: Path) -> dict:
     return {"flow": summary["wall_seconds"], "wall": wall}
 
 
+def prefect_alone_run(c: int, t: float, n: int) -> float:
+    """In this process: the Prefect-alone flow (the docstring) once, its wall in seconds."""
+    import contextvars
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+
+    from benchmarks._common import prefect_server
+
+    @task(name="train", cache_policy=NO_CACHE, persist_result=False)
+    def train(i: int, seconds: float) -> int:
+        time.sleep(seconds)
+        return i
+
+    @task(name="evaluate", cache_policy=NO_CACHE, persist_result=False)
+    def evaluate(i: int) -> int:
+        return i
+
+    @flow(name="bookkeeping-prefect-alone")
+    def alone(c: int, t: float, n: int) -> float:
+        began = time.perf_counter()
+        with ThreadPoolExecutor(c) as pool:
+            for done in [pool.submit(contextvars.copy_context().run, lambda i: evaluate(train(i, t)), i)
+                         for i in range(n)]:
+                done.result()
+        return time.perf_counter() - began
+
+    with prefect_server():
+        alone(2, 0.0, 4)  # the server and the engine warm, as the job's first trial-rungs are not
+        return alone(c, t, n)
+
+
+def prefect_alone(c: int, t: float, n: int, where: Path) -> dict:
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    began = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--prefect-alone-run", f"{c},{t:g},{n}"],
+                          cwd=where, env=env, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"Prefect alone at C={c} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return {"flow": json.loads(lines[-1].removeprefix("RESULT "))["flow"], "wall": time.perf_counter() - began}
+
+
 def ray(c: int, t: float, n: int, where: Path, python: str) -> dict | str:
     total_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
     if c * RAY_MIB_PER_TRIAL > 0.8 * total_mib:
@@ -107,8 +156,14 @@ def main() -> None:
     ap.add_argument("--only", type=int, action="append", help="run this width C only (repeatable)")
     ap.add_argument("--no-ray", action="store_true", help="ours alone")
     ap.add_argument("--quick", action="store_true", help="C=16 only, 160 trials of 1 s (a smoke run)")
+    ap.add_argument("--no-prefect", action="store_true", help="no Prefect-alone floor")
     ap.add_argument("--ray-python", default="/tmp/ray/bin/python", help="the Python of an environment with ray[tune]")
+    ap.add_argument("--prefect-alone-run", help=argparse.SUPPRESS)  # C,T,N: the floor's child process
     args = ap.parse_args()
+    if args.prefect_alone_run:
+        c, t, n = args.prefect_alone_run.split(",")
+        print("RESULT " + json.dumps({"flow": prefect_alone_run(int(c), float(t), int(n))}), flush=True)
+        return
     header("bookkeeping: N trials of T seconds that only sleep, C at once (minimum ceil(N / C) x T)")
     rows, verdicts = [], []
     widths = ((16, 1.0, 160),) if args.quick else WIDTHS
@@ -118,8 +173,11 @@ def main() -> None:
         minimum = math.ceil(n / c) * t  # whole waves: no scheduler ends the last one sooner
         with tempfile.TemporaryDirectory(prefix=f"bench-book-{c}-") as tmp:
             mine = ours(c, t, n, Path(tmp))
+            floor = None if args.no_prefect else prefect_alone(c, t, n, Path(tmp))
             theirs = "not run: --no-ray" if args.no_ray else ray(c, t, n, Path(tmp), args.ray_python)
-        row = [c, f"{t:g}", n, f"{minimum:.0f}", f"{mine['flow'] / minimum:.3f}x", f"{mine['wall'] / minimum:.3f}x"]
+        row = [c, f"{t:g}", n, f"{minimum:.0f}", f"{mine['flow'] / minimum:.3f}x", f"{mine['wall'] / minimum:.3f}x",
+               "not run" if floor is None else f"{floor['flow'] / minimum:.3f}x",
+               "" if floor is None else f"{mine['flow'] / floor['flow']:.3f}x"]
         if isinstance(theirs, dict):
             row += [f"{theirs['flow'] / minimum:.3f}x", f"{theirs['wall'] / minimum:.3f}x"]
             beat = mine["flow"] < theirs["flow"]
@@ -127,14 +185,17 @@ def main() -> None:
             row += [theirs, ""]
             beat = None
         rows.append(row)
-        print(f"C={c}: ours {mine['flow']:.1f} s (flow), {mine['wall']:.1f} s (end to end); Ray: "
+        print(f"C={c}: ours {mine['flow']:.1f} s (flow), {mine['wall']:.1f} s (end to end); Prefect alone: "
+              + ("not run" if floor is None else f"{floor['flow']:.1f} s") + "; Ray: "
               + (f"{theirs['flow']:.1f} s, {theirs['wall']:.1f} s" if isinstance(theirs, dict) else theirs), flush=True)
         ratio = mine["flow"] / minimum
         verdicts.append(f"C={c}: ours {ratio:.3f}x the minimum (target <= {TARGET:.2f}x): "
                         f"{'met' if ratio <= TARGET else 'missed'}"
+                        + ("" if floor is None else f"; Prefect alone {floor['flow'] / minimum:.3f}x")
                         + ("" if beat is None else f"; below Ray's: {'yes' if beat else 'no'}"))
     print()
-    print(table(rows, ["C", "T (s)", "N", "minimum (s)", "ours flow", "ours end to end", "Ray flow", "Ray end to end"]))
+    print(table(rows, ["C", "T (s)", "N", "minimum (s)", "ours flow", "ours end to end", "Prefect alone flow",
+                       "ours / Prefect alone", "Ray flow", "Ray end to end"]))
     print()
     print("\n".join(verdicts))
 
