@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prefect_hyperband.app.starting import started
+from prefect_hyperband.app.starting import FlowStart, started
 from prefect_hyperband.flows.params import TuneParams
 from prefect_hyperband.flows.process import temporary_server
 from prefect_hyperband.trainers import stopping
@@ -104,7 +104,7 @@ def tune(
     temporary_server()  # without PREFECT_API_URL, as the CLI's (batched writes, flows.server's app)
     with stopping.bind(stop or StopToken()):
         flow = tune_flow.with_options(flow_run_name=_literal(run_name)) if run_name else tune_flow
-        state = started(flow, params)  # a Prefect API whose database restarts: one warning line, a wait
+        state = started(FlowStart(flow, params), params)  # a Prefect API whose database restarts: one warning line, a wait
     return _found(state, params)
 
 

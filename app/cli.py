@@ -17,7 +17,7 @@ from pydantic import ValidationError, create_model
 
 from prefect_hyperband.app.deploy import command as deploy_command
 from prefect_hyperband.app.flags import EXIT_USAGE, build_parser, given, schedule_fields, study_model
-from prefect_hyperband.app.starting import started
+from prefect_hyperband.app.starting import FlowStart, started
 from prefect_hyperband.app.streams import job_terminal
 from prefect_hyperband.app.worker import main as serve_trial_rungs
 from prefect_hyperband.common.errors import InputError, one_line
@@ -250,7 +250,7 @@ def _job(tune, params, args: argparse.Namespace, launched, out) -> int:
         # the heap of the imports and the set-up (some 460,000 objects) left out of the cyclic collector: a full
         # collection over it held the GIL 270 to 330 ms during the trials, every slot waiting; the CLI runs one job
         gc.freeze()
-        state = started(tune, params)
+        state = started(FlowStart(tune, params), params)
         if state is None:  # the Prefect API could not start it within --service-wait: said in one line
             return _exit(EXIT_TEMPFAIL)
     except KeyboardInterrupt:  # Ctrl-C before or after the trials (the driver handles it during them)

@@ -12,11 +12,11 @@ from prefect_hyperband.common.errors import causes
 from prefect_hyperband.flows.params import flat
 
 
-def started(tune, params):
-    """The job's flow run, its final state; while Prefect's API cannot start it (its server or database restarting:
-    ``/ready`` not ready, or a 5xx or no connection past the client's own retries), one warning line, then tried
-    again until ``service_wait`` seconds; past that, one line and None (the CLI's exit 75). Once the flow's body
-    began, its errors are its own."""
+def started(start, params):
+    """The job's flow run (``start()``, a ``FlowStart``), its final state; while Prefect's API cannot start it (its
+    server or database restarting: ``/ready`` not ready, or a 5xx or no connection past the client's own retries),
+    one warning line, then tried again until ``service_wait`` seconds; past that, one line and None (the CLI's exit
+    75). Once the flow's body began, its errors are its own."""
     from prefect_hyperband.flows.tune import bodies_begun
 
     deadline, warned = time.monotonic() + params.service_wait, False
@@ -24,7 +24,7 @@ def started(tune, params):
         why = api_not_ready()
         if why is None:
             try:
-                return tune(**flat(params), return_state=True)
+                return start()
             except Exception as exc:  # noqa: BLE001  (sorted below: an unavailable API, or not ours to handle)
                 if params.job_id in bodies_begun or not unavailable(exc):
                     raise
@@ -41,6 +41,36 @@ def started(tune, params):
                   f"{params.service_wait:g} s (--service-wait)", file=sys.stderr)
             warned = True
         time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+
+
+class FlowStart:
+    """A job's flow run, made here once and run by Prefect's engine (``run_flow``, as ``flow(...)`` runs it): a start
+    the API broke off after the run was made (a 500 from a database connection PostgreSQL's restart dropped, after
+    the run went Running and before its body began) is tried again as the same flow run, so a job never leaves a
+    second flow run Running or Pending behind it. Inside another flow run it is that run's subflow, Prefect's way."""
+
+    def __init__(self, flow, params) -> None:
+        self.flow, self.params, self.flow_run = flow, params, None
+
+    def __call__(self):
+        from prefect.client.orchestration import get_client
+        from prefect.context import FlowRunContext, TagsContext
+        from prefect.flow_engine import run_flow
+        from prefect.states import Pending
+        from prefect.utilities.callables import get_call_parameters
+
+        values = flat(self.params)
+        if FlowRunContext.get() is not None:
+            return self.flow(**values, return_state=True)
+        parameters = get_call_parameters(self.flow.fn, (), values)
+        with get_client(sync_client=True) as client:
+            if self.flow_run is not None:  # an earlier try's: as the API holds it now (Pending or Running)
+                self.flow_run = client.read_flow_run(self.flow_run.id)
+            if self.flow_run is None or self.flow_run.state is None or self.flow_run.state.is_final():
+                self.flow_run = client.create_flow_run(
+                    self.flow, parameters=self.flow.serialize_parameters(parameters), state=Pending(),
+                    tags=TagsContext.get().current_tags)
+        return run_flow(self.flow, flow_run=self.flow_run, parameters=parameters, return_type="state")
 
 
 def api_not_ready() -> str | None:

@@ -35,13 +35,13 @@ def test_a_flow_run_the_api_cannot_start_is_waited_for_with_one_warning_line(mon
     monkeypatch.setattr(starting, "api_not_ready", lambda: None)
     answers = [_api_down(), _api_down(503), "the final state"]
 
-    def tune(return_state, **fields):
+    def start():
         answer = answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
-    assert starting.started(tune, TuneParams(job_id="j1", service_wait=60)) == "the final state"
+    assert starting.started(start, TuneParams(job_id="j1", service_wait=60)) == "the final state"
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["hyperband: warning: the Prefect API cannot start the job's flow run (500 Internal Server Error "
                    "for POST http://127.0.0.1:4200/api/flow_runs/); waiting up to 60 s (--service-wait)"]
@@ -58,7 +58,7 @@ def test_an_api_whose_database_is_down_is_waited_for_before_the_flow_run_is_crea
     answers = ["503 Service Unavailable for GET http://127.0.0.1:4200/api/ready", "ConnectError: refused", None]
     monkeypatch.setattr(starting, "api_not_ready", lambda: answers.pop(0))
     called = []
-    assert starting.started(lambda return_state, **fields: called.append(clock.now) or "done",
+    assert starting.started(lambda: called.append(clock.now) or "done",
                         TuneParams(job_id="j3", service_wait=60)) == "done"
     assert called == [10.0] and not answers  # after two waits of 5 s, once
     assert capsys.readouterr().err.strip().splitlines() == [
@@ -122,10 +122,10 @@ def test_past_the_service_wait_the_job_stops_in_one_line_exit_75(monkeypatch, ca
     monkeypatch.setattr(starting, "time", clock)
     monkeypatch.setattr(starting, "api_not_ready", lambda: None)
 
-    def tune(return_state, **fields):
+    def start():
         raise _api_down()
 
-    assert starting.started(tune, TuneParams(job_id="j2", service_wait=30)) is None  # the CLI's exit 75
+    assert starting.started(start, TuneParams(job_id="j2", service_wait=30)) is None  # the CLI's exit 75
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and err[0].startswith("hyperband: warning: ")
     assert err[1].startswith("hyperband: error: the Prefect API could not start job j2 for 30 s (--service-wait)")
@@ -141,13 +141,52 @@ def test_an_error_once_the_job_began_or_not_from_the_api_is_not_retried(monkeypa
     monkeypatch.setattr(starting, "api_not_ready", lambda: None)
     calls = []
 
-    def tune(return_state, **fields):  # the flow's keyword per field
-        calls.append(fields["job_id"])
-        raise _api_down() if fields["job_id"] == "began" else ValueError("a bug")
+    def start(job_id):
+        calls.append(job_id)
+        raise _api_down() if job_id == "began" else ValueError("a bug")
 
     monkeypatch.setattr(tune_module, "bodies_begun", {"began"})
     with pytest.raises(Exception, match="Server error"):
-        starting.started(tune, TuneParams(job_id="began"))
+        starting.started(lambda: start("began"), TuneParams(job_id="began"))
     with pytest.raises(ValueError):
-        starting.started(tune, TuneParams(job_id="other"))
+        starting.started(lambda: start("other"), TuneParams(job_id="other"))
     assert calls == ["began", "other"]
+
+
+def test_a_start_the_api_broke_off_after_its_run_went_running_is_that_same_flow_run(
+        prefect_harness, tracking_uri, tmp_path, monkeypatch, capsys):
+    """PostgreSQL's fast shutdown under the Prefect server: a pooled connection it dropped answers the engine's read
+    of the flow run, after the run went Running and before the job's body began, with a 500. The job waits in one
+    line and starts again as the same flow run: one flow run for the job, Completed, none left Running."""
+    from prefect.client.orchestration import SyncPrefectClient, get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    import prefect_hyperband as hb
+    from prefect_hyperband.app import starting
+
+    made, reads, real_create, real_read = [], [], SyncPrefectClient.create_flow_run, SyncPrefectClient.read_flow_run
+
+    def create(self, *args, **kwargs):
+        flow_run = real_create(self, *args, **kwargs)
+        made.append(flow_run.id)
+        return flow_run
+
+    def read(self, flow_run_id):
+        reads.append(flow_run_id)
+        if len(reads) == 1:  # the engine's first read, the run Running by now: as PostgreSQL's restart answers it
+            raise _api_down()
+        return real_read(self, flow_run_id)
+
+    monkeypatch.setattr(SyncPrefectClient, "create_flow_run", create)
+    monkeypatch.setattr(SyncPrefectClient, "read_flow_run", read)
+    monkeypatch.setattr(starting, "time", _Clock())
+    result = hb.tune(lambda trial: {"loss": trial.config["x"]}, {"x": {"type": "float", "low": 0, "high": 1}},
+                     metric="loss", direction="minimize", max_resource=3, eta=3, seed=1, job_id="broken-off",
+                     job_dir=str(tmp_path / "jobs"), register_model=False)
+    assert result.summary["trial_rungs"] > 0
+    with get_client(sync_client=True) as client:  # the job's flow run and its brackets' subflow runs
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=made)))
+    assert [run.id for run in runs if run.parent_task_run_id is None] == [reads[0]]
+    assert {run.state.type.value for run in runs} == {"COMPLETED"} and len(runs) == len(made)
+    said = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(said) == 1 and "cannot start the job's flow run (500" in said[0], said
