@@ -36,7 +36,6 @@ class RealClock:
     def __init__(self) -> None:
         self._ended: queue.SimpleQueue[Future] = queue.SimpleQueue()  # filled by the futures' own callbacks
         self._watched: set[Future] = set()  # a callback added, its end not yet handed out
-        self._done: set[Future] = set()  # ended, not yet handed out
 
     def now(self) -> float:
         return time.monotonic()
@@ -47,21 +46,20 @@ class RealClock:
         for future in wanted - self._watched:
             self._watched.add(future)
             future.add_done_callback(self._ended.put)  # called at once when it is done already
-        deadline = time.monotonic() + timeout
+        deadline, ended = time.monotonic() + timeout, set()
         while True:
             while not self._ended.empty():
-                self._done.add(self._ended.get_nowait())
-            done = self._done & wanted
+                ended.add(self._ended.get_nowait())
+            done = ended & wanted
             left = deadline - time.monotonic()
             if done or left <= 0:
                 break
             try:
-                self._done.add(self._ended.get(timeout=left))
+                ended.add(self._ended.get(timeout=left))
             except queue.Empty:
                 break
         # handed out, or no longer waited for (dropped by the caller): forgotten; one passed again is watched again
-        self._watched -= self._done
-        self._done.clear()
+        self._watched -= ended
         return done
 
 
