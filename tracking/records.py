@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prefect_hyperband.common.errors import first_line
+from prefect_hyperband.hyperband.promotion import failed
 from prefect_hyperband.tracking import datasets, service_wait
 from prefect_hyperband.tracking import runs as tracking
 from prefect_hyperband.trainers import registry
@@ -98,16 +99,31 @@ BEST_RESOURCE = "hyperband.best_resource"
 
 
 def log_trial_rung(job: Job, run_id: str, out: Outcome, params: dict[str, Any] | None = None,
-                   best: tuple[int, float] | None = None) -> None:
+                   best: tuple[int, float] | None = None) -> dict[str, str] | None:
     """A trial-rung's result on its trial's run, in one batch at step = its resource (``Outcome.batch``: the metric,
     what the trainer recorded on the way, a remote worker's tag), with the run's ``params`` when it is its first
-    write and the trial's ``best`` so far (resource, value) as ``best_<metric>`` and its ``BEST_RESOURCE`` tag."""
+    write and the trial's ``best`` so far (resource, value) as ``best_<metric>`` and its ``BEST_RESOURCE`` tag.
+    A result at R with a score completes its trial whatever the scheduler: its close's tags (``close_tags``) go in
+    the same batch, and are returned, so the close only ends the run (one write fewer per completed trial)."""
     history, metrics, tags = out.batch(job.metric_key)
     if best is not None:  # the runs table sorted by it agrees with the job's best (``promotion.best_rung``)
         metrics[f"best_{job.metric_key}"] = best[1]
         tags[BEST_RESOURCE] = str(best[0])
+    rung = out.trial_rung
+    closing = (close_tags(rung.rung, rung.resource, "completed")
+               if out.error is None and rung.resource >= job.max_resource and not failed(out.score) else None)
+    tags.update(closing or {})
     retrying(tracking.log_result, job.tracking_uri, run_id, history, metrics, out.trial_rung.resource, params,
              tags or None)
+    return closing
+
+
+def close_tags(rung: int, resource: int, status: str, error: str | None = None) -> dict[str, str]:
+    """The tags a trial's run ends with: its highest rung, the resource it reached, its fate (and error)."""
+    tags = {"hyperband.highest_rung": str(rung), "hyperband.resource": str(resource), "hyperband.status": status}
+    if error:
+        tags["hyperband.error"] = error[-4000:]
+    return tags
 
 
 #: runs a tracking server ends at once (each run's two writes stay in order) when a call ends at least
@@ -120,24 +136,26 @@ CLOSE_THREADS = 8
 CLOSE_AT_ONCE_FROM = 50
 
 
-def close_trial_runs(job: Job, trials: list[TrialRecord], runs: dict[str, str]) -> None:
+def close_trial_runs(job: Job, trials: list[TrialRecord], runs: dict[str, str],
+                     tagged: dict[str, dict[str, str]] | None = None) -> None:
     """Status tags of trials whose fate is known (stopped, failed, completed); their runs (``runs``: trial id ->
     run id) end: against a tracking server, ``CLOSE_THREADS`` runs at once when there are ``CLOSE_AT_ONCE_FROM`` or
-    more (a local store takes one writer)."""
+    more (a local store takes one writer). ``tagged``: trial id -> the close tags its run already has (written
+    with its result at R, ``log_trial_rung``): the same are not written again."""
     open_runs = [(t, runs[t.trial_id]) for t in trials if t.trial_id in runs]
+    tagged = tagged or {}
     if len(open_runs) >= CLOSE_AT_ONCE_FROM and str(job.tracking_uri).startswith(("http://", "https://")):
         with ThreadPoolExecutor(min(CLOSE_THREADS, len(open_runs)), thread_name_prefix="hyperband-close") as pool:
-            for done in [pool.submit(_close_run, job, t, run_id) for t, run_id in open_runs]:
+            for done in [pool.submit(_close_run, job, t, run_id, tagged.get(t.trial_id)) for t, run_id in open_runs]:
                 done.result()  # the first failure, past its retries, is the caller's
         return
     for t, run_id in open_runs:
-        _close_run(job, t, run_id)
+        _close_run(job, t, run_id, tagged.get(t.trial_id))
 
 
-def _close_run(job: Job, t: TrialRecord, run_id: str) -> None:
-    tags = {"hyperband.highest_rung": str(t.rung), "hyperband.resource": str(t.resource), "hyperband.status": t.status}
-    if t.error:
-        tags["hyperband.error"] = t.error[-4000:]
-    retrying(tracking.set_tags, job.tracking_uri, run_id, tags)
+def _close_run(job: Job, t: TrialRecord, run_id: str, tagged: dict[str, str] | None = None) -> None:
+    tags = close_tags(t.rung, t.resource, t.status, t.error)
+    if tags != tagged:
+        retrying(tracking.set_tags, job.tracking_uri, run_id, tags)
     if t.status != "running":
         retrying(tracking.end_run, job.tracking_uri, run_id, "FAILED" if t.status == "failed" else "FINISHED")

@@ -48,6 +48,7 @@ class TrialRuns:
 
     def __init__(self) -> None:
         self.created: dict[str, str] = {}
+        self.tagged: dict[str, dict[str, str]] = {}  # trial id -> the close tags its result at R wrote
 
     def start(self, job: Any, trial_id: str, bracket: int, started: float) -> str:
         run_id = start_trial_run(job, trial_id, bracket, started)
@@ -64,11 +65,15 @@ class TrialRuns:
         self.created[trial_id] = run_id
         if out is not None:
             params = trial_params(job, trial_id, bracket, config) if config is not None else None
-            log_trial_rung(job, run_id, out, params, best)
+            closing = log_trial_rung(job, run_id, out, params, best)
+            if closing is not None:
+                self.tagged[trial_id] = closing
         return run_id
 
     def close(self, job: Any, records: list, runs: dict[str, str]) -> None:
-        close_trial_runs(job, records, {**self.created, **runs})
+        close_trial_runs(job, records, {**self.created, **runs}, self.tagged)
+        for t in records:
+            self.tagged.pop(t.trial_id, None)
 
     def ping(self) -> int:
         """The writer's process id, once it has imported what it writes with."""

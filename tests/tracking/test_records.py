@@ -122,7 +122,7 @@ def test_a_remote_trial_rungs_worker_is_the_trial_runs_hyperband_worker_tag_in_i
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)
     run = client.create_run(client.create_experiment("e"))
-    job = SimpleNamespace(tracking_uri=uri, metric_key="val_loss")
+    job = SimpleNamespace(tracking_uri=uri, metric_key="val_loss", max_resource=9)
     from prefect_hyperband.executors.result import Outcome
     from prefect_hyperband.hyperband.trial import TrialRung
     from prefect_hyperband.trainers.base import Evaluation

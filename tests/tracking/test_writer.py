@@ -89,3 +89,46 @@ def test_a_process_writer_takes_calls_while_its_process_reads_none_and_answers_t
     assert last.result(timeout=60) == writer.proc.pid
     writer.shutdown()
     assert writer.proc.returncode == 0
+
+
+def test_a_trial_completed_by_its_result_at_r_is_tagged_with_that_result_and_its_close_only_ends_the_run(
+        tmp_path, monkeypatch):
+    """A scored result at R completes its trial: its close's tags go in the result's batch, and the close writes no
+    tags again (one write fewer per completed trial); a trial closed below R, or with other tags, gets its tags."""
+    from types import SimpleNamespace
+
+    from mlflow import MlflowClient
+
+    from prefect_hyperband.executors.result import Outcome
+    from prefect_hyperband.hyperband.scheduler import TrialRecord
+    from prefect_hyperband.hyperband.trial import TrialRung
+    from prefect_hyperband.tracking import runs as tracking
+    from prefect_hyperband.tracking.writer import TrialRuns
+    from prefect_hyperband.trainers.base import Evaluation, TrainResult
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    parent = client.create_run(client.create_experiment("e")).info.run_id
+    job = SimpleNamespace(tracking_uri=uri, metric_key="val_loss", max_resource=9, parent_run_id=parent,
+                          settings=SimpleNamespace(model="synthetic", workers=1, data=None))
+    tag_writes: list[str] = []
+    real_set_tags = tracking.set_tags
+    monkeypatch.setattr(tracking, "set_tags", lambda u, run_id, tags: tag_writes.append(run_id) or real_set_tags(
+        u, run_id, tags))
+    runs = TrialRuns()
+
+    def result(trial_id, rung, resource, loss):
+        trial_rung = TrialRung(trial_id=trial_id, bracket=0, rung=rung, resource=resource, config={"x": 1}, checkpoint=None)
+        trained = TrainResult(checkpoint="ck", resource=resource, resource_trained=resource, seconds=0.1, workers=1)
+        return runs.record(job, trial_id, 0, 0.0, None, Outcome(trial_rung, trained, Evaluation(loss, 0.0), None),
+                           {"x": 1} if rung == 0 else None, None)
+
+    done, nan, low = result("s0-0000", 2, 9, 0.25), result("s0-0001", 2, 9, float("nan")), result("s0-0002", 0, 1, 0.5)
+    runs.close(job, [TrialRecord("s0-0000", 0, {}, "completed", 2, 9, {9: 0.25}, None),
+                     TrialRecord("s0-0001", 0, {}, "failed", 2, 9, {9: None}, "failed"),
+                     TrialRecord("s0-0002", 0, {}, "stopped", 0, 1, {1: 0.5}, None)], {})
+    assert sorted(tag_writes) == sorted([nan, low])  # the completed one's tags came with its result
+    for run_id, status, ended in ((done, "completed", "FINISHED"), (nan, "failed", "FAILED"), (low, "stopped", "FINISHED")):
+        run = client.get_run(run_id)
+        assert run.data.tags["hyperband.status"] == status and run.info.status == ended, (run_id, run.data.tags)
+    assert client.get_run(done).data.tags["hyperband.resource"] == "9" and not runs.tagged
