@@ -72,11 +72,13 @@ def replay(rows: list[dict[str, Any]], seed: int, min_r: int, max_r: int, eta: i
 
     ``tracking_uri``: also make the job's MLflow writes, as the job makes them, one after another: a parent run,
     a child run per trial when it first trains, one ``log_batch`` per trial-rung (the trial's params with its
-    first), and at the end each child run's status tags and its end. ``tasks``: train and evaluate are Prefect
+    first; a trial-rung at R with its close's tags, ``records.close_tags``), and at the end each child run's end,
+    the status tags first for a run that has none yet. ``tasks``: train and evaluate are Prefect
     task runs (called with values, inside a flow run), as in the job. With both, what is left of the job is its
     own code: the driver, the state file, the promote tasks, the progress artifact."""
     from prefect_hyperband.hyperband import schedule
     from prefect_hyperband.tracking import runs as tracking
+    from prefect_hyperband.tracking.records import close_tags
     from prefect_hyperband.trainers import data as datasets
     from prefect_hyperband.trainers.xgboost.trainer import XGBoostTrainer
 
@@ -92,6 +94,7 @@ def replay(rows: list[dict[str, Any]], seed: int, min_r: int, max_r: int, eta: i
         entered = time.perf_counter()
         held: dict[str, str] = {}  # trial id -> its latest checkpoint
         runs: dict[str, str] = {}  # trial id -> its child run
+        tagged: set[str] = set()  # trials whose result at R brought their close's tags
         scores: dict[tuple[str, int], float] = {}
         train_s = eval_s = 0.0
         units = 0
@@ -112,10 +115,14 @@ def replay(rows: list[dict[str, Any]], seed: int, min_r: int, max_r: int, eta: i
             held[t] = trained.checkpoint
             if parent is not None:
                 params = {**row["config"], "trial_id": t, "bracket": row["bracket"]} if first else None
+                closing = close_tags(row["rung"], resource, "completed") if resource >= max_r else None
                 tracking.log_result(tracking_uri, runs[t], trained.history,
-                                    {"auc": score, "train_seconds": trained.seconds}, resource, params)
-        for run_id in runs.values():  # the job closes a run when the trial's fate is decided
-            tracking.set_tags(tracking_uri, run_id, {"hyperband.status": "completed", "hyperband.resource": str(max_r)})
+                                    {"auc": score, "train_seconds": trained.seconds}, resource, params, closing)
+                if closing:
+                    tagged.add(t)
+        for t, run_id in runs.items():  # the job closes a run when the trial's fate is decided
+            if t not in tagged:
+                tracking.set_tags(tracking_uri, run_id, {"hyperband.status": "completed", "hyperband.resource": str(max_r)})
             tracking.end_run(tracking_uri, run_id, "FINISHED")
         return {"train": train_s, "eval": eval_s, "units": units, "scores": scores, "loop": time.perf_counter() - entered}
 

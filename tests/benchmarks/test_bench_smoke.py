@@ -153,6 +153,8 @@ def test_replay_makes_the_jobs_mlflow_writes(tmp_path):
         [client.get_experiment_by_name("replay").experiment_id], filter_string="tags.hyperband.trial_id != ''")}
     assert set(runs) == {"t0", "t1"}
     assert all(r.info.status == "FINISHED" and r.data.params["max_depth"] for r in runs.values())
+    assert all(r.data.tags["hyperband.status"] == "completed" for r in runs.values())
+    assert runs["t0"].data.tags["hyperband.highest_rung"] == "1"  # its result at R brought its close's tags, as the job's
     steps = [m.step for m in client.get_metric_history(runs["t0"].info.run_id, "auc")]
     assert steps == [1, 3]
     assert client.get_metric_history(runs["t0"].info.run_id, "auc")[-1].value == result["scores"][("t0", 3)]
