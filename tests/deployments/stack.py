@@ -157,12 +157,24 @@ def _tail(text: str, lines: int) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _http(method: str, url: str, body: dict | None = None, timeout: float = 10) -> dict:
+RETRYABLE = (429, 502, 503)  # what Prefect's and MLflow's own clients try again on
+
+
+def _http(method: str, url: str, body: dict | None = None, timeout: float = 10, retries: int = 5) -> dict:
+    """One JSON request, tried again on a 429, 502 or 503 as Prefect's client does (``Retry-After``, else 1, 2, 4, ...
+    s, ``retries`` times): a Prefect server on SQLite answers 503 while its database is locked by its own services."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        text = response.read().decode()
-    return json.loads(text) if text else {}
+    for attempt in range(retries + 1):
+        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                text = response.read().decode()
+            return json.loads(text) if text else {}
+        except urllib.error.HTTPError as exc:
+            if exc.code not in RETRYABLE or attempt == retries:
+                raise
+            time.sleep(float(exc.headers.get("Retry-After") or 2**attempt))
+    raise AssertionError("unreachable")
 
 
 def _wait_http(url: str, stack: Stack, what: str, timeout: float = 150) -> None:
