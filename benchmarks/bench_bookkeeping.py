@@ -201,21 +201,22 @@ def main() -> None:
             continue
         minimum = math.ceil(n / c) * t  # whole waves: no scheduler ends the last one sooner
         mine, floors, theirs = measured(c, t, n, args)
-        ratio = statistics.median(m["flow"] for m in mine) / minimum
-        row = [c, f"{t:g}", n, f"{minimum:.0f}", spread([m["flow"] / minimum for m in mine]),
-               spread([m["wall"] / minimum for m in mine]),
-               spread([f["flow"] / minimum for f in floors]) if floors else "not run",
+        flows = [m["flow"] / minimum for m in mine]
+        floor_flows = [f["flow"] / minimum for f in floors]
+        ratio = statistics.median(flows)
+        row = [c, f"{t:g}", n, f"{minimum:.0f}", spread(flows), spread([m["wall"] / minimum for m in mine]),
+               spread(floor_flows) if floors else "not run",
                spread([m["flow"] / f["flow"] for m, f in zip(mine, floors)]) if floors else ""]
         if isinstance(theirs, dict):
             row += [f"{theirs['flow'] / minimum:.3f}x", f"{theirs['wall'] / minimum:.3f}x"]
-            beat = ratio * minimum < theirs["flow"]
+            beat = ratio < theirs["flow"] / minimum
         else:
             row += [theirs, ""]
             beat = None
         rows.append(row)
         verdicts.append(f"C={c}: ours {ratio:.3f}x the minimum (target <= {TARGET:.2f}x): "
                         f"{'met' if ratio <= TARGET else 'missed'}"
-                        + ("" if not floors else f"; Prefect alone {statistics.median(f['flow'] for f in floors) / minimum:.3f}x")
+                        + ("" if not floors else f"; Prefect alone {statistics.median(floor_flows):.3f}x")
                         + ("" if beat is None else f"; below Ray's: {'yes' if beat else 'no'}"))
     print()
     print(table(rows, ["C", "T (s)", "N", "minimum (s)", "ours flow", "ours end to end", "Prefect alone flow",

@@ -164,8 +164,8 @@ def _http(method: str, url: str, body: dict | None = None, timeout: float = 10, 
     """One JSON request, tried again on a 429, 502 or 503 as Prefect's client does (``Retry-After``, else 1, 2, 4, ...
     s, ``retries`` times): a Prefect server on SQLite answers 503 while its database is locked by its own services."""
     data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     for attempt in range(retries + 1):
-        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 text = response.read().decode()
